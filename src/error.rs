@@ -1,0 +1,74 @@
+//! The crate's one error type.
+
+use core::fmt;
+
+/// Everything that can go wrong in selftrace.
+///
+/// `Copy` and free of heap data, so that it can be returned from async-signal-safe paths.
+/// `Display` is lowercase, without trailing punctuation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A system call failed; carries the call's name and `errno`.
+    Sys {
+        /// The system call or libc function that failed.
+        call: &'static str,
+        /// The `errno` it set.
+        errno: i32,
+    },
+    /// An ELF file is malformed or not what was expected; says what was wrong.
+    BadElf(&'static str),
+    /// No usable unwind information was found for the loaded objects.
+    NoUnwindInfo,
+    /// tracefs is not mounted (or not reachable) on this machine.
+    NoTracefs,
+    /// The operation needs a permission the process does not have (typically root).
+    PermissionDenied,
+    /// The argument is invalid; says which and why.
+    InvalidInput(&'static str),
+    /// The named thing (symbol, probe, event) was not found.
+    NotFound(&'static str),
+    /// The named thing already exists.
+    AlreadyExists(&'static str),
+    /// The kernel lacks a feature this operation needs; says which.
+    Unsupported(&'static str),
+}
+
+impl Error {
+    /// An [`Error::Sys`] from the current `errno`.
+    pub(crate) fn last_os(call: &'static str) -> Error {
+        Error::Sys {
+            call,
+            errno: crate::sys::errno(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Sys { call, errno } => {
+                write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))
+            }
+            Error::BadElf(what) => write!(f, "malformed elf file: {what}"),
+            Error::NoUnwindInfo => f.write_str("no unwind information found"),
+            Error::NoTracefs => f.write_str("tracefs is not mounted"),
+            Error::PermissionDenied => f.write_str("permission denied"),
+            Error::InvalidInput(what) => write!(f, "invalid input: {what}"),
+            Error::NotFound(what) => write!(f, "not found: {what}"),
+            Error::AlreadyExists(what) => write!(f, "already exists: {what}"),
+            Error::Unsupported(what) => write!(f, "unsupported: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        match e {
+            Error::Sys { errno, .. } => std::io::Error::from_raw_os_error(errno),
+            other => std::io::Error::other(other),
+        }
+    }
+}

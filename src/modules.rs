@@ -1,0 +1,1 @@
+//! Loaded objects (placeholder while the snapshot is written).

@@ -1,0 +1,1 @@
+//! trace (work in progress).

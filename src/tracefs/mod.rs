@@ -1,0 +1,1 @@
+//! tracefs (work in progress).

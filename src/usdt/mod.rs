@@ -1,0 +1,1 @@
+//! usdt (work in progress).
