@@ -36,6 +36,7 @@ pub enum Error {
 
 impl Error {
     /// An [`Error::Sys`] from the current `errno`.
+    #[allow(dead_code)]
     pub(crate) fn last_os(call: &'static str) -> Error {
         Error::Sys {
             call,
@@ -48,7 +49,11 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Sys { call, errno } => {
-                write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))
+                write!(
+                    f,
+                    "{call} failed: {}",
+                    std::io::Error::from_raw_os_error(*errno)
+                )
             }
             Error::BadElf(what) => write!(f, "malformed elf file: {what}"),
             Error::NoUnwindInfo => f.write_str("no unwind information found"),

@@ -33,15 +33,15 @@
 
 mod error;
 pub mod modules;
+mod published;
 mod sys;
-pub mod unwind;
 pub mod trace;
 pub mod tracefs;
+pub mod unwind;
 pub mod usdt;
 
 pub use error::Error;
-#[cfg(any())]
 pub use unwind::{
     capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_with, init, refresh,
-    Regs, UnwindMode,
+    set_auto_refresh, Regs, UnwindMode,
 };

@@ -1,5 +1,7 @@
 //! The only place for raw libc calls. Every wrapper here is async-signal-safe unless its docs say
 //! otherwise.
+// Some wrappers serve only some features (crash reports, markers).
+#![allow(dead_code)]
 
 /// The calling thread's `errno`.
 pub(crate) fn errno() -> i32 {
@@ -34,4 +36,303 @@ pub(crate) fn write_all(fd: i32, mut buf: &[u8]) -> Result<(), i32> {
 pub(crate) fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() }
+}
+
+/// The system page size, read once by the load-time constructor (4096 until then).
+pub(crate) fn page_size() -> usize {
+    PAGE_SIZE.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+static PAGE_SIZE: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(4096);
+
+/// `struct dl_find_object` of glibc 2.35 (`<dlfcn.h>`).
+#[repr(C)]
+pub(crate) struct DlFindObject {
+    pub flags: u64,
+    pub map_start: *mut libc::c_void,
+    pub map_end: *mut libc::c_void,
+    pub link_map: *mut libc::c_void,
+    pub eh_frame: *mut libc::c_void,
+    reserved: [u64; 7],
+}
+
+type DlFindObjectFn = unsafe extern "C" fn(*mut libc::c_void, *mut DlFindObject) -> libc::c_int;
+
+/// `_dl_find_object`, resolved with `dlsym` by the load-time constructor (null if glibc lacks it).
+static DL_FIND_OBJECT: core::sync::atomic::AtomicPtr<libc::c_void> =
+    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+
+/// What `_dl_find_object` says of an address: the containing object's mapping and unwind data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FoundObject {
+    /// Start of the object's mapping.
+    pub map_start: usize,
+    /// End of the object's mapping.
+    pub map_end: usize,
+    /// The object's `PT_GNU_EH_FRAME` segment in memory (0 if none).
+    pub eh_frame_hdr: usize,
+}
+
+/// `_dl_find_object(3)`: the loaded object containing `addr`. Lock-free and async-signal-safe.
+/// Returns `Err(())` when glibc lacks the function (before 2.35, musl), `Ok(None)` when no
+/// object contains `addr`.
+///
+/// # References
+/// _dl_find_object(3)
+pub(crate) fn dl_find_object(addr: usize) -> Result<Option<FoundObject>, ()> {
+    let f = DL_FIND_OBJECT.load(core::sync::atomic::Ordering::Acquire);
+    if f.is_null() {
+        return Err(());
+    }
+    // SAFETY: f was produced by dlsym("_dl_find_object") and has this signature (glibc 2.35).
+    let f: DlFindObjectFn = unsafe { core::mem::transmute::<*mut libc::c_void, DlFindObjectFn>(f) };
+    // SAFETY: DlFindObject is plain old data; all-zero is a valid value.
+    let mut out: DlFindObject = unsafe { core::mem::zeroed() };
+    // SAFETY: out is a valid, writable struct of the layout glibc expects.
+    let rc = unsafe { f(addr as *mut libc::c_void, &mut out) };
+    if rc != 0 {
+        return Ok(None);
+    }
+    Ok(Some(FoundObject {
+        map_start: out.map_start as usize,
+        map_end: out.map_end as usize,
+        eh_frame_hdr: out.eh_frame as usize,
+    }))
+}
+
+/// Runs once when the object containing selftrace is loaded, before `main`: resolves
+/// `_dl_find_object` and the page size, so that capture works (and stays async-signal-safe)
+/// even before `selftrace::init()`.
+extern "C" fn load_time_init() {
+    // SAFETY: sysconf has no preconditions.
+    let ps = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if ps > 0 && (ps as usize).is_power_of_two() {
+        PAGE_SIZE.store(ps as usize, core::sync::atomic::Ordering::Relaxed);
+    }
+    // SAFETY: the name is a NUL-terminated C string; RTLD_DEFAULT searches the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
+    DL_FIND_OBJECT.store(f, core::sync::atomic::Ordering::Release);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static LOAD_TIME_INIT: extern "C" fn() = load_time_init;
+
+/// Checks how many bytes from `addr` on are readable, page by page, without faulting: reads one
+/// byte of each of up to `pages` consecutive pages with one `process_vm_readv(2)` on the own
+/// process, which stops at the first unreadable page. Returns the end of the readable run
+/// (`addr` itself when the first page is unreadable). Async-signal-safe.
+///
+/// # References
+/// process_vm_readv(2)
+pub(crate) fn readable_until(addr: usize, pages: usize) -> usize {
+    const MAX: usize = 16;
+    let ps = page_size();
+    let first = addr & !(ps - 1);
+    let n = pages.clamp(1, MAX);
+    let mut sink = [0u8; MAX];
+    let local = libc::iovec {
+        iov_base: sink.as_mut_ptr().cast(),
+        iov_len: n,
+    };
+    let mut remote = [libc::iovec {
+        iov_base: core::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX];
+    let mut count = 0;
+    for (i, r) in remote.iter_mut().enumerate().take(n) {
+        let Some(page) = first.checked_add(i * ps) else {
+            break;
+        };
+        r.iov_base = page as *mut libc::c_void;
+        r.iov_len = 1;
+        count += 1;
+    }
+    if count == 0 {
+        return addr;
+    }
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    // SAFETY: local and remote describe `count` valid iovecs; the remote addresses are only
+    // read by the kernel, which reports unreadable ones instead of faulting.
+    let got = unsafe { libc::process_vm_readv(pid, &local, 1, remote.as_ptr(), count as _, 0) };
+    if got <= 0 {
+        return addr;
+    }
+    first + (got as usize) * ps
+}
+
+/// The calling thread's stack bounds `(low, high)` from `pthread_getattr_np(3)`.
+///
+/// Not async-signal-safe (glibc allocates and locks in it): call in normal context only.
+pub(crate) fn current_thread_stack() -> Option<(usize, usize)> {
+    // SAFETY: attr is initialised by pthread_getattr_np before use and destroyed after.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = core::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc != 0 || addr.is_null() {
+            return None;
+        }
+        Some((addr as usize, addr as usize + size))
+    }
+}
+
+/// What `dl_iterate_phdr` reports of one object.
+pub(crate) struct PhdrInfo<'a> {
+    /// Load bias (`dlpi_addr`).
+    pub addr: usize,
+    /// Path (`dlpi_name`); empty for the main program.
+    pub name: &'a std::ffi::CStr,
+    /// Program headers.
+    pub phdrs: &'a [libc::Elf64_Phdr],
+    /// The first object reported (the main program).
+    pub is_first: bool,
+}
+
+/// `dl_iterate_phdr(3)`: calls `f` for every loaded object; returns glibc's load and unload
+/// counters (`dlpi_adds`, `dlpi_subs`).
+///
+/// Not async-signal-safe: it takes the loader's lock.
+pub(crate) fn dl_iterate_phdr(mut f: impl FnMut(&PhdrInfo<'_>)) -> (u64, u64) {
+    struct Ctx<'f> {
+        f: &'f mut dyn FnMut(&PhdrInfo<'_>),
+        first: bool,
+        counters: (u64, u64),
+    }
+    unsafe extern "C" fn callback(
+        info: *mut libc::dl_phdr_info,
+        size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: data is the &mut Ctx passed below; info is valid for the callback's duration.
+        let (ctx, info) = unsafe { (&mut *(data as *mut Ctx<'_>), &*info) };
+        let phdrs = if info.dlpi_phdr.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: the loader provides dlpi_phnum headers at dlpi_phdr.
+            unsafe { core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
+        };
+        let name = if info.dlpi_name.is_null() {
+            c""
+        } else {
+            // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
+            unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }
+        };
+        if size >= core::mem::size_of::<libc::dl_phdr_info>() {
+            ctx.counters = (info.dlpi_adds, info.dlpi_subs);
+        }
+        let first = core::mem::replace(&mut ctx.first, false);
+        (ctx.f)(&PhdrInfo {
+            addr: info.dlpi_addr as usize,
+            name,
+            phdrs,
+            is_first: first,
+        });
+        0
+    }
+    let mut ctx = Ctx {
+        f: &mut f,
+        first: true,
+        counters: (0, 0),
+    };
+    // SAFETY: callback matches the expected signature and only uses ctx during the call.
+    unsafe { libc::dl_iterate_phdr(Some(callback), (&mut ctx as *mut Ctx<'_>).cast()) };
+    ctx.counters
+}
+
+/// glibc's counters of objects loaded and unloaded so far (`dlpi_adds`, `dlpi_subs`).
+pub(crate) fn dl_load_counters() -> (u64, u64) {
+    // Iterating all objects just to read the counters is cheap (microseconds).
+    dl_iterate_phdr(|_| {})
+}
+
+/// Start of the vDSO (`getauxval(AT_SYSINFO_EHDR)`), 0 if there is none.
+pub(crate) fn vdso_base() -> usize {
+    // SAFETY: getauxval has no preconditions.
+    unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) as usize }
+}
+
+/// Calls `f(arg)` with the stack pointer switched to `top` (the high end of a stack the caller
+/// owns), and switches back when it returns. Async-signal-safe.
+///
+/// # Safety
+/// `top` must be the 16-byte aligned high end of a writable stack, exclusively owned by this
+/// call and large enough for `f`; `f` must not unwind.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn call_on_stack(
+    top: usize,
+    f: extern "C" fn(*mut libc::c_void),
+    arg: *mut libc::c_void,
+) {
+    // SAFETY: the caller provides an exclusive, aligned stack; r12 (callee-saved, so `f` keeps
+    // it) holds our stack pointer across the call; all caller-saved registers are clobbered.
+    unsafe {
+        core::arch::asm!(
+            "mov r12, rsp",
+            "mov rsp, {top}",
+            "call {f}",
+            "mov rsp, r12",
+            top = in(reg) top,
+            f = in(reg) f,
+            in("rdi") arg,
+            out("r12") _,
+            clobber_abi("C"),
+        );
+    }
+}
+
+/// aarch64 variant (not yet tested here).
+///
+/// # Safety
+/// As for x86-64.
+#[cfg(target_arch = "aarch64")]
+pub(crate) unsafe fn call_on_stack(
+    top: usize,
+    f: extern "C" fn(*mut libc::c_void),
+    arg: *mut libc::c_void,
+) {
+    // SAFETY: as on x86-64; x20 is callee-saved.
+    unsafe {
+        core::arch::asm!(
+            "mov x20, sp",
+            "mov sp, {top}",
+            "blr {f}",
+            "mov sp, x20",
+            top = in(reg) top,
+            f = in(reg) f,
+            in("x0") arg,
+            out("x20") _,
+            clobber_abi("C"),
+        );
+    }
+}
+
+/// Maps `size` bytes of stack with a guard page below; returns the high end (16-aligned), or
+/// `None` if `mmap` fails. Not async-signal-safe in spirit (call at init).
+pub(crate) fn map_stack(size: usize) -> Option<usize> {
+    let ps = page_size();
+    let size = (size + ps - 1) & !(ps - 1);
+    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            size + ps,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: the lowest page of the mapping we just made becomes the guard page.
+    unsafe { libc::mprotect(p, ps, libc::PROT_NONE) };
+    Some(p as usize + ps + size)
 }
