@@ -336,3 +336,32 @@ pub(crate) fn map_stack(size: usize) -> Option<usize> {
     unsafe { libc::mprotect(p, ps, libc::PROT_NONE) };
     Some(p as usize + ps + size)
 }
+
+/// The distinct `sa_restorer`s (signal-return trampolines) of the handlers installed now, for
+/// signals 1 to 64; returns how many were written into `out`. Async-signal-safe (one
+/// `rt_sigaction` query per signal).
+///
+/// # References
+/// sigaction(2)
+pub(crate) fn signal_restorers(out: &mut [usize]) -> usize {
+    let mut n = 0;
+    for sig in 1..=64 {
+        // SAFETY: all-zero is a valid sigaction; we only query (act = NULL).
+        let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
+        // SAFETY: old is valid for writes; a null new action only reads the current one.
+        if unsafe { libc::sigaction(sig, core::ptr::null(), &mut old) } != 0 {
+            continue;
+        }
+        let Some(r) = old.sa_restorer.map(|f| f as usize) else {
+            continue;
+        };
+        if old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN {
+            continue;
+        }
+        if !out[..n].contains(&r) && n < out.len() {
+            out[n] = r;
+            n += 1;
+        }
+    }
+    n
+}

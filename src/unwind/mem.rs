@@ -116,15 +116,6 @@ impl CheckedMemory {
         // SAFETY: the word is aligned and lies in a range validated as readable.
         Some(unsafe { core::ptr::read_volatile(addr as *const usize) })
     }
-
-    /// Reads `N` bytes at `addr` (any alignment), or fails.
-    pub(crate) fn read_bytes<const N: usize>(&mut self, addr: usize) -> Option<[u8; N]> {
-        if !self.check(addr, N) {
-            return None;
-        }
-        // SAFETY: the N bytes lie in a range validated as readable; [u8; N] has no alignment.
-        Some(unsafe { core::ptr::read_unaligned(addr as *const [u8; N]) })
-    }
 }
 
 #[cfg(test)]
@@ -164,6 +155,6 @@ mod tests {
         assert_eq!(m.read_word(p as usize), None);
         // SAFETY: p is the mapping created above.
         unsafe { libc::munmap(p, ps) };
-        assert_eq!(m.read_bytes::<9>(p as usize), None);
+        assert_eq!(m.read_word(p as usize), None);
     }
 }

@@ -153,22 +153,29 @@ pub fn capture_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> usi
 #[inline(never)]
 fn finish(start: Start, buf: &mut [usize], mode: UnwindMode) -> usize {
     let out = walk::walk(start, buf, mode);
-    let normal_context = out.complete && out.signal_frames == 0;
-    if !normal_context
+    if !out.initialized
+        || out.signal_frames != 0
         || !AUTO_REFRESH.load(Ordering::Relaxed)
         || IN_REFRESH.try_with(Cell::get).unwrap_or(true)
     {
         return out.frames;
     }
-    let needs_stack = mem::thread_stack().is_none();
-    if !out.unknown_object && !needs_stack {
+    let sp = match start {
+        Start::Exact(r) | Start::Return(r) => r.sp,
+    };
+    // A complete walk that crossed no signal frame proves normal context; so does a stack with
+    // no signal-return address between sp and its top (needed when the walk broke in an object
+    // without frame pointers that the snapshot does not know yet).
+    let learn_stack = out.complete && mem::thread_stack().is_none();
+    let refresh = out.unknown_object && (out.complete || no_signal_frame_above(sp));
+    if !learn_stack && !refresh {
         return out.frames;
     }
     let _ = IN_REFRESH.try_with(|c| c.set(true));
-    if needs_stack {
+    if learn_stack {
         mem::learn_thread_stack();
     }
-    let refreshed = out.unknown_object && crate::modules::try_refresh();
+    let refreshed = refresh && crate::modules::try_refresh();
     if refreshed {
         crate::modules::with_current(|s| {
             if let Some(s) = s {
@@ -182,4 +189,30 @@ fn finish(start: Start, buf: &mut [usize], mode: UnwindMode) -> usize {
     } else {
         out.frames
     }
+}
+
+/// Whether the current thread's stack, from `sp` to its top, holds no return address into a
+/// signal trampoline, i.e. no signal handler is running below us on this stack. `false` when
+/// unsure (stack bounds unknown, `sp` on another stack such as an alternate signal stack).
+fn no_signal_frame_above(sp: usize) -> bool {
+    let Some(stack) = mem::thread_stack() else {
+        return false;
+    };
+    if !stack.contains(&sp) {
+        return false;
+    }
+    let mut restorers = [0usize; 8];
+    let n = crate::sys::signal_restorers(&mut restorers);
+    let restorers = &restorers[..n];
+    let mut addr = sp & !(core::mem::size_of::<usize>() - 1);
+    while addr + core::mem::size_of::<usize>() <= stack.end {
+        // SAFETY: [sp, stack.end) is the live part of this thread's own stack: mapped, readable
+        // and aligned.
+        let word = unsafe { core::ptr::read_volatile(addr as *const usize) };
+        if restorers.contains(&word) {
+            return false;
+        }
+        addr += core::mem::size_of::<usize>();
+    }
+    true
 }

@@ -34,6 +34,8 @@ pub(crate) struct Outcome {
     pub(crate) signal_frames: usize,
     /// A pc lay in an object the loader knows but the published snapshot does not.
     pub(crate) unknown_object: bool,
+    /// `init()` had published an unwinder when the walk ran.
+    pub(crate) initialized: bool,
 }
 
 /// The first frame of a walk.
@@ -68,6 +70,7 @@ pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode) -> Outcome
             },
             out: Outcome::default(),
         };
+        job.out.initialized = state.is_some();
         if top != 0 {
             // SAFETY: `top` is the high end of the slot's private stack, which we own while we
             // hold the slot; `run_job` does not unwind (nothing in the walk panics).
@@ -111,7 +114,7 @@ impl Job<'_, '_> {
             buf[out.frames] = regs.pc;
             out.frames += 1;
             let known = classify(state, &mut loaded, &mut mem, regs.pc, out);
-            if !exact && known.is_code && is_trampoline(&mut mem, regs.pc) {
+            if !exact && known.is_code && is_trampoline(regs.pc) {
                 if out.signal_frames == MAX_SIGNAL_FRAMES || out.frames == limit {
                     break;
                 }
@@ -229,11 +232,14 @@ fn classify(
     }
 }
 
-/// Whether the code at `pc` is the signal-return trampoline.
-fn is_trampoline(mem: &mut CheckedMemory, pc: usize) -> bool {
+/// Whether the code at `pc` is the signal-return trampoline. The caller has checked that the
+/// bytes are readable (`Known::is_code`).
+fn is_trampoline(pc: usize) -> bool {
     const N: usize = regs::uc::TRAMPOLINE.len();
-    mem.read_bytes::<N>(pc)
-        .is_some_and(|b| b[..] == *regs::uc::TRAMPOLINE)
+    // SAFETY: `Known::is_code` established that N bytes at pc lie in a mapped executable
+    // segment of a loaded object (or in pages validated as readable during this walk).
+    let bytes = unsafe { core::ptr::read_unaligned(pc as *const [u8; N]) };
+    bytes[..] == *regs::uc::TRAMPOLINE
 }
 
 fn read_ucontext(mem: &mut CheckedMemory, uc: usize) -> Option<Regs> {
