@@ -207,12 +207,18 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         debug_path: None,
     };
     if o.is_vdso {
-        // SAFETY: the vDSO is one mapped ELF image, readable over its whole PT_LOAD range,
-        // which starts at its ELF header; it stays mapped for the life of the process.
-        let image =
-            unsafe { core::slice::from_raw_parts(o.range.start as *const u8, o.range.len()) };
+        // The section headers lie past the end of the PT_LOAD, in the rest of its last page.
+        let ps = crate::sys::page_size();
+        let len = o.range.len().div_ceil(ps) * ps;
+        // SAFETY: the vDSO is one mapped ELF image starting at its ELF header, mapped in whole
+        // pages, so the page-rounded PT_LOAD range is readable; it stays mapped for the life
+        // of the process.
+        let image = unsafe { core::slice::from_raw_parts(o.range.start as *const u8, len) };
         if let Ok(f) = ElfFile64::<Endianness>::parse(image) {
             out.all = table(&f, false);
+            if out.all.len() == 0 {
+                out.all = table(&f, true);
+            }
             out.exported = table(&f, true);
             out.source = SymbolSource::Memory;
         }
