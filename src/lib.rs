@@ -25,6 +25,12 @@
 //! | [`capture_fp`] | the same, frame pointers only |
 //! | [`capture_from_ucontext`] | the interrupted stack of a signal handler's `ucontext_t` |
 //! | [`capture_from_regs`] | a stack from an explicit register state |
+//! | [`symbolize()`] | object, bias, build-id, symbol name, offset and size of an address |
+//! | [`symbolize::symbolize_exported`] | the same, naming only what glibc's `dladdr` names |
+//! | [`backtrace_symbols_fd`] | glibc's `backtrace_symbols_fd` lines, also naming local functions |
+//! | [`symbolize::write_kernel_frame`] | one `0x... : name+0x1d/0x80 [obj]` line into a buffer |
+//! | [`symbolize::demangle_into`] | a Rust name demangled into a buffer |
+//! | [`symbolize::is_signal_trampoline`], [`symbolize::frame_kind`] | exact pc or return address |
 //!
 //! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context
 //! (a capture outside a signal handler that meets an unknown object refreshes the snapshot only
@@ -34,6 +40,7 @@
 mod error;
 pub mod modules;
 mod published;
+pub mod symbolize;
 mod sys;
 pub mod trace;
 pub mod tracefs;
@@ -41,7 +48,38 @@ pub mod unwind;
 pub mod usdt;
 
 pub use error::Error;
+pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
 pub use unwind::{
-    capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_with, init, refresh,
-    set_auto_refresh, Regs, UnwindMode,
+    capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_with, set_auto_refresh,
+    Regs, UnwindMode,
 };
+
+/// Snapshots the loaded objects, builds the DWARF unwinder and the symbol index, and learns the
+/// calling thread's stack bounds. Idempotent: a second call only does work when objects were
+/// loaded or unloaded since. Not async-signal-safe: call it early, outside signal handlers
+/// (capture works before it too, with frame pointers only).
+///
+/// Fails with [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then
+/// use frame pointers).
+pub fn init() -> Result<(), Error> {
+    modules::refresh(false);
+    unwind::prepare();
+    symbolize::rebuild();
+    let ok = modules::with_current(|s| {
+        s.is_some_and(|s| s.objects().iter().any(|o| o.eh_frame_hdr.is_some()))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::NoUnwindInfo)
+    }
+}
+
+/// Picks up objects loaded or unloaded since the last snapshot (`dlopen`, `dlclose`): publishes
+/// a new unwinder and symbol index. Captures running meanwhile in other threads or signal
+/// handlers keep using the old ones until they finish. Not async-signal-safe.
+pub fn refresh() {
+    modules::refresh(false);
+    unwind::rebuild();
+    symbolize::rebuild();
+}

@@ -12,7 +12,7 @@
 //! (see the crate docs). Through a signal frame, a walk continues into the interrupted code.
 //!
 //! # Objects loaded later
-//! [`init`] snapshots the loaded objects. After a `dlopen`, call [`refresh`]; or let a capture
+//! [`crate::init`] snapshots the loaded objects. After a `dlopen`, call [`crate::refresh`]; or let a capture
 //! do it: a capture that finds a pc in an object the snapshot lacks, and that can prove it runs
 //! in normal context (the complete walk crossed no signal frame), refreshes the snapshot and
 //! walks again. Disable that with [`set_auto_refresh`] where even normal-context allocation is
@@ -28,7 +28,6 @@ mod walk;
 pub use regs::Regs;
 pub use walk::{MAX_FRAMES, MAX_SIGNAL_FRAMES};
 
-use crate::Error;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::cell::Cell;
 use walk::Start;
@@ -59,27 +58,15 @@ impl UnwindMode {
     }
 }
 
-/// Snapshots the loaded objects and builds the DWARF unwinder; learns the calling thread's
-/// stack bounds. Idempotent: a second call only refreshes when objects were loaded or unloaded
-/// since. Not async-signal-safe; call it early, outside signal handlers.
-pub fn init() -> Result<(), Error> {
+/// Learns the calling thread's stack bounds and builds the DWARF unwinder for the current
+/// module snapshot (see [`crate::init`]). Normal context.
+pub(crate) fn prepare() {
     mem::learn_thread_stack();
-    refresh();
-    let ok = crate::modules::with_current(|s| {
-        s.is_some_and(|s| s.objects().iter().any(|o| o.eh_frame_hdr.is_some()))
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::NoUnwindInfo)
-    }
+    rebuild();
 }
 
-/// Picks up objects loaded or unloaded since the last snapshot (`dlopen`, `dlclose`) and
-/// publishes a new unwinder. Captures running meanwhile in other threads or signal handlers
-/// keep using the old one until they finish. Not async-signal-safe.
-pub fn refresh() {
-    crate::modules::refresh(false);
+/// Rebuilds the DWARF unwinder if the module snapshot moved on. Normal context.
+pub(crate) fn rebuild() {
     crate::modules::with_current(|s| {
         if let Some(s) = s {
             dwarf::rebuild(s);
@@ -177,11 +164,7 @@ fn finish(start: Start, buf: &mut [usize], mode: UnwindMode) -> usize {
     }
     let refreshed = refresh && crate::modules::try_refresh();
     if refreshed {
-        crate::modules::with_current(|s| {
-            if let Some(s) = s {
-                dwarf::rebuild(s);
-            }
-        });
+        rebuild();
     }
     let _ = IN_REFRESH.try_with(|c| c.set(false));
     if refreshed {

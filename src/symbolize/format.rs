@@ -1,0 +1,483 @@
+//! Line formats, written into fixed buffers without allocation:
+//!
+//! * glibc's `backtrace_symbols` (`path(sym+0x1d) [0x55d0c0a3d1f0]`) and
+//!   `backtrace_symbols_fd` (`path(sym+0x1d)[0x55d0c0a3d1f0]` before glibc 2.40);
+//! * the kernel's `dump_stack()` / SystemTap style
+//!   (`0x55d0c0a3d1f0 : my_crate::parse+0x1d/0x80 [myprog]`);
+//! * Rust demangling into a caller's buffer.
+//!
+//! # Signal Safe Methods
+//! Everything in this file is async-signal-safe: no allocation, no lock, no panic. Output that
+//! does not fit is truncated (at a UTF-8 boundary), never an error.
+
+use super::{lookup, Mode, Symbol};
+use core::fmt;
+
+/// A `core::fmt::Write` sink over a fixed byte buffer that never fails: what does not fit is
+/// dropped and [`FixedBuf::truncated`] says so.
+pub struct FixedBuf<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+    truncated: bool,
+}
+
+impl<'a> FixedBuf<'a> {
+    /// An empty writer over `buf`.
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        FixedBuf {
+            buf,
+            len: 0,
+            truncated: false,
+        }
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether some output was dropped for lack of room.
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// The bytes written so far.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.get(..self.len).unwrap_or(&[])
+    }
+
+    /// The text written so far (only whole UTF-8 sequences are ever written by `write_str`;
+    /// raw bytes pushed with [`FixedBuf::push_bytes`] may not be UTF-8, then this is cut at the
+    /// first invalid byte).
+    pub fn as_str(&self) -> &str {
+        let b = self.as_bytes();
+        match core::str::from_utf8(b) {
+            Ok(s) => s,
+            Err(e) => core::str::from_utf8(b.get(..e.valid_up_to()).unwrap_or(&[])).unwrap_or(""),
+        }
+    }
+
+    /// Forgets what was written.
+    pub fn clear(&mut self) {
+        self.len = 0;
+        self.truncated = false;
+    }
+
+    /// Appends raw bytes (truncating if needed).
+    pub fn push_bytes(&mut self, b: &[u8]) {
+        let room = self.buf.len().saturating_sub(self.len);
+        let n = b.len().min(room);
+        if let (Some(dst), Some(src)) = (self.buf.get_mut(self.len..self.len + n), b.get(..n)) {
+            dst.copy_from_slice(src);
+            self.len += n;
+        }
+        if n < b.len() {
+            self.truncated = true;
+        }
+    }
+
+    /// Appends a string, cut at a UTF-8 boundary if it does not fit.
+    pub fn push_str(&mut self, s: &str) {
+        let room = self.buf.len().saturating_sub(self.len);
+        if s.len() <= room {
+            self.push_bytes(s.as_bytes());
+        } else {
+            let mut cut = room;
+            while cut > 0 && !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.push_bytes(s.as_bytes().get(..cut).unwrap_or(&[]));
+            self.truncated = true;
+        }
+    }
+
+    /// Appends `n` in lower-case hex without prefix (`0` for zero).
+    pub fn push_hex(&mut self, mut n: usize) {
+        let mut tmp = [0u8; 16];
+        let mut i = tmp.len();
+        loop {
+            i -= 1;
+            let d = (n & 0xf) as u8;
+            if let Some(t) = tmp.get_mut(i) {
+                *t = if d < 10 { b'0' + d } else { b'a' + d - 10 };
+            }
+            n >>= 4;
+            if n == 0 || i == 0 {
+                break;
+            }
+        }
+        self.push_bytes(tmp.get(i..).unwrap_or(&[]));
+    }
+
+    /// Appends `0x` and `n` in hex.
+    pub fn push_0x(&mut self, n: usize) {
+        self.push_bytes(b"0x");
+        self.push_hex(n);
+    }
+
+    /// Appends `n` in decimal.
+    pub fn push_dec(&mut self, mut n: u64) {
+        let mut tmp = [0u8; 20];
+        let mut i = tmp.len();
+        loop {
+            i -= 1;
+            if let Some(t) = tmp.get_mut(i) {
+                *t = b'0' + (n % 10) as u8;
+            }
+            n /= 10;
+            if n == 0 || i == 0 {
+                break;
+            }
+        }
+        self.push_bytes(tmp.get(i..).unwrap_or(&[]));
+    }
+}
+
+impl fmt::Write for FixedBuf<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.push_str(s);
+        Ok(())
+    }
+}
+
+/// Writes `name` demangled into `out`: Rust legacy and v0 names with rustc-demangle (hash
+/// suffix dropped); anything else (C, C++) as it is. Never allocates.
+///
+/// Async-signal-safe. rustc-demangle bounds its recursion, but a pathological v0 name can still
+/// use a few tens of kilobytes of stack.
+pub fn demangle_to(name: &[u8], out: &mut FixedBuf<'_>) {
+    let Ok(s) = core::str::from_utf8(name) else {
+        out.push_bytes(name);
+        return;
+    };
+    match rustc_demangle::try_demangle(s) {
+        Ok(d) => {
+            // FixedBuf::write_str never fails, so neither does this.
+            let _ = fmt::write(out, format_args!("{d:#}"));
+        }
+        Err(_) => out.push_str(s),
+    }
+}
+
+/// Writes `name` demangled into `buf` (see [`demangle_to`]) and returns the text written.
+///
+/// Async-signal-safe.
+pub fn demangle_into<'b>(name: &[u8], buf: &'b mut [u8]) -> &'b str {
+    let mut w = FixedBuf::new(buf);
+    demangle_to(name, &mut w);
+    let n = w.as_str().len();
+    let (head, _) = buf.split_at(n.min(buf.len()));
+    core::str::from_utf8(head).unwrap_or("")
+}
+
+/// Which glibc line to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GlibcLine {
+    /// `backtrace_symbols`: `path(sym+0x1d) [0x...]`, `%#tx` offsets (`+0` for zero), `%p`
+    /// addresses (`(nil)` for zero).
+    Strings,
+    /// `backtrace_symbols_fd`: `+0x` always, `[0x..]`, a space before `[` only from glibc 2.40.
+    Fd {
+        /// Put a space before `[` (glibc 2.40 and later).
+        space: bool,
+    },
+}
+
+/// Options of the glibc-compatible formats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SymbolsOptions {
+    /// Demangle Rust names (and, outside signal handlers, C++ names) instead of printing the
+    /// raw symbol as glibc does.
+    pub demangle: bool,
+    /// Name only what glibc names: exported (`.dynsym`) symbols. Off by default: then functions
+    /// that are not exported are named too, from `.symtab` or a debug file.
+    pub exported_only: bool,
+}
+
+/// Writes one glibc line for `addr` (without the trailing newline for [`GlibcLine::Strings`],
+/// with it for [`GlibcLine::Fd`]). Async-signal-safe; C++ names stay mangled here.
+pub(crate) fn glibc_line(
+    out: &mut FixedBuf<'_>,
+    addr: usize,
+    line: GlibcLine,
+    opts: SymbolsOptions,
+) {
+    let mode = if opts.exported_only {
+        Mode::Exported
+    } else {
+        Mode::All
+    };
+    let sym = lookup(addr, mode);
+    glibc_line_for(
+        out,
+        addr,
+        sym.as_ref(),
+        line,
+        opts.demangle,
+        &mut |out, name| demangle_to(name, out),
+    );
+}
+
+/// The body of [`glibc_line`], with the symbol already looked up and a name writer.
+pub(crate) fn glibc_line_for(
+    out: &mut FixedBuf<'_>,
+    addr: usize,
+    sym: Option<&Symbol>,
+    line: GlibcLine,
+    demangle: bool,
+    write_name: &mut dyn FnMut(&mut FixedBuf<'_>, &[u8]),
+) {
+    let described = sym.filter(|s| !s.glibc_path.is_empty());
+    match (described, line) {
+        (Some(s), GlibcLine::Strings) => {
+            out.push_str(s.glibc_path);
+            out.push_bytes(b"(");
+            let base = match s.name {
+                Some(name) => {
+                    if demangle {
+                        write_name(out, name);
+                    } else {
+                        out.push_bytes(name);
+                    }
+                    Some(s.start)
+                }
+                None => (s.bias != 0).then_some(s.bias),
+            };
+            if let Some(base) = base {
+                let (sign, diff) = if addr >= base {
+                    (b"+", addr - base)
+                } else {
+                    (b"-", base - addr)
+                };
+                out.push_bytes(sign);
+                // printf's `%#tx`: no `0x` for zero.
+                if diff == 0 {
+                    out.push_bytes(b"0");
+                } else {
+                    out.push_0x(diff);
+                }
+            }
+            out.push_bytes(b") [");
+            push_pointer(out, addr);
+            out.push_bytes(b"]");
+        }
+        (None, GlibcLine::Strings) => {
+            out.push_bytes(b"[");
+            push_pointer(out, addr);
+            out.push_bytes(b"]");
+        }
+        (s, GlibcLine::Fd { space }) => {
+            if let Some(s) = s.filter(|s| !s.glibc_path.is_empty()) {
+                out.push_str(s.glibc_path);
+                if s.name.is_some() || s.bias != 0 {
+                    out.push_bytes(b"(");
+                    let base = match s.name {
+                        Some(name) => {
+                            if demangle {
+                                write_name(out, name);
+                            } else {
+                                out.push_bytes(name);
+                            }
+                            s.start
+                        }
+                        None => s.bias,
+                    };
+                    if addr >= base {
+                        out.push_bytes(b"+0x");
+                        out.push_hex(addr - base);
+                    } else {
+                        out.push_bytes(b"-0x");
+                        out.push_hex(base - addr);
+                    }
+                    out.push_bytes(b")");
+                }
+                if space {
+                    out.push_bytes(b" ");
+                }
+            }
+            out.push_bytes(b"[0x");
+            out.push_hex(addr);
+            out.push_bytes(b"]\n");
+        }
+    }
+}
+
+/// printf's `%p`: `0x...`, or `(nil)` for zero.
+fn push_pointer(out: &mut FixedBuf<'_>, addr: usize) {
+    if addr == 0 {
+        out.push_bytes(b"(nil)");
+    } else {
+        out.push_0x(addr);
+    }
+}
+
+/// Options of the kernel-style format ([`write_kernel_frame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// Demangle Rust names (C++ names stay mangled: demangling them allocates).
+    pub demangle: bool,
+    /// Print the object as `[name+0x1234]` (offset from the load bias: a link-time address,
+    /// what `addr2line -e` takes) instead of `[name]`.
+    pub object_offset: bool,
+    /// Append the object's GNU build-id inside the brackets: `[name 1a2b3c...]`, as the
+    /// kernel does with `CONFIG_STACKTRACE_BUILD_ID`.
+    pub build_id: bool,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        KernelOptions {
+            demangle: true,
+            object_offset: false,
+            build_id: false,
+        }
+    }
+}
+
+/// How an address of a captured stack is looked up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    /// An exact pc: the first frame of a ucontext capture, or the frame after a signal
+    /// trampoline. Looked up as is.
+    Exact,
+    /// A return address: looked up at `addr - 1`, so that a call at the very end of a function
+    /// names that function and not the next one.
+    Return,
+}
+
+impl FrameKind {
+    /// The address to look up for a frame at `addr`.
+    pub fn lookup_address(self, addr: usize) -> usize {
+        match self {
+            FrameKind::Exact => addr,
+            FrameKind::Return => addr.saturating_sub(1),
+        }
+    }
+}
+
+/// Writes one frame in the kernel's `dump_stack()` / SystemTap format, without a newline:
+///
+/// ```text
+/// 0x55d0c0a3d1f0 : my_crate::parse+0x1d/0x80 [myprog]
+/// 0x7f3a2b1c0000 : +0x1234 [libfoo.so]            (object known, no symbol)
+/// 0x7f3a2b1c0000 : ??                              (no object: anonymous memory, garbage)
+/// ```
+///
+/// Offsets are from the symbol's start to `addr` itself; the symbol is looked up at
+/// [`FrameKind::lookup_address`]. Returns the number of bytes written.
+///
+/// Async-signal-safe: no allocation, no lock, no panic; a line that does not fit is cut.
+pub fn write_kernel_frame(
+    buf: &mut [u8],
+    addr: usize,
+    kind: FrameKind,
+    opts: KernelOptions,
+) -> usize {
+    let mut out = FixedBuf::new(buf);
+    let sym = lookup(kind.lookup_address(addr), Mode::All);
+    kernel_frame_for(&mut out, addr, sym.as_ref(), opts);
+    out.len()
+}
+
+/// The body of [`write_kernel_frame`].
+pub(crate) fn kernel_frame_for(
+    out: &mut FixedBuf<'_>,
+    addr: usize,
+    sym: Option<&Symbol>,
+    opts: KernelOptions,
+) {
+    out.push_0x(addr);
+    out.push_bytes(b" : ");
+    let Some(s) = sym else {
+        out.push_bytes(b"??");
+        return;
+    };
+    match s.name {
+        Some(name) => {
+            if opts.demangle {
+                demangle_to(name, out);
+            } else {
+                out.push_bytes(name);
+            }
+            out.push_bytes(b"+");
+            out.push_0x(addr.wrapping_sub(s.start));
+            out.push_bytes(b"/");
+            out.push_0x(s.size);
+        }
+        None => {
+            out.push_bytes(b"+");
+            out.push_0x(addr.wrapping_sub(s.bias));
+        }
+    }
+    out.push_bytes(b" [");
+    out.push_str(crate::modules::short_name(s.path));
+    if opts.object_offset {
+        out.push_bytes(b"+");
+        out.push_0x(addr.wrapping_sub(s.bias));
+    }
+    if opts.build_id && !s.build_id.is_empty() {
+        out.push_bytes(b" ");
+        for b in s.build_id {
+            let mut two = [0u8; 2];
+            let hex = b"0123456789abcdef";
+            two[0] = hex.get(usize::from(b >> 4)).copied().unwrap_or(b'0');
+            two[1] = hex.get(usize::from(b & 0xf)).copied().unwrap_or(b'0');
+            out.push_bytes(&two);
+        }
+    }
+    out.push_bytes(b"]");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_buf_truncates_without_failing() {
+        let mut b = [0u8; 8];
+        let mut w = FixedBuf::new(&mut b);
+        w.push_str("abc");
+        w.push_0x(0xdead);
+        assert_eq!(w.as_str(), "abc0xdea");
+        assert!(w.truncated());
+        let mut b = [0u8; 4];
+        let mut w = FixedBuf::new(&mut b);
+        w.push_str("aé€");
+        assert_eq!(w.as_str(), "aé");
+        let mut b = [0u8; 40];
+        let mut w = FixedBuf::new(&mut b);
+        w.push_hex(0);
+        w.push_bytes(b" ");
+        w.push_hex(usize::MAX);
+        w.push_bytes(b" ");
+        w.push_dec(0);
+        w.push_dec(u64::MAX);
+        assert_eq!(w.as_str(), "0 ffffffffffffffff 018446744073709551615");
+    }
+
+    #[test]
+    fn demangles_legacy_and_v0_without_hash() {
+        let mut b = [0u8; 128];
+        assert_eq!(
+            demangle_into(b"_ZN4core3fmt5write17h0123456789abcdefE", &mut b),
+            "core::fmt::write"
+        );
+        assert_eq!(
+            demangle_into(b"_RNvCs1234_7mycrate3foo", &mut b),
+            "mycrate::foo"
+        );
+        assert_eq!(demangle_into(b"memcpy", &mut b), "memcpy");
+        assert_eq!(demangle_into(b"_ZN3foo3barEv", &mut b), "_ZN3foo3barEv");
+        let mut small = [0u8; 6];
+        assert_eq!(
+            demangle_into(b"_ZN4core3fmt5write17h0123456789abcdefE", &mut small),
+            "core::"
+        );
+        assert_eq!(demangle_into(b"\xff\xfe", &mut b), "");
+    }
+}

@@ -1,0 +1,454 @@
+//! Per-object symbol tables: sorted arrays of 12-byte entries over a string table that stays in
+//! the read-only file mapping.
+//!
+//! Built in normal context (it opens, maps and parses ELF files and allocates); looked up from
+//! anywhere, including signal handlers (binary search over a slice, no allocation).
+//!
+//! Where the names come from, per object:
+//! 1. its own file's `.symtab` (every function, exported or not);
+//! 2. for stripped objects, the `.symtab` of a separate debug file found by build-id under
+//!    `<debug root>/.build-id/xx/yyyy.debug`, or by `.gnu_debuglink` (next to the object, in its
+//!    `.debug/` directory, or under `<debug root>/<object dir>/`);
+//! 3. its `.dynsym` (exported symbols only), always kept as a second table: it is what glibc's
+//!    `dladdr` sees, used for the glibc-exact naming mode.
+//!
+//! A file whose build-id differs from the loaded object's (replaced on disk after load) is not
+//! used. Objects whose file is gone (deleted after load) get no names; the vDSO's names are read
+//! from its image in memory.
+//!
+//! Tables are never freed: a table is built once per distinct object (path + build-id) and
+//! leaked, with its file mapping, so that a [`Symbol`](super::Symbol) can hold `'static`
+//! references. dlopen/dlclose cycles of the same library reuse its table.
+
+use object::elf;
+use object::read::elf::{ElfFile64, SectionHeader, Sym as _};
+use object::{Endianness, Object as _, ObjectSection as _};
+use std::ffi::CString;
+use std::sync::Mutex;
+
+/// One symbol: start (relative to the table's base), size, offset of its name in the string
+/// table. 12 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub(crate) struct Sym {
+    start: u32,
+    size: u32,
+    name: u32,
+}
+
+/// A sorted symbol table over a string table in mapped memory.
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    /// Link-time address that `Sym::start` is relative to.
+    base: u64,
+    syms: Box<[Sym]>,
+    strtab: &'static [u8],
+}
+
+/// A symbol found in a [`Table`]: link-time start, size, raw name bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Found {
+    pub start: u64,
+    pub size: u64,
+    pub name: &'static [u8],
+}
+
+/// How far a lookup walks back from the nearest lower symbol to find one that contains the
+/// address (nested or overlapping symbols, as in hand-written assembly).
+const SCAN_BACK: usize = 8;
+
+impl Table {
+    /// Number of symbols.
+    pub(crate) fn len(&self) -> usize {
+        self.syms.len()
+    }
+
+    /// Heap bytes used by the entries.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.syms.len() * core::mem::size_of::<Sym>()
+    }
+
+    /// The symbol containing the link-time address `svma`.
+    ///
+    /// With `strict`, a zero-size symbol matches only its own address (glibc's `dladdr` rule);
+    /// otherwise the nearest lower zero-size symbol extends to the next symbol.
+    ///
+    /// # Signal Safe
+    /// Binary search; no allocation, no panic.
+    pub(crate) fn lookup(&self, svma: u64, strict: bool) -> Option<Found> {
+        let rel = svma.checked_sub(self.base)?;
+        let rel = u32::try_from(rel).ok()?;
+        let i = self.syms.partition_point(|s| s.start <= rel);
+        let lo = i.saturating_sub(SCAN_BACK);
+        for j in (lo..i).rev() {
+            let s = self.syms.get(j)?;
+            let hit = if s.size == 0 {
+                rel == s.start || (!strict && j + 1 == i)
+            } else {
+                rel - s.start < s.size
+            };
+            if hit {
+                return Some(Found {
+                    start: self.base + u64::from(s.start),
+                    size: u64::from(s.size),
+                    name: self.name(s.name),
+                });
+            }
+        }
+        None
+    }
+
+    /// The NUL-terminated name at `off` in the string table (without the NUL).
+    fn name(&self, off: u32) -> &'static [u8] {
+        let rest = self.strtab.get(off as usize..).unwrap_or(&[]);
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        rest.get(..end).unwrap_or(&[])
+    }
+}
+
+/// Where an object's full symbol table came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SymbolSource {
+    /// The object's own `.symtab`.
+    Symtab,
+    /// The `.symtab` of a separate debug file (build-id or `.gnu_debuglink`).
+    DebugFile,
+    /// Only `.dynsym` (stripped object, no debug file): exported functions only.
+    Dynsym,
+    /// The vDSO image in memory.
+    Memory,
+    /// No names: the file is missing, unreadable, replaced or not ELF.
+    None,
+}
+
+/// The symbols of one object, built once and never freed.
+#[derive(Debug)]
+pub(crate) struct ObjectSymbols {
+    /// Path as the loader knows it (`[vdso]` for the vDSO).
+    pub path: Box<str>,
+    /// The name glibc's `dladdr` reports (`argv[0]` for the main program, `linux-vdso.so.1`).
+    pub glibc_path: Box<str>,
+    /// GNU build-id of the loaded object (empty if none).
+    pub build_id: Box<[u8]>,
+    /// Every function symbol (`.symtab`, or `.dynsym` when there is none).
+    pub all: Table,
+    /// Defined `.dynsym` symbols, the ones glibc's `dladdr` considers.
+    pub exported: Table,
+    /// Where `all` came from.
+    pub source: SymbolSource,
+    /// The mapped file that holds the DWARF for this object, if any (object or debug file).
+    pub dwarf: Option<&'static [u8]>,
+    /// Path of the separate debug file used, if any.
+    pub debug_path: Option<Box<str>>,
+}
+
+/// What identifies an object across snapshots.
+#[derive(PartialEq, Eq)]
+struct Key {
+    path: Box<str>,
+    build_id: Box<[u8]>,
+    glibc_path: Box<str>,
+}
+
+/// Every table ever built, for reuse (normal context only).
+static CACHE: Mutex<Vec<(Key, &'static ObjectSymbols)>> = Mutex::new(Vec::new());
+
+/// Directories searched for separate debug files, in order: `$SELFTRACE_DEBUG_DIR` (if set),
+/// then `/usr/lib/debug`.
+fn debug_roots() -> Vec<String> {
+    let mut roots = Vec::new();
+    if let Some(d) = std::env::var_os("SELFTRACE_DEBUG_DIR") {
+        roots.push(d.to_string_lossy().into_owned());
+    }
+    roots.push("/usr/lib/debug".to_string());
+    roots
+}
+
+/// The symbols of a loaded object: from the cache, or built now. Normal context only.
+pub(crate) fn for_object(o: &crate::modules::Object) -> &'static ObjectSymbols {
+    let glibc_path = glibc_name(o);
+    let key = Key {
+        path: o.path.as_str().into(),
+        build_id: o.build_id.clone().unwrap_or_default().into(),
+        glibc_path: glibc_path.as_str().into(),
+    };
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, t)) = cache.iter().find(|(k, _)| *k == key) {
+        return t;
+    }
+    let built: &'static ObjectSymbols = Box::leak(Box::new(build(o, glibc_path)));
+    cache.push((key, built));
+    built
+}
+
+/// The name glibc's `dladdr` gives an object.
+fn glibc_name(o: &crate::modules::Object) -> String {
+    if o.is_vdso {
+        "linux-vdso.so.1".to_string()
+    } else if o.is_main {
+        std::env::args_os()
+            .next()
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        o.path.clone()
+    }
+}
+
+fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
+    let mut out = ObjectSymbols {
+        path: o.path.as_str().into(),
+        glibc_path: glibc_path.into(),
+        build_id: o.build_id.clone().unwrap_or_default().into(),
+        all: Table::default(),
+        exported: Table::default(),
+        source: SymbolSource::None,
+        dwarf: None,
+        debug_path: None,
+    };
+    if o.is_vdso {
+        // The section headers lie past the end of the PT_LOAD, in the rest of its last page.
+        let ps = crate::sys::page_size();
+        let len = o.range.len().div_ceil(ps) * ps;
+        // SAFETY: the vDSO is one mapped ELF image starting at its ELF header, mapped in whole
+        // pages, so the page-rounded PT_LOAD range is readable; it stays mapped for the life
+        // of the process.
+        let image = unsafe { core::slice::from_raw_parts(o.range.start as *const u8, len) };
+        if let Ok(f) = ElfFile64::<Endianness>::parse(image) {
+            out.all = table(&f, false);
+            if out.all.len() == 0 {
+                out.all = table(&f, true);
+            }
+            out.exported = table(&f, true);
+            out.source = SymbolSource::Memory;
+        }
+        return out;
+    }
+    let open_path = if o.is_main {
+        // Works even when the program's file was deleted or replaced after exec.
+        "/proc/self/exe".to_string()
+    } else {
+        o.path.clone()
+    };
+    let Some(data) = map(&open_path) else {
+        return out;
+    };
+    let Ok(f) = ElfFile64::<Endianness>::parse(data) else {
+        return out;
+    };
+    let want_id = o.build_id.as_deref();
+    if let (Some(want), Ok(Some(have))) = (want_id, f.build_id()) {
+        if want != have {
+            // The file on disk is not the object that was loaded.
+            return out;
+        }
+    }
+    out.exported = table(&f, true);
+    if has_debug_info(&f) {
+        out.dwarf = Some(data);
+    }
+    if !f.elf_symbol_table().is_empty() {
+        out.all = table(&f, false);
+        out.source = SymbolSource::Symtab;
+    }
+    if out.all.len() == 0 || out.dwarf.is_none() {
+        if let Some((path, dbg)) =
+            find_debug_file(&o.path, want_id.or(f.build_id().ok().flatten()), &f)
+        {
+            if out.all.len() == 0 && !dbg.elf_symbol_table().is_empty() {
+                out.all = table(&dbg, false);
+                out.source = SymbolSource::DebugFile;
+            }
+            if out.dwarf.is_none() && has_debug_info(&dbg) {
+                out.dwarf = Some(dbg.data());
+            }
+            out.debug_path = Some(path.into());
+        }
+    }
+    if out.all.len() == 0 && out.exported.len() > 0 {
+        out.all = table(&f, true);
+        out.source = SymbolSource::Dynsym;
+    }
+    out
+}
+
+fn map(path: &str) -> Option<&'static [u8]> {
+    let c = CString::new(path).ok()?;
+    crate::sys::map_file_readonly(&c)
+}
+
+fn has_debug_info(f: &ElfFile64<'static, Endianness>) -> bool {
+    f.section_by_name(".debug_info")
+        .is_some_and(|s| s.kind() != object::SectionKind::UninitializedData && s.size() > 0)
+}
+
+/// Finds and maps a separate debug file for `path`, by build-id, then by `.gnu_debuglink`.
+fn find_debug_file(
+    path: &str,
+    build_id: Option<&[u8]>,
+    f: &ElfFile64<'static, Endianness>,
+) -> Option<(String, ElfFile64<'static, Endianness>)> {
+    let roots = debug_roots();
+    let mut candidates = Vec::new();
+    if let Some(id) = build_id.filter(|id| id.len() >= 2) {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        for r in &roots {
+            candidates.push(format!("{r}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
+        }
+    }
+    if let Ok(Some((name, _crc))) = f.gnu_debuglink() {
+        if let Ok(name) = core::str::from_utf8(name) {
+            let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or(".");
+            candidates.push(format!("{dir}/{name}"));
+            candidates.push(format!("{dir}/.debug/{name}"));
+            for r in &roots {
+                candidates.push(format!("{r}{dir}/{name}"));
+            }
+        }
+    }
+    for c in candidates {
+        let Some(data) = map(&c) else { continue };
+        let Ok(dbg) = ElfFile64::<Endianness>::parse(data) else {
+            continue;
+        };
+        // A debug file must belong to this object: same build-id when both have one.
+        match (build_id, dbg.build_id()) {
+            (Some(want), Ok(Some(have))) if want != have => continue,
+            _ => {}
+        }
+        return Some((c, dbg));
+    }
+    None
+}
+
+/// Builds a table from `.symtab` (`dynamic == false`) or `.dynsym`.
+fn table(f: &ElfFile64<'static, Endianness>, dynamic: bool) -> Table {
+    let endian = f.endian();
+    let data = f.data();
+    let sections = f.elf_section_table();
+    let symtab = if dynamic {
+        f.elf_dynamic_symbol_table()
+    } else {
+        f.elf_symbol_table()
+    };
+    if symtab.is_empty() {
+        return Table::default();
+    }
+    let strtab = sections
+        .section(symtab.string_section())
+        .ok()
+        .and_then(|s| s.data(endian, data).ok())
+        .unwrap_or(&[]);
+    // (start, size, name offset, rank, index): lower rank wins at equal start.
+    let mut raw: Vec<(u64, u64, u32, u8, usize)> = Vec::new();
+    for (i, s) in symtab.symbols().iter().enumerate() {
+        let shndx = s.st_shndx(endian);
+        let ty = s.st_type();
+        let value = s.st_value(endian);
+        if shndx == elf::SHN_UNDEF || shndx == elf::SHN_ABS || s.st_name(endian) == 0 {
+            continue;
+        }
+        let exec = || {
+            sections
+                .section(object::SectionIndex(shndx as usize))
+                .is_ok_and(|sh| sh.sh_flags(endian) & u64::from(elf::SHF_EXECINSTR) != 0)
+        };
+        let rank = if dynamic {
+            // glibc's dladdr: every defined symbol but TLS, first in table order wins.
+            match ty {
+                elf::STT_TLS | elf::STT_SECTION | elf::STT_FILE => continue,
+                _ => 0,
+            }
+        } else {
+            let kind = match ty {
+                elf::STT_FUNC | elf::STT_GNU_IFUNC => 0,
+                elf::STT_NOTYPE if exec() => 2,
+                _ => continue,
+            };
+            let bind = match s.st_bind() {
+                elf::STB_GLOBAL => 0,
+                elf::STB_WEAK => 1,
+                _ => 2,
+            };
+            let unsized_ = u8::from(s.st_size(endian) == 0);
+            unsized_ * 8 + kind + bind
+        };
+        raw.push((value, s.st_size(endian), s.st_name(endian), rank, i));
+    }
+    if raw.is_empty() {
+        return Table::default();
+    }
+    raw.sort_unstable_by_key(|&(start, _, _, rank, i)| (start, rank, i));
+    raw.dedup_by_key(|e| e.0);
+    let base = raw.first().map_or(0, |e| e.0);
+    let syms: Vec<Sym> = raw
+        .iter()
+        .filter_map(|&(start, size, name, _, _)| {
+            Some(Sym {
+                start: u32::try_from(start - base).ok()?,
+                size: u32::try_from(size).unwrap_or(u32::MAX),
+                name,
+            })
+        })
+        .collect();
+    Table {
+        base,
+        syms: syms.into_boxed_slice(),
+        strtab,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(syms: &[(u32, u32)]) -> Table {
+        static STR: &[u8] = b"\0a\0b\0c\0d\0";
+        Table {
+            base: 0x1000,
+            syms: syms
+                .iter()
+                .enumerate()
+                .map(|(i, &(start, size))| Sym {
+                    start,
+                    size,
+                    name: 1 + 2 * i as u32,
+                })
+                .collect(),
+            strtab: STR,
+        }
+    }
+
+    #[test]
+    fn lookup_respects_sizes_nesting_and_strictness() {
+        let tab = t(&[(0, 0x10), (0x20, 0), (0x40, 0x40), (0x50, 0x8)]);
+        assert_eq!(tab.lookup(0x1000, false).map(|f| f.name), Some(&b"a"[..]));
+        assert_eq!(tab.lookup(0x100f, false).map(|f| f.name), Some(&b"a"[..]));
+        assert!(tab.lookup(0x1010, false).is_none());
+        assert_eq!(tab.lookup(0x1030, false).map(|f| f.name), Some(&b"b"[..]));
+        assert!(tab.lookup(0x1030, true).is_none());
+        assert_eq!(tab.lookup(0x1020, true).map(|f| f.name), Some(&b"b"[..]));
+        assert_eq!(tab.lookup(0x1052, false).map(|f| f.name), Some(&b"d"[..]));
+        // Past the nested symbol, inside the outer one.
+        assert_eq!(tab.lookup(0x1060, false).map(|f| f.start), Some(0x1040));
+        assert!(tab.lookup(0x1080, false).is_none());
+        assert!(tab.lookup(0, false).is_none());
+        assert!(tab.lookup(u64::MAX, false).is_none());
+        assert!(Table::default().lookup(0x1000, false).is_none());
+    }
+
+    #[test]
+    fn bad_name_offsets_give_empty_names() {
+        let tab = Table {
+            base: 0,
+            syms: vec![Sym {
+                start: 0,
+                size: 4,
+                name: 999,
+            }]
+            .into(),
+            strtab: b"\0x",
+        };
+        assert_eq!(tab.lookup(1, true).map(|f| f.name), Some(&b""[..]));
+    }
+}

@@ -1,0 +1,333 @@
+//! File, line, column and inlined frames (addr2line over each object's DWARF), and the owned
+//! [`Backtrace`]. Normal context only: everything here allocates.
+//!
+//! The DWARF of an object is read from the file the symbol index chose for it (the object
+//! itself, or its separate debug file under `/usr/lib/debug/.build-id/` or by
+//! `.gnu_debuglink`), parsed lazily by addr2line and cached per object for the life of the
+//! process: the first lookup in an object pays for parsing its unit ranges, later ones cost
+//! a few hundred nanoseconds.
+
+use super::format::{FixedBuf, FrameKind};
+use super::index::ObjectSymbols;
+use super::{frame_kind, lookup, Mode};
+use addr2line::gimli;
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Mutex;
+
+type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
+type Context = addr2line::Context<Reader>;
+
+/// Parsed DWARF per object (keyed by the address of its never-freed `ObjectSymbols`).
+static CONTEXTS: Mutex<Vec<(usize, Option<Box<Context>>)>> = Mutex::new(Vec::new());
+
+/// Writes `name` demangled (Rust or C++) into `out`. Allocates (C++); normal context only.
+pub(crate) fn demangle_any_to(name: &[u8], out: &mut FixedBuf<'_>) {
+    match core::str::from_utf8(name) {
+        Ok(s) => out.push_str(&addr2line::demangle_auto(Cow::Borrowed(s), None)),
+        Err(_) => out.push_bytes(name),
+    }
+}
+
+/// Demangles a name (Rust or C++) into a `String`.
+fn demangle_string(name: &[u8]) -> String {
+    match core::str::from_utf8(name) {
+        Ok(s) => addr2line::demangle_auto(Cow::Borrowed(s), None).into_owned(),
+        Err(_) => String::from_utf8_lossy(name).into_owned(),
+    }
+}
+
+fn load_context(data: &'static [u8]) -> Option<Context> {
+    use object::{Object as _, ObjectSection as _};
+    let file = object::File::parse(data).ok()?;
+    let endian = if file.is_little_endian() {
+        gimli::RunTimeEndian::Little
+    } else {
+        gimli::RunTimeEndian::Big
+    };
+    let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
+        let bytes: &'static [u8] = match file
+            .section_by_name(id.name())
+            .and_then(|s| s.uncompressed_data().ok())
+        {
+            Some(Cow::Borrowed(b)) => b,
+            // Compressed sections: decompressed once per object, kept with the cached context.
+            Some(Cow::Owned(v)) => Box::leak(v.into_boxed_slice()),
+            None => &[],
+        };
+        Ok(gimli::EndianSlice::new(bytes, endian))
+    };
+    let dwarf = gimli::Dwarf::load(load).ok()?;
+    Context::from_dwarf(dwarf).ok()
+}
+
+/// Runs `f` with the cached DWARF context of `obj` (parsed on first use).
+fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Option<&Context>) -> R) -> R {
+    let key = obj as *const ObjectSymbols as usize;
+    let mut cache = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let pos = match cache.iter().position(|(k, _)| *k == key) {
+        Some(p) => p,
+        None => {
+            let ctx = obj.dwarf.and_then(load_context).map(Box::new);
+            cache.push((key, ctx));
+            cache.len() - 1
+        }
+    };
+    f(cache.get(pos).and_then(|(_, c)| c.as_deref()))
+}
+
+/// One function at a frame: the physical function, or one inlined into it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BacktraceSymbol {
+    /// Demangled name (without Rust hash), if known.
+    pub name: Option<String>,
+    /// Source file, if known.
+    pub file: Option<String>,
+    /// Line, if known.
+    pub line: Option<u32>,
+    /// Column, if known.
+    pub column: Option<u32>,
+    /// This function was inlined into the next symbol of the frame.
+    pub inlined: bool,
+}
+
+/// One frame of a [`Backtrace`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BacktraceFrame {
+    /// The captured address (a return address unless `kind` is [`FrameKind::Exact`]).
+    pub addr: usize,
+    /// How the address was looked up.
+    pub kind: FrameKind,
+    /// Path of the containing object, if any.
+    pub object: Option<&'static str>,
+    /// `addr - bias`: the link-time address in the object (0 without an object).
+    pub object_offset: usize,
+    /// Functions at this frame, innermost (most deeply inlined) first; the last one is the
+    /// physical function. Empty when nothing is known.
+    pub symbols: Vec<BacktraceSymbol>,
+}
+
+impl BacktraceFrame {
+    /// Resolves one captured address.
+    pub fn resolve(addr: usize, kind: FrameKind) -> BacktraceFrame {
+        let probe = kind.lookup_address(addr);
+        let sym = lookup(probe, Mode::All);
+        let mut frame = BacktraceFrame {
+            addr,
+            kind,
+            object: sym.map(|s| s.path),
+            object_offset: sym.map_or(0, |s| addr.wrapping_sub(s.bias)),
+            symbols: Vec::new(),
+        };
+        let Some(sym) = sym else { return frame };
+        if let Some((obj, bias)) = super::object_for(probe) {
+            let svma = probe.wrapping_sub(bias) as u64;
+            with_context(obj, |ctx| {
+                let Some(ctx) = ctx else { return };
+                let Ok(mut it) = ctx.find_frames(svma).skip_all_loads() else {
+                    return;
+                };
+                while let Ok(Some(f)) = it.next() {
+                    let name = f
+                        .function
+                        .as_ref()
+                        .and_then(|n| n.demangle().ok())
+                        .map(Cow::into_owned);
+                    let (file, line, column) = match f.location {
+                        Some(l) => (l.file.map(str::to_owned), l.line, l.column),
+                        None => (None, None, None),
+                    };
+                    frame.symbols.push(BacktraceSymbol {
+                        name,
+                        file,
+                        line,
+                        column,
+                        inlined: true,
+                    });
+                }
+            });
+        }
+        if let Some(last) = frame.symbols.last_mut() {
+            last.inlined = false;
+            if last.name.is_none() {
+                last.name = sym.name.map(demangle_string);
+            }
+        } else if let Some(name) = sym.name {
+            frame.symbols.push(BacktraceSymbol {
+                name: Some(demangle_string(name)),
+                file: None,
+                line: None,
+                column: None,
+                inlined: false,
+            });
+        }
+        frame
+    }
+
+    /// The physical function's name, if known.
+    pub fn name(&self) -> Option<&str> {
+        self.symbols.last().and_then(|s| s.name.as_deref())
+    }
+
+    fn any_name_contains(&self, pat: &str) -> bool {
+        self.symbols
+            .iter()
+            .any(|s| s.name.as_deref().is_some_and(|n| n.contains(pat)))
+    }
+}
+
+/// An owned, symbolized stack: names, file:line:column, inlined frames.
+///
+/// `Display` prints the short form (selftrace's own frames and the runtime's start-up frames
+/// hidden, as Rust's panic backtraces do); the alternate form `{:#}` prints every frame with
+/// its address and object.
+///
+/// Not async-signal-safe: capture and resolution allocate and read files. In a signal handler,
+/// use [`crate::capture`] and [`crate::symbolize::write_kernel_frame`] instead.
+#[derive(Clone, Debug)]
+pub struct Backtrace {
+    frames: Vec<BacktraceFrame>,
+    /// Leading frames that belong to selftrace (hidden in the short form).
+    own: usize,
+}
+
+impl Backtrace {
+    /// Captures and symbolizes the current stack. Frame 0 of [`Backtrace::frames`] is inside
+    /// this function (hidden in the short form); then the caller.
+    #[inline(never)]
+    pub fn capture() -> Backtrace {
+        let mut buf = [0usize; 256];
+        let n = crate::capture(&mut buf);
+        let addrs = buf.get(..n).unwrap_or(&[]);
+        let mut bt = Backtrace::from_addresses(addrs, false);
+        let me = Backtrace::capture as fn() -> Backtrace as usize;
+        bt.own = bt
+            .frames
+            .iter()
+            .take_while(|f| {
+                lookup(f.kind.lookup_address(f.addr), Mode::All).is_some_and(|s| s.start == me)
+            })
+            .count();
+        bt
+    }
+
+    /// Symbolizes captured addresses: `first_exact` when frame 0 is an exact pc (a capture
+    /// from a `ucontext_t`); frames after a signal trampoline are recognized as exact.
+    pub fn from_addresses(addrs: &[usize], first_exact: bool) -> Backtrace {
+        super::ensure_covers(addrs);
+        let frames = (0..addrs.len())
+            .filter_map(|i| {
+                let a = *addrs.get(i)?;
+                Some(BacktraceFrame::resolve(
+                    a,
+                    frame_kind(addrs, i, first_exact),
+                ))
+            })
+            .collect();
+        Backtrace { frames, own: 0 }
+    }
+
+    /// Every frame, innermost first.
+    pub fn frames(&self) -> &[BacktraceFrame] {
+        &self.frames
+    }
+
+    /// The frames of the short form: without selftrace's leading frames, and ending before the
+    /// runtime's start-up code (`__rust_begin_short_backtrace`, `std::rt::lang_start`, libc's
+    /// `__libc_start_main`, `_start`, thread start routines).
+    pub fn short_frames(&self) -> &[BacktraceFrame] {
+        let rest = self.frames.get(self.own..).unwrap_or(&[]);
+        let mut end = rest.len();
+        for (i, f) in rest.iter().enumerate() {
+            if f.any_name_contains("__rust_begin_short_backtrace")
+                || f.any_name_contains("std::rt::lang_start")
+            {
+                end = i;
+                break;
+            }
+            let startup = matches!(
+                f.name(),
+                Some(
+                    "__libc_start_call_main"
+                        | "__libc_start_main"
+                        | "__libc_start_main_impl"
+                        | "_start"
+                        | "start_thread"
+                        | "clone"
+                        | "clone3"
+                        | "__clone"
+                        | "__clone3"
+                )
+            );
+            if startup {
+                end = i;
+                break;
+            }
+            if f.name() == Some("main") {
+                end = i + 1;
+                break;
+            }
+        }
+        rest.get(..end).unwrap_or(&[])
+    }
+}
+
+impl fmt::Display for Backtrace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let full = f.alternate();
+        let frames = if full {
+            &self.frames[..]
+        } else {
+            self.short_frames()
+        };
+        for (i, fr) in frames.iter().enumerate() {
+            write!(f, "{i:4}: ")?;
+            if full {
+                write!(f, "{:#018x} - ", fr.addr)?;
+            }
+            if fr.symbols.is_empty() {
+                f.write_str("<unknown>")?;
+                match fr.object {
+                    Some(o) => writeln!(f, " [{}+{:#x}]", o, fr.object_offset)?,
+                    None => writeln!(f)?,
+                }
+                continue;
+            }
+            for (j, s) in fr.symbols.iter().enumerate() {
+                if j > 0 {
+                    f.write_str(if full {
+                        "                         "
+                    } else {
+                        "      "
+                    })?;
+                }
+                f.write_str(s.name.as_deref().unwrap_or("<unknown>"))?;
+                if s.inlined {
+                    f.write_str(" [inlined]")?;
+                }
+                if full && j + 1 == fr.symbols.len() {
+                    if let Some(o) = fr.object {
+                        write!(
+                            f,
+                            " [{}+{:#x}]",
+                            crate::modules::short_name(o),
+                            fr.object_offset
+                        )?;
+                    }
+                }
+                writeln!(f)?;
+                if let Some(file) = &s.file {
+                    write!(f, "             at {file}")?;
+                    if let Some(l) = s.line {
+                        write!(f, ":{l}")?;
+                        if let Some(c) = s.column {
+                            write!(f, ":{c}")?;
+                        }
+                    }
+                    writeln!(f)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

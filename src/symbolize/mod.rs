@@ -1,0 +1,416 @@
+//! Addresses to names.
+//!
+//! * [`symbolize`]: object, load bias, build-id, symbol name, offset and size of an address.
+//!   Async-signal-safe: a binary search over a symbol index built before any signal.
+//! * [`backtrace_symbols`] / [`backtrace_symbols_fd`]: glibc's line formats, byte for byte,
+//!   naming also functions that are not exported; the `_fd` variant is async-signal-safe.
+//! * [`write_kernel_frame`]: the kernel's `dump_stack()` format,
+//!   `0x55d0c0a3d1f0 : my_crate::parse+0x1d/0x80 [myprog]`, async-signal-safe.
+//! * [`Backtrace`]: an owned, fully symbolized stack with file:line:column and inlined frames
+//!   (normal context only).
+//!
+//! # The index and its lifetime
+//! The index is built in normal context by `init()`/`refresh()` (through [`rebuild`]), or lazily
+//! by the normal-context functions of this module ([`backtrace_symbols`], [`Backtrace`]), or
+//! explicitly by [`prepare`]. Before that, [`symbolize`] returns `None`.
+//!
+//! Each object's symbol table (sorted 12-byte entries over the string table of the read-only
+//! mapped ELF file) is built once per distinct object and **never freed**, file mapping
+//! included. Only the small list that maps address ranges to tables is republished on refresh.
+//! That is why a [`Symbol`] can hold `'static` references and be returned by value from a
+//! signal handler: a concurrent refresh cannot free what it points to. The cost is that the
+//! tables of `dlclose`d libraries stay (a `dlopen` of the same library again reuses its table).
+//!
+//! A file mapping of a library that is later truncated on disk would fault when read; files
+//! replaced by a package manager (a new inode) are not affected.
+
+mod format;
+mod index;
+mod lines;
+
+pub use format::{
+    demangle_into, demangle_to, write_kernel_frame, FixedBuf, FrameKind, KernelOptions,
+    SymbolsOptions,
+};
+pub use index::SymbolSource;
+pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol};
+
+use crate::published::Published;
+use core::ops::Range;
+use format::GlibcLine;
+use index::ObjectSymbols;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// What [`symbolize`] knows of an address.
+///
+/// All references are `'static`: symbol tables and their file mappings are never freed (see the
+/// module docs), so a `Symbol` stays valid after any refresh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    /// The address looked up.
+    pub addr: usize,
+    /// Path of the containing object as the loader knows it (`[vdso]` for the vDSO).
+    pub path: &'static str,
+    /// The name glibc's `dladdr` gives the object: `argv[0]` for the main program,
+    /// `linux-vdso.so.1` for the vDSO, else the path.
+    pub glibc_path: &'static str,
+    /// The object's load bias: `addr - bias` is the link-time address (what `addr2line -e`,
+    /// `objdump` and `nm` show).
+    pub bias: usize,
+    /// The object's GNU build-id (empty if it has none).
+    pub build_id: &'static [u8],
+    /// Raw (mangled) symbol name; `None` when no symbol covers the address.
+    pub name: Option<&'static [u8]>,
+    /// Run-time start of the symbol (0 when `name` is `None`).
+    pub start: usize,
+    /// Size of the symbol in bytes (0 if unknown).
+    pub size: usize,
+    /// Where the object's names came from.
+    pub source: SymbolSource,
+}
+
+impl Symbol {
+    /// `addr - start`: the offset into the symbol (0 when there is no symbol).
+    pub fn offset(&self) -> usize {
+        if self.name.is_some() {
+            self.addr.wrapping_sub(self.start)
+        } else {
+            0
+        }
+    }
+
+    /// `addr - bias`: the link-time address inside the object file.
+    pub fn object_offset(&self) -> usize {
+        self.addr.wrapping_sub(self.bias)
+    }
+
+    /// The raw name as text, if it is UTF-8.
+    pub fn name_str(&self) -> Option<&'static str> {
+        self.name.and_then(|n| core::str::from_utf8(n).ok())
+    }
+
+    /// The object's file name (last path component).
+    pub fn object_name(&self) -> &'static str {
+        crate::modules::short_name(self.path)
+    }
+
+    /// The name demangled into `buf` (Rust legacy and v0; other names as they are), or `None`
+    /// without a symbol. Async-signal-safe.
+    pub fn demangle_into<'b>(&self, buf: &'b mut [u8]) -> Option<&'b str> {
+        self.name.map(|n| demangle_into(n, buf))
+    }
+}
+
+/// Which table a lookup uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Every function (`.symtab`, debug file, `.dynsym`).
+    All,
+    /// Exported symbols only, with glibc's `dladdr` rules.
+    Exported,
+}
+
+/// One loaded object in the index.
+struct Entry {
+    range: Range<usize>,
+    bias: usize,
+    exec: Box<[Range<usize>]>,
+    syms: &'static ObjectSymbols,
+}
+
+/// The published index: objects sorted by start address.
+struct Index {
+    generation: u64,
+    entries: Box<[Entry]>,
+}
+
+impl Index {
+    fn find(&self, addr: usize) -> Option<&Entry> {
+        let i = self.entries.partition_point(|e| e.range.start <= addr);
+        let e = self.entries.get(i.checked_sub(1)?)?;
+        e.range.contains(&addr).then_some(e)
+    }
+}
+
+static INDEX: Published<Index> = Published::new();
+
+/// Builds the symbol index for the current module snapshot, unless it is already up to date.
+/// Tables of objects seen before are reused. Normal context only; `init()` and `refresh()`
+/// call it.
+pub(crate) fn rebuild() {
+    learn_glibc();
+    let snap = crate::modules::with_current(|s| s.map(|s| (s.generation(), s.objects().to_vec())));
+    let Some((generation, objects)) = snap else {
+        return;
+    };
+    let fresh = INDEX.read(|i| i.is_some_and(|i| i.generation == generation));
+    if fresh {
+        return;
+    }
+    // Build outside the writer lock of the published cell: file I/O and parsing take time.
+    let entries: Box<[Entry]> = objects
+        .iter()
+        .map(|o| Entry {
+            range: o.range.clone(),
+            bias: o.bias,
+            exec: o.exec.clone().into_boxed_slice(),
+            syms: index::for_object(o),
+        })
+        .collect();
+    INDEX.update(false, |old| {
+        if old.is_some_and(|i| i.generation >= generation) {
+            None
+        } else {
+            Some(Index {
+                generation,
+                entries,
+            })
+        }
+    });
+}
+
+/// Makes sure the index covers the objects loaded now: initialises the module snapshot if
+/// needed, refreshes it if objects were loaded or unloaded, and rebuilds the index.
+///
+/// Not async-signal-safe. `selftrace::init()` and `selftrace::refresh()` do the same; call one
+/// of them (or this) before using [`symbolize`] in a signal handler, and again after `dlopen`.
+pub fn prepare() -> Result<(), crate::Error> {
+    crate::init()?;
+    rebuild();
+    Ok(())
+}
+
+/// Normal-context catch-up used by the allocating entry points: builds the index if there is
+/// none or if the snapshot moved on.
+pub(crate) fn ensure() {
+    let have = crate::modules::with_current(|s| s.map(|s| s.generation()));
+    match have {
+        None => {
+            let _ = crate::init();
+        }
+        Some(g) if INDEX.read(|i| i.map(|i| i.generation)) == Some(g) => return,
+        Some(_) => {}
+    }
+    rebuild();
+}
+
+/// Normal context: if some address lies in no indexed object and the loader's list changed,
+/// refresh and rebuild (a `dlopen` since the last refresh).
+pub(crate) fn ensure_covers(addrs: &[usize]) {
+    ensure();
+    let missing =
+        INDEX.read(|i| i.is_some_and(|i| addrs.iter().any(|&a| a != 0 && i.find(a).is_none())));
+    if missing {
+        let stale = crate::modules::with_current(|s| s.is_some_and(|s| s.is_stale()));
+        if stale {
+            crate::refresh();
+            rebuild();
+        }
+    }
+}
+
+/// Looks up `addr` in the index: `None` outside every loaded object (or before the index is
+/// built); otherwise a [`Symbol`] whose `name` is `None` when no symbol covers the address.
+///
+/// The address is looked up as given: for a return address of a captured stack, pass
+/// `addr - 1` (see [`FrameKind`]).
+///
+/// # Signal Safe
+/// Async-signal-safe: a lock-free read of the published index and two binary searches; no
+/// allocation, no lock, no panic, no system call. About 20 ns.
+pub fn symbolize(addr: usize) -> Option<Symbol> {
+    lookup(addr, Mode::All)
+}
+
+/// Like [`symbolize`], but names only exported (`.dynsym`) symbols, by glibc's `dladdr` rules:
+/// what glibc's `backtrace_symbols` would name. Async-signal-safe.
+pub fn symbolize_exported(addr: usize) -> Option<Symbol> {
+    lookup(addr, Mode::Exported)
+}
+
+pub(crate) fn lookup(addr: usize, mode: Mode) -> Option<Symbol> {
+    INDEX.read(|i| {
+        let e = i?.find(addr)?;
+        let svma = addr.wrapping_sub(e.bias) as u64;
+        let table = match mode {
+            Mode::All => &e.syms.all,
+            Mode::Exported => &e.syms.exported,
+        };
+        let found = table.lookup(svma, mode == Mode::Exported);
+        Some(Symbol {
+            addr,
+            path: &e.syms.path,
+            glibc_path: &e.syms.glibc_path,
+            bias: e.bias,
+            build_id: &e.syms.build_id,
+            name: found.map(|f| f.name),
+            start: found.map_or(0, |f| (f.start as usize).wrapping_add(e.bias)),
+            size: found.map_or(0, |f| f.size as usize),
+            source: e.syms.source,
+        })
+    })
+}
+
+/// Whether `addr` is the start of the kernel's signal return trampoline (glibc's `__restore_rt`,
+/// x86-64 bytes `48 c7 c0 0f 00 00 00 0f 05`): the frame after it in a captured stack is an
+/// exact pc, not a return address. Reads the bytes only inside an executable segment of an
+/// indexed object. Async-signal-safe.
+pub fn is_signal_trampoline(addr: usize) -> bool {
+    const TRAMPOLINE: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+    if !cfg!(target_arch = "x86_64") {
+        return false;
+    }
+    INDEX.read(|i| {
+        let Some(e) = i.and_then(|i| i.find(addr)) else {
+            return false;
+        };
+        let Some(end) = addr.checked_add(TRAMPOLINE.len()) else {
+            return false;
+        };
+        if !e.exec.iter().any(|r| r.start <= addr && end <= r.end) {
+            return false;
+        }
+        // SAFETY: [addr, end) lies inside an executable PT_LOAD segment of a loaded object,
+        // which is mapped and readable while the object is loaded.
+        let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, TRAMPOLINE.len()) };
+        bytes == TRAMPOLINE
+    })
+}
+
+/// The kind of frame `i` of a captured stack: exact for frame 0 when `first_exact` (a capture
+/// from a `ucontext_t` or registers) and for a frame right after a signal trampoline, else a
+/// return address. Async-signal-safe.
+pub fn frame_kind(frames: &[usize], i: usize, first_exact: bool) -> FrameKind {
+    if i == 0 {
+        return if first_exact {
+            FrameKind::Exact
+        } else {
+            FrameKind::Return
+        };
+    }
+    match frames.get(i - 1) {
+        Some(&prev) if is_signal_trampoline(prev) => FrameKind::Exact,
+        _ => FrameKind::Return,
+    }
+}
+
+/// 0 = not yet decided, 1 = no space before `[` (glibc < 2.40), 2 = a space.
+static FD_SPACE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether this process's glibc puts a space before `[` in `backtrace_symbols_fd` (2.40+).
+fn fd_space() -> bool {
+    match FD_SPACE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        // Not decided: only in a handler before any normal-context call; assume the older
+        // format (FACTS: before 2.40, no space).
+        _ => false,
+    }
+}
+
+/// Decides the `_fd` spacing from the running glibc (normal context).
+fn learn_glibc() {
+    if FD_SPACE.load(Ordering::Relaxed) == 0 {
+        let space = crate::sys::glibc_version().is_some_and(|v| v >= (2, 40));
+        FD_SPACE.store(if space { 2 } else { 1 }, Ordering::Relaxed);
+    }
+}
+
+/// glibc's `backtrace_symbols`: one line per address, in glibc's exact format:
+///
+/// ```text
+/// ./prog(main+0x1d) [0x55d0c0a3d1f0]
+/// /lib/x86_64-linux-gnu/libc.so.6(+0x271ca) [0x7f0e2a8461ca]
+/// ./prog() [0x401136]                       (non-PIE, no symbol)
+/// [0x7f0e2a000000]                          (no object)
+/// ```
+///
+/// Unlike glibc, functions that are not exported are named too (from `.symtab` or a debug
+/// file); names stay mangled, as in glibc. See [`backtrace_symbols_with`] for demangling or
+/// glibc's exact naming. Addresses are looked up as given (as glibc does).
+///
+/// Not async-signal-safe (it allocates); builds or refreshes the index as needed.
+pub fn backtrace_symbols(addrs: &[usize]) -> Vec<String> {
+    backtrace_symbols_with(addrs, SymbolsOptions::default())
+}
+
+/// [`backtrace_symbols`] with options: demangled names (Rust and C++), or only the names glibc
+/// gives (`exported_only`: byte-for-byte glibc output for every address).
+pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<String> {
+    ensure_covers(addrs);
+    let mode = if opts.exported_only {
+        Mode::Exported
+    } else {
+        Mode::All
+    };
+    let mut buf = vec![0u8; 4096];
+    addrs
+        .iter()
+        .map(|&a| {
+            let sym = lookup(a, mode);
+            let mut out = FixedBuf::new(&mut buf);
+            format::glibc_line_for(
+                &mut out,
+                a,
+                sym.as_ref(),
+                GlibcLine::Strings,
+                opts.demangle,
+                &mut |out, name| lines::demangle_any_to(name, out),
+            );
+            String::from_utf8_lossy(out.as_bytes()).into_owned()
+        })
+        .collect()
+}
+
+/// glibc's `backtrace_symbols_fd`: writes one line per address to `fd`, in the format of the
+/// glibc this process runs with (before 2.40: `./prog(main+0x1d)[0x55d0c0a3d1f0]`, no space
+/// before `[`; from 2.40 on, a space), naming functions that are not exported too.
+///
+/// # Signal Safe
+/// Async-signal-safe: formats each line into a 1 KiB stack buffer and writes it with one
+/// `write(2)` (a longer line takes several); no allocation, no lock, no panic. Write errors are
+/// ignored, as in glibc.
+pub fn backtrace_symbols_fd(addrs: &[usize], fd: i32) {
+    backtrace_symbols_fd_with(addrs, fd, SymbolsOptions::default())
+}
+
+/// [`backtrace_symbols_fd`] with options (demangling Rust names, or glibc's exact naming).
+/// Async-signal-safe (C++ names stay mangled).
+pub fn backtrace_symbols_fd_with(addrs: &[usize], fd: i32, opts: SymbolsOptions) {
+    let line = GlibcLine::Fd { space: fd_space() };
+    let mut buf = [0u8; 1024];
+    for &a in addrs {
+        let mut out = FixedBuf::new(&mut buf);
+        format::glibc_line(&mut out, a, line, opts);
+        let _ = crate::sys::write_all(fd, out.as_bytes());
+    }
+}
+
+/// Memory used by the symbol index: `(symbols, heap bytes of the tables)`. The string tables
+/// stay in the file mappings and are not counted. Normal context.
+pub fn index_stats() -> (usize, usize) {
+    ensure();
+    INDEX.read(|i| {
+        let Some(i) = i else { return (0, 0) };
+        let mut seen: Vec<*const ObjectSymbols> = Vec::new();
+        let (mut n, mut bytes) = (0, 0);
+        for e in i.entries.iter() {
+            let p: *const ObjectSymbols = e.syms;
+            if seen.contains(&p) {
+                continue;
+            }
+            seen.push(p);
+            n += e.syms.all.len();
+            bytes += e.syms.all.heap_bytes() + e.syms.exported.heap_bytes();
+        }
+        (n, bytes)
+    })
+}
+
+/// The DWARF-bearing file and symbol table for `addr`'s object (normal context, for `lines`).
+pub(crate) fn object_for(addr: usize) -> Option<(&'static ObjectSymbols, usize)> {
+    INDEX.read(|i| {
+        let e = i?.find(addr)?;
+        Some((e.syms, e.bias))
+    })
+}
