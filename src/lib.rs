@@ -25,6 +25,7 @@
 //! | [`capture_fp`] | the same, frame pointers only |
 //! | [`capture_from_ucontext`] | the interrupted stack of a signal handler's `ucontext_t` |
 //! | [`capture_from_regs`] | a stack from an explicit register state |
+//! | [`dump_stack`], [`crash::dump_stack_to`] | the current stack, symbolized, to stderr or an fd |
 //! | [`symbolize()`] | object, bias, build-id, symbol name, offset and size of an address |
 //! | [`symbolize::symbolize_exported`] | the same, naming only what glibc's `dladdr` names |
 //! | [`backtrace_symbols_fd`] | glibc's `backtrace_symbols_fd` lines, also naming local functions |
@@ -37,6 +38,7 @@
 //! when it is not running inside a signal handler of this crate's knowledge; see [`refresh`]).
 #![warn(missing_docs)]
 
+pub mod crash;
 mod error;
 pub mod modules;
 mod published;
@@ -47,6 +49,7 @@ pub mod tracefs;
 pub mod unwind;
 pub mod usdt;
 
+pub use crash::dump_stack;
 pub use error::Error;
 pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
 pub use unwind::{

@@ -26,6 +26,20 @@ mod regs;
 mod walk;
 
 pub use regs::Regs;
+
+/// The registers saved in a signal handler's `ucontext_t`.
+///
+/// # Safety
+/// `uc` must point to a readable `ucontext_t`.
+pub(crate) unsafe fn regs_from_ucontext(uc: *const libc::ucontext_t) -> Regs {
+    // SAFETY: forwarded from the caller.
+    unsafe { regs::from_ucontext(uc) }
+}
+
+/// The current thread's stack bounds, when known. Async-signal-safe.
+pub(crate) fn thread_stack() -> Option<core::ops::Range<usize>> {
+    mem::thread_stack()
+}
 pub use walk::{MAX_FRAMES, MAX_SIGNAL_FRAMES};
 
 use core::sync::atomic::{AtomicBool, Ordering};
