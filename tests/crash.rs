@@ -20,6 +20,20 @@ fn child_entry() {
     if name == "chained" {
         scenarios::install_user_handler();
     }
+    if name == "panic" {
+        selftrace::crash::builder()
+            .panic_hook(true)
+            .install()
+            .expect("install");
+        scenarios::caller_panic();
+    }
+    if name == "no-symbolizer" {
+        selftrace::crash::builder()
+            .symbolizer(false)
+            .install()
+            .expect("install");
+        scenarios::caller_null();
+    }
     selftrace::crash::install().expect("install");
     scenarios::run(&name, std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
     eprintln!("scenario {name} did not crash");
@@ -105,6 +119,67 @@ fn null_dereference() {
         o.report
     );
     assert!(o.report.contains(" build-id "), "{}", o.report);
+}
+
+/// The line of `needle` in the scenarios' source.
+fn source_line(needle: &str) -> usize {
+    let src = include_str!("support/crash_scenarios.rs");
+    src.lines()
+        .position(|l| l.contains(needle))
+        .expect("needle in source")
+        + 1
+}
+
+#[test]
+fn the_report_gives_file_and_line_from_the_symbolizer_process() {
+    let o = run("null");
+    let line = source_line("read_volatile(black_box(0usize)");
+    let want = format!("crash_scenarios.rs:{line}:");
+    let t = trace(&o.report);
+    let frame = t
+        .iter()
+        .find(|l| l.contains("crash_null+"))
+        .expect("crash_null frame");
+    assert!(frame.contains(&want), "{want} missing:\n{}", o.report);
+    let caller = t
+        .iter()
+        .find(|l| l.contains("caller_null+"))
+        .expect("caller frame");
+    let line = source_line("    crash_null();");
+    assert!(
+        caller.contains(&format!("crash_scenarios.rs:{line}:")),
+        "{}",
+        o.report
+    );
+}
+
+#[test]
+fn without_the_symbolizer_the_report_keeps_names_and_offsets() {
+    let o = run("no-symbolizer");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert_names(&o, "crash_null", "caller_null");
+    assert!(!o.report.contains("crash_scenarios.rs:"), "{}", o.report);
+}
+
+#[test]
+fn the_panic_hook_prints_panics_in_the_same_format() {
+    let o = run("panic");
+    assert!(
+        o.report
+            .contains("------------[ selftrace: panic ]------------"),
+        "{}",
+        o.report
+    );
+    let line = source_line("panic!(\"boom");
+    assert!(
+        o.report.contains(&format!(
+            "panic: boom 42 at tests/support/crash_scenarios.rs:{line}:"
+        )),
+        "{}",
+        o.report
+    );
+    assert!(o.report.contains("crash_panic"), "{}", o.report);
+    assert!(o.report.contains("caller_panic"), "{}", o.report);
 }
 
 #[test]

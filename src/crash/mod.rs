@@ -27,13 +27,16 @@
 //!   the default action at once.
 //!
 //! # file:line
-//! The report names functions and gives `[object+offset]` and build-ids; it does not print
-//! file:line, which needs DWARF parsing (allocation) that is not safe in a signal handler.
-//! Resolve offline with `addr2line -f -C -i -e OBJECT OFFSET`. The optional panic hook
-//! ([`Builder::panic_hook`]) runs in normal context and prints file:line.
+//! Parsing DWARF line tables allocates, which is not safe in a signal handler. The report gets
+//! file:line and inlined frames from a symbolizer process forked at install time (see
+//! [`Builder::symbolizer`]): the handler writes the raw addresses to it over a pipe and waits at
+//! most 3 seconds for the answers. Without it (disabled, dead, slow, or for objects loaded
+//! after install), frames keep their async-signal-safe names and `[object+offset]`, which
+//! `addr2line -f -C -i -e OBJECT OFFSET` resolves offline with the listed build-ids.
 
 mod names;
 mod report;
+mod symbolizer;
 
 use crate::symbolize;
 use crate::sys;
@@ -62,6 +65,7 @@ pub struct Builder {
     path: Option<PathBuf>,
     alt_stack_size: usize,
     panic_hook: bool,
+    symbolizer: bool,
 }
 
 /// Options with their defaults: [`DEFAULT_SIGNALS`], stderr, a 64 KiB alternate stack, no
@@ -73,6 +77,7 @@ pub fn builder() -> Builder {
         path: None,
         alt_stack_size: 64 * 1024,
         panic_hook: false,
+        symbolizer: true,
     }
 }
 
@@ -116,6 +121,13 @@ impl Builder {
         self
     }
 
+    /// Fork a symbolizer process now, so that crash reports can give file:line (default: on).
+    /// See the module docs for how it works and its limits.
+    pub fn symbolizer(mut self, enabled: bool) -> Builder {
+        self.symbolizer = enabled;
+        self
+    }
+
     /// Installs the handler. Calls `selftrace::init()` first (symbol tables and unwinder must
     /// exist before any crash). Not async-signal-safe; call it early in `main`.
     pub fn install(self) -> Result<(), Error> {
@@ -153,6 +165,9 @@ impl Builder {
         }
         if self.panic_hook {
             install_panic_hook();
+        }
+        if self.symbolizer {
+            symbolizer::spawn()?;
         }
         Ok(())
     }
@@ -436,10 +451,32 @@ fn write_report(c: &Crash) {
         // SAFETY: uc is the kernel's ucontext for this signal.
         unsafe { crate::capture_from_ucontext(c.uc, frames) }
     };
-    report::call_trace(out, &frames[..n], !c.uc.is_null(), n == frames.len());
+    // SAFETY: used by one report at a time (report lock held).
+    let (text, spans) = unsafe { (&mut *LINE_TEXT.0.get(), &mut *LINE_SPANS.0.get()) };
+    // The frames that get printed: the innermost and the outermost (a deep recursion in
+    // between is summarised).
+    let mut indices = [0usize; symbolizer::MAX_FRAMES];
+    let half = symbolizer::MAX_FRAMES / 2;
+    let mut k = 0;
+    for i in (0..n.min(half)).chain(n.saturating_sub(half).max(half)..n) {
+        indices[k] = i;
+        k += 1;
+    }
+    let answered = symbolizer::ask(&frames[..n], &indices[..k], !c.uc.is_null(), text, spans);
+    let lines = report::Lines {
+        text,
+        indices: &indices[..answered],
+        spans: &spans[..answered],
+    };
+    report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), n == frames.len(), lines);
     report::objects(out, &frames[..n]);
     out.line(|w| w.push_bytes(b"---[ end of report ]---"));
 }
+
+/// file:line answers of the symbolizer for the current report.
+static LINE_TEXT: Shared<[u8; 64 * 1024]> = Shared(UnsafeCell::new([0; 64 * 1024]));
+static LINE_SPANS: Shared<[(u32, u32); symbolizer::MAX_FRAMES]> =
+    Shared(UnsafeCell::new([(0, 0); symbolizer::MAX_FRAMES]));
 
 /// A SIGSEGV whose fault address lies just below the stack pointer or in the guard area below
 /// the thread's known stack: the stack overflowed.
@@ -493,26 +530,77 @@ fn die(sig: i32) {
 
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
-        let bt = crate::Backtrace::capture();
-        let mut name = [0u8; 17];
-        let thread = report::thread_name(&mut name).to_string();
+        let mut frames = [0usize; 256];
+        let n = crate::capture(&mut frames);
+        let frames = &frames[..n];
+        // Resolve in normal context (file:line included), then skip the panic machinery.
+        let resolved: Vec<_> = (0..n)
+            .map(|i| {
+                let kind = symbolize::frame_kind(frames, i, false);
+                symbolize::BacktraceFrame::resolve(frames[i], kind)
+            })
+            .collect();
+        // The first run of panic machinery frames ends where the panicking code begins.
+        let machinery = |f: &symbolize::BacktraceFrame| {
+            f.symbols.iter().any(|s| {
+                s.name.as_deref().is_some_and(|n| {
+                    n.starts_with("core::panicking::")
+                        || n.starts_with("std::panicking::")
+                        || n.starts_with("std::sys::backtrace::__rust_end_short_backtrace")
+                        || n.ends_with("rust_begin_unwind")
+                })
+            })
+        };
+        let skip = match resolved.iter().position(machinery) {
+            Some(first) => {
+                first
+                    + resolved[first..]
+                        .iter()
+                        .take_while(|f| machinery(f))
+                        .count()
+            }
+            None => 0,
+        };
+        let frames = &frames[skip..];
+        let mut text = Vec::new();
+        let mut spans = Vec::new();
+        for f in &resolved[skip..] {
+            let t = symbolizer::describe(f);
+            spans.push((text.len() as u32, t.len() as u32));
+            text.extend_from_slice(t.as_bytes());
+        }
+        let indices: Vec<usize> = (0..frames.len()).collect();
         let msg = info
             .payload()
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "Box<dyn Any>".to_string());
-        let at = info
-            .location()
-            .map(|l| format!(" at {}:{}:{}", l.file(), l.line(), l.column()))
-            .unwrap_or_default();
-        let text = format!(
-            "------------[ selftrace: panic ]------------\n\
-             panic: {msg}{at}\npid {}, tid {}, thread \"{thread}\"\nCall Trace:\n{bt}\n\
-             ---[ end of report ]---\n",
-            std::process::id(),
-            sys::gettid(),
-        );
-        let _ = sys::write_all(OUT_FD.load(Ordering::Relaxed), text.as_bytes());
+        let out = Out {
+            fd: OUT_FD.load(Ordering::Relaxed),
+        };
+        let _lock = ReportLock::acquire();
+        out.line(|w| w.push_bytes(b"------------[ selftrace: panic ]------------"));
+        out.line(|w| {
+            w.push_bytes(b"panic: ");
+            w.push_str(&msg);
+            if let Some(l) = info.location() {
+                w.push_bytes(b" at ");
+                w.push_str(l.file());
+                w.push_bytes(b":");
+                w.push_dec(l.line() as u64);
+                w.push_bytes(b":");
+                w.push_dec(l.column() as u64);
+            }
+        });
+        report::who(out);
+        let lines = report::Lines {
+            text: &text,
+            indices: &indices,
+            spans: &spans,
+        };
+        report::call_trace_with_lines(out, frames, false, n == 256, lines);
+        report::objects(out, frames);
+        out.line(|w| w.push_bytes(b"---[ end of report ]---"));
     }));
 }

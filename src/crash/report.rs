@@ -84,16 +84,73 @@ fn repeat_at(frames: &[usize], start: usize) -> Option<(usize, usize)> {
     None
 }
 
+/// file:line texts for the first frames of a trace (from the symbolizer process).
+#[derive(Clone, Copy)]
+pub(crate) struct Lines<'a> {
+    pub(crate) text: &'a [u8],
+    /// Frame indices, in the order of `spans`.
+    pub(crate) indices: &'a [usize],
+    pub(crate) spans: &'a [(u32, u32)],
+}
+
+impl Lines<'_> {
+    const NONE: Lines<'static> = Lines {
+        text: &[],
+        indices: &[],
+        spans: &[],
+    };
+
+    fn get(&self, frame: usize) -> &[u8] {
+        let Some(j) = self.indices.iter().position(|&i| i == frame) else {
+            return &[];
+        };
+        let Some(&(start, len)) = self.spans.get(j) else {
+            return &[];
+        };
+        self.text
+            .get(start as usize..(start + len) as usize)
+            .unwrap_or(&[])
+    }
+}
+
+/// Prints frame `k` and, if known, its file:line (and inlined frames on their own lines).
+fn frame_with_lines(out: Out, frames: &[usize], k: usize, first_exact: bool, lines: Lines<'_>) {
+    let kind = symbolize::frame_kind(frames, k, first_exact);
+    let text = lines.get(k);
+    let mut parts = text.split(|&b| b == b'\n');
+    let first = parts.next().unwrap_or(&[]);
+    out.line(|w| {
+        frame_line(w, k, frames[k], kind);
+        if !first.is_empty() {
+            w.push_bytes(b" ");
+            w.push_bytes(first);
+        }
+    });
+    for more in parts {
+        out.line(|w| w.push_bytes(more));
+    }
+}
+
 /// Prints a call trace, compressing recursion: `frames 12-4000 repeat: f -> g`.
 pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, cap_hit: bool) {
+    call_trace_with_lines(out, frames, first_exact, cap_hit, Lines::NONE);
+}
+
+/// [`call_trace`] with file:line for the first frames.
+pub(crate) fn call_trace_with_lines(
+    out: Out,
+    frames: &[usize],
+    first_exact: bool,
+    cap_hit: bool,
+    lines: Lines<'_>,
+) {
     out.line(|w| w.push_bytes(b"Call Trace:"));
     let mut i = 0;
     while i < frames.len() {
         if let Some((p, run)) = repeat_at(frames, i) {
             // Print one cycle, then the summary.
             for k in i..i + p {
-                let kind = symbolize::frame_kind(frames, k, first_exact);
-                out.line(|w| frame_line(w, k, frames[k], kind));
+                frame_with_lines(out, frames, k, first_exact, lines);
             }
             let last = i + run - 1;
             out.line(|w| {
@@ -113,8 +170,7 @@ pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, cap_hit:
             i += run;
             continue;
         }
-        let kind = symbolize::frame_kind(frames, i, first_exact);
-        out.line(|w| frame_line(w, i, frames[i], kind));
+        frame_with_lines(out, frames, i, first_exact, lines);
         i += 1;
     }
     if cap_hit {

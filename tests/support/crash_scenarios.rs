@@ -18,6 +18,7 @@ pub const ALL: &[&str] = &[
     "two-threads",
     "during-dlopen",
     "chained",
+    "panic",
 ];
 
 /// A global allocator with its own lock that crashes, lock held, when asked to.
@@ -133,6 +134,17 @@ pub fn caller_divide() {
 }
 
 #[inline(never)]
+pub fn crash_panic() {
+    panic!("boom {}", black_box(42));
+}
+
+#[inline(never)]
+pub fn caller_panic() {
+    crash_panic();
+    black_box(());
+}
+
+#[inline(never)]
 pub fn caller_in_allocator() {
     CRASH_IN_ALLOC.store(true, Ordering::Relaxed);
     black_box(Box::new(42u64));
@@ -232,6 +244,7 @@ pub fn install_user_handler() {
 pub fn run(name: &str, dir: &std::path::Path) {
     match name {
         "null" | "chained" => caller_null(),
+        "panic" => caller_panic(),
         "overflow" => caller_overflow(),
         "overflow-thread" => {
             let t = std::thread::Builder::new()
