@@ -146,9 +146,10 @@ impl Instance {
         self.write_file("trace", "")
     }
 
-    /// The instance's `trace` text (reading does not consume it).
+    /// The instance's `trace` text (reading does not consume it). Invalid UTF-8 (another
+    /// process may write any bytes into `trace_marker`) is replaced by U+FFFD.
     pub fn read_trace(&self) -> Result<String, Error> {
-        self.read_file("trace")
+        read_lossy(&self.dir.join("trace"))
     }
 
     /// Every trace-marker event recorded: from this instance when it
@@ -158,8 +159,7 @@ impl Instance {
     pub fn read_markers(&self) -> Result<Vec<parse::MarkerEvent>, Error> {
         let mut events = parse::markers(&self.read_trace()?);
         if !self.copies_markers {
-            let top = std::fs::read_to_string(root()?.join("trace"))
-                .map_err(|e| io_error("read", e, "trace"))?;
+            let top = read_lossy(&root()?.join("trace"))?;
             events.extend(parse::markers(&top));
             events.sort_by_key(|e| e.timestamp_ns);
         }
@@ -171,6 +171,14 @@ impl Instance {
         let text = self.read_trace()?;
         Ok(parse::records(&text).map(OwnedRecord::from).collect())
     }
+}
+
+fn read_lossy(path: &Path) -> Result<String, Error> {
+    let bytes = std::fs::read(path).map_err(|e| io_error("read", e, "trace"))?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }
 
 /// An owned copy of a [`parse::Record`].
