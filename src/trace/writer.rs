@@ -361,3 +361,10 @@ pub(crate) fn emit(kind: u8, track: Option<&str>, name: Option<Text<'_>>, value:
         }
     }
 }
+
+/// [`emit`] with plain strings, for callers that decided themselves (the `tracing` layer:
+/// the end of a span that began must be written even if its tag was switched off since).
+#[cfg(feature = "tracing")]
+pub(crate) fn emit_always(kind: u8, track: Option<&str>, name: Option<&str>, value: Option<i64>) {
+    emit(kind, track, name.map(Text::Str), value)
+}
