@@ -11,7 +11,8 @@
 //!   - [`SpanMode::Auto`] (the default) decides at a span's first enter: a span first entered on
 //!     the thread that created it is a thread span; one first entered on another thread (a task
 //!     spawned onto a runtime's worker) is an async span.
-//! * An event is an instant, `I|pid|message field=value ...`, on the thread that emits it.
+//! * An event is an instant, `I|pid|message field=value ...` (the metadata name when there is no
+//!   message), on the thread that emits it.
 //! * A span's name is its metadata name followed by its fields (` key=value`, also those added
 //!   with `Span::record`), cut at a character boundary after
 //!   [`with_max_name_len`](MarkerLayer::with_max_name_len) bytes (256 by default); the same bound
@@ -112,10 +113,22 @@ struct SpanMarker {
     state: AtomicU8,
 }
 
-/// Appends ` key=value` for each field (the `message` field first, bare), bounded.
+/// Which fields a [`Fields`] visitor appends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    /// Every field as ` key=value` (spans).
+    All,
+    /// Only an event's `message`, bare.
+    Message,
+    /// Every field but `message`, as ` key=value`.
+    NotMessage,
+}
+
+/// Appends fields to a name, bounded to `max` bytes.
 struct Fields<'a> {
     out: &'a mut String,
     max: usize,
+    pick: Pick,
 }
 
 impl Fields<'_> {
@@ -123,10 +136,16 @@ impl Fields<'_> {
         if self.out.len() >= self.max {
             return;
         }
-        if field.name() == "message" {
-            if !self.out.is_empty() {
-                self.out.push(' ');
-            }
+        let is_message = field.name() == "message";
+        let keep = match self.pick {
+            Pick::All => true,
+            Pick::Message => is_message,
+            Pick::NotMessage => !is_message,
+        };
+        if !keep {
+            return;
+        }
+        if self.pick == Pick::Message {
             let _ = self.out.write_fmt(value);
         } else {
             let _ = write!(self.out, " {}={}", field.name(), value);
@@ -166,6 +185,7 @@ where
         attrs.record(&mut Fields {
             out: &mut name,
             max: self.max_name,
+            pick: Pick::All,
         });
         let state = match self.mode {
             SpanMode::Auto => UNDECIDED,
@@ -186,6 +206,7 @@ where
             values.record(&mut Fields {
                 out: &mut m.name,
                 max: self.max_name,
+                pick: Pick::All,
             });
         }
     }
@@ -249,21 +270,21 @@ where
         if !self.tracer.is_enabled() {
             return;
         }
-        let mut msg = String::new();
+        let mut name = String::new();
         event.record(&mut Fields {
-            out: &mut msg,
+            out: &mut name,
             max: self.max_name,
+            pick: Pick::Message,
         });
-        let name = if msg.is_empty() {
-            event.metadata().name()
-        } else if msg.starts_with(' ') {
-            // No message: the metadata name, then the fields.
-            msg.insert_str(0, event.metadata().name());
-            msg = self.bounded(msg);
-            &msg
-        } else {
-            &msg
-        };
-        writer::emit_always(b'I', None, Some(name), None);
+        if name.is_empty() {
+            name.push_str(event.metadata().name());
+            name = self.bounded(name);
+        }
+        event.record(&mut Fields {
+            out: &mut name,
+            max: self.max_name,
+            pick: Pick::NotMessage,
+        });
+        writer::emit_always(b'I', None, Some(&name), None);
     }
 }
