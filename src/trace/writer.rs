@@ -7,7 +7,7 @@
 use core::ffi::CStr;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering::*};
 
-use super::format::{format_line, Line, Text};
+use super::format::{format_line, Line, LineBuf, Text};
 use super::{Status, TAG_ALL};
 use crate::{sys, tracefs, Error};
 
@@ -338,7 +338,8 @@ pub(crate) fn emit(kind: u8, track: Option<&str>, name: Option<Text<'_>>, value:
     if fd < 0 {
         return;
     }
-    let mut line = Line::new();
+    let mut storage = LineBuf::uninit();
+    let mut line = Line::new(&mut storage);
     format_line(&mut line, kind, pid(), track, name, value);
     if line.truncated {
         TRUNCATED.fetch_add(1, Relaxed);
