@@ -57,7 +57,10 @@ fn main() {
 
     let pid = std::process::id();
     println!("\nread back (this process only):");
-    println!("{:>16}  {:>7}  {:<12}  text", "timestamp (ns)", "tid", "kind");
+    println!(
+        "{:>16}  {:>7}  {:<12}  text",
+        "timestamp (ns)", "tid", "kind"
+    );
     let events = inst.read_markers().expect("read markers");
     for e in events.iter().filter(|e| e.pid == Some(pid)) {
         println!(

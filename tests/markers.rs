@@ -98,8 +98,13 @@ fn each_call_writes_the_expected_line() {
     assert_eq!(g.value, Some(-9));
     assert_eq!(evs[8].kind, MarkerKind::Counter);
     assert_eq!(evs[8].value, Some(-42));
-    assert!(evs.windows(2).all(|w| w[0].timestamp_ns <= w[1].timestamp_ns));
-    assert_eq!(trace::marker_path().unwrap().file_name().unwrap(), "trace_marker");
+    assert!(evs
+        .windows(2)
+        .all(|w| w[0].timestamp_ns <= w[1].timestamp_ns));
+    assert_eq!(
+        trace::marker_path().unwrap().file_name().unwrap(),
+        "trace_marker"
+    );
 }
 
 #[test]
@@ -178,7 +183,7 @@ fn forked_child_writes_its_own_pid() {
     let parent_name = format!("{t} parent");
     let child_name = format!("{t} child");
     trace::instant(&parent_name); // caches the parent's pid
-    // SAFETY: the child only calls async-signal-safe functions (the marker API and _exit).
+                                  // SAFETY: the child only calls async-signal-safe functions (the marker API and _exit).
     let child = unsafe { libc::fork() };
     assert!(child >= 0, "fork failed");
     if child == 0 {
@@ -198,7 +203,10 @@ fn forked_child_writes_its_own_pid() {
     );
     assert_eq!(
         texts_of(&inst, tid()),
-        [format!("I|{p}|{parent_name}"), format!("I|{p}|{parent_name}")],
+        [
+            format!("I|{p}|{parent_name}"),
+            format!("I|{p}|{parent_name}")
+        ],
         "the parent keeps its pid"
     );
 }
@@ -244,7 +252,10 @@ fn names_are_sanitised_and_truncated_at_a_char_boundary() {
     assert_eq!(texts[1], format!("S|{p}|{kept}|{cookie}"));
     assert_eq!(texts[1].len(), MAX_EVENT - 1);
     assert_eq!(evs[1].value, Some(cookie));
-    let c = format!("C|{p}|{}|-1", &long[..MAX_EVENT - format!("C|{p}||-1").len()]);
+    let c = format!(
+        "C|{p}|{}|-1",
+        &long[..MAX_EVENT - format!("C|{p}||-1").len()]
+    );
     assert_eq!(texts[2], c);
     assert_eq!(texts[2].len(), MAX_EVENT);
     assert!(texts[3].starts_with(&format!("I|{p}|{t} 日本")));
@@ -288,7 +299,11 @@ fn eight_threads_ten_thousand_events_each_all_intact() {
             .collect();
         assert_eq!(mine.len(), EVENTS, "thread {i}");
         for (n, text) in mine.iter().enumerate() {
-            assert_eq!(*text, format!("I|{p}|{t} w{i} e{n}"), "thread {i} event {n}");
+            assert_eq!(
+                *text,
+                format!("I|{p}|{t} w{i} e{n}"),
+                "thread {i} event {n}"
+            );
         }
     }
 }
@@ -335,7 +350,11 @@ fn tags_come_from_the_environment_at_start() {
     };
     let t = token("env");
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "tags_come_from_the_environment_at_start", "--nocapture"])
+        .args([
+            "--exact",
+            "tags_come_from_the_environment_at_start",
+            "--nocapture",
+        ])
         .env("SELFTRACE_TAGS", "io,bit41")
         .env("SELFTRACE_MARKERS_TEST_CHILD", &t)
         .output()
@@ -347,8 +366,14 @@ fn tags_come_from_the_environment_at_start() {
         .into_iter()
         .filter(|e| e.name.starts_with(&t))
         .collect();
-    let cpid = child.first().and_then(|e| e.pid).expect("child wrote markers");
+    let cpid = child
+        .first()
+        .and_then(|e| e.pid)
+        .expect("child wrote markers");
     assert_ne!(cpid, pid());
     let texts: Vec<_> = child.iter().map(|e| e.text.as_str()).collect();
-    assert_eq!(texts, [format!("I|{cpid}|{t} io"), format!("I|{cpid}|{t} bit41")]);
+    assert_eq!(
+        texts,
+        [format!("I|{cpid}|{t} io"), format!("I|{cpid}|{t} bit41")]
+    );
 }

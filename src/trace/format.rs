@@ -155,7 +155,10 @@ impl fmt::Write for Sink<'_, '_> {
         let room = self.end - self.line.len;
         let n = floor_char_boundary(s, room);
         let start = self.line.len;
-        for (d, &b) in self.line.slots()[start..start + n].iter_mut().zip(s.as_bytes()) {
+        for (d, &b) in self.line.slots()[start..start + n]
+            .iter_mut()
+            .zip(s.as_bytes())
+        {
             d.write(sanitize(b));
         }
         self.line.len += n;
@@ -284,22 +287,37 @@ mod tests {
         let mut storage = LineBuf::uninit();
         let mut l = Line::new(&mut storage);
         format_line(&mut l, kind, 42, track, name, value);
-        (String::from_utf8(l.as_bytes().to_vec()).unwrap(), l.truncated)
+        (
+            String::from_utf8(l.as_bytes().to_vec()).unwrap(),
+            l.truncated,
+        )
     }
 
     #[test]
     fn grammar() {
         assert_eq!(line(b'B', None, Some(Text::Str("a b")), None).0, "B|42|a b");
         assert_eq!(line(b'E', None, None, None).0, "E|42");
-        assert_eq!(line(b'S', None, Some(Text::Str("x")), Some(-7)).0, "S|42|x|-7");
+        assert_eq!(
+            line(b'S', None, Some(Text::Str("x")), Some(-7)).0,
+            "S|42|x|-7"
+        );
         assert_eq!(
             line(b'G', Some("t"), Some(Text::Str("n")), Some(i64::MIN)).0,
             "G|42|t|n|-9223372036854775808"
         );
         assert_eq!(line(b'H', Some("t"), None, Some(3)).0, "H|42|t|3");
-        assert_eq!(line(b'N', Some("t"), Some(Text::Str("n")), None).0, "N|42|t|n");
         assert_eq!(
-            line(b'C', None, Some(Text::Fmt(format_args!("c{}", 1))), Some(i64::MAX)).0,
+            line(b'N', Some("t"), Some(Text::Str("n")), None).0,
+            "N|42|t|n"
+        );
+        assert_eq!(
+            line(
+                b'C',
+                None,
+                Some(Text::Fmt(format_args!("c{}", 1))),
+                Some(i64::MAX)
+            )
+            .0,
             "C|42|c1|9223372036854775807"
         );
     }
