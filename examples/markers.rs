@@ -29,6 +29,10 @@ fn main() {
             return;
         }
     };
+    // Kernel events next to the markers: the scheduler's context switches.
+    if let Err(e) = inst.set_event_enabled("sched", "sched_switch", true) {
+        println!("(no sched_switch events: {e})");
+    }
     println!(
         "instance {} (copy_trace_marker: {})",
         inst.name(),
