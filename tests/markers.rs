@@ -321,11 +321,25 @@ fn disabled_tags_write_nothing() {
     trace::disable_tags(1 << 40);
     assert!(!MINE.is_enabled());
     MINE.instant(&format!("{t} hidden"));
-    let _ = trace::section!(MINE => "{t} hidden {}", 1);
+    // The formatting forms do not even evaluate their arguments when disabled.
+    let evaluated = std::cell::Cell::new(0);
+    let count = || {
+        evaluated.set(evaluated.get() + 1);
+        1
+    };
+    let _ = trace::section!(MINE => "{t} hidden {}", count());
+    trace::instant!(MINE => "{t} hidden {}", count());
+    trace::begin_async_section!(MINE => 1, "{t} hidden {}", count());
+    assert_eq!(evaluated.get(), 0);
     trace::enable_tags(1 << 40);
     assert!(MINE.is_enabled());
     MINE.instant(&format!("{t} shown"));
-    assert_eq!(texts_of(&inst, tid()), [format!("I|{p}|{t} shown")]);
+    trace::instant!(MINE => "{t} shown {}", count());
+    assert_eq!(evaluated.get(), 1);
+    assert_eq!(
+        texts_of(&inst, tid()),
+        [format!("I|{p}|{t} shown"), format!("I|{p}|{t} shown 1")]
+    );
 }
 
 #[test]
@@ -376,4 +390,66 @@ fn tags_come_from_the_environment_at_start() {
         texts,
         [format!("I|{cpid}|{t} io"), format!("I|{cpid}|{t} bit41")]
     );
+}
+
+#[test]
+fn marker_fd_is_close_on_exec() {
+    let _g = shared();
+    if setup("marker_fd_is_close_on_exec").is_none() {
+        return;
+    }
+    let marker = trace::marker_path().expect("marker path");
+    let mut found = 0;
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if std::fs::read_link(entry.path()).ok().as_deref() != Some(marker.as_path()) {
+            continue;
+        }
+        let fd = entry.file_name().into_string().unwrap();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        assert_ne!(flags & libc::O_CLOEXEC as u32, 0, "fd {fd} lacks O_CLOEXEC");
+        assert_eq!(flags & libc::O_ACCMODE as u32, libc::O_WRONLY as u32);
+        found += 1;
+    }
+    assert!(found >= 1, "the writer's fd to {marker:?} was not found");
+}
+
+#[test]
+fn tracefs_root_is_found_and_real_kernel_lines_parse() {
+    let _g = shared();
+    let Some(inst) = setup("tracefs_root_is_found_and_real_kernel_lines_parse") else {
+        return;
+    };
+    let root = selftrace::tracefs::root().unwrap();
+    assert!(root.join("trace_marker").exists());
+    assert_eq!(selftrace::tracefs::discover().unwrap(), root);
+    // Kernel events of another kind next to the markers: every line parses.
+    inst.set_event_enabled("sched", "sched_switch", true)
+        .unwrap();
+    let t = token("records");
+    for i in 0..20 {
+        trace::instant(&format!("{t} {i}"));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    inst.set_event_enabled("sched", "sched_switch", false)
+        .unwrap();
+    let text = inst.read_trace().unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    let records: Vec<_> = lines
+        .iter()
+        .map(|l| selftrace::tracefs::parse_record(l).unwrap_or_else(|| panic!("unparsed: {l}")))
+        .collect();
+    assert!(records
+        .iter()
+        .any(|r| r.event == "sched_switch" && r.body.contains("prev_comm=") && r.timestamp_ns > 0));
+    let mine: Vec<_> = records
+        .iter()
+        .filter(|r| r.event == "tracing_mark_write" && r.body.contains(&t))
+        .collect();
+    assert_eq!(mine.len(), 20);
+    assert!(mine.iter().all(|r| r.tid == tid() && r.flags.is_some()));
 }
