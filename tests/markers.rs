@@ -453,3 +453,27 @@ fn tracefs_root_is_found_and_real_kernel_lines_parse() {
     assert_eq!(mine.len(), 20);
     assert!(mine.iter().all(|r| r.tid == tid() && r.flags.is_some()));
 }
+
+#[test]
+fn without_copy_trace_marker_the_top_level_buffer_is_read_without_consuming_it() {
+    let _g = shared();
+    if setup("without_copy_trace_marker_the_top_level_buffer_is_read").is_none() {
+        return;
+    }
+    // An instance that does not copy markers: what older kernels give.
+    let inst = selftrace::tracefs::Instance::create("selftrace-markers-nocopy").unwrap();
+    assert!(!inst.copies_markers());
+    let t = token("nocopy");
+    trace::instant(&format!("{t} top"));
+    let expected = [format!("I|{}|{t} top", pid())];
+    for _ in 0..2 {
+        let texts: Vec<String> = inst
+            .read_markers()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.tid == tid() && e.name.starts_with(&t))
+            .map(|e| e.text)
+            .collect();
+        assert_eq!(texts, expected);
+    }
+}
