@@ -56,6 +56,12 @@ fn tracefs_found_through_mountinfo() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // The child really ran the test (a filter matching nothing would also succeed).
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 /// In the namespace: tracefs is only at `dir`.
