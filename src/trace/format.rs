@@ -101,14 +101,6 @@ impl<'b> Line<'b> {
         }
     }
 
-    /// Appends a decimal integer.
-    #[inline]
-    pub(crate) fn push_i64(&mut self, v: i64) {
-        let mut tmp = [0u8; 20];
-        let digits = fmt_i64(v, &mut tmp);
-        self.push_raw(digits);
-    }
-
     /// Appends `s` sanitised, at most `max` bytes, cut at a character boundary.
     #[inline]
     pub(crate) fn push_str(&mut self, s: &str, max: usize) {
@@ -226,14 +218,14 @@ impl Text<'_> {
 pub(crate) fn format_line(
     line: &mut Line,
     kind: u8,
-    pid: i32,
+    pid: &[u8],
     track: Option<&str>,
     name: Option<Text<'_>>,
     value: Option<i64>,
 ) {
     line.push_byte(kind);
     line.push_byte(b'|');
-    line.push_i64(pid as i64);
+    line.push_raw(pid);
     let mut tail = [0u8; 20];
     let tail_digits: &[u8] = match value {
         Some(v) => fmt_i64(v, &mut tail),
@@ -286,7 +278,7 @@ mod tests {
     ) -> (String, bool) {
         let mut storage = LineBuf::uninit();
         let mut l = Line::new(&mut storage);
-        format_line(&mut l, kind, 42, track, name, value);
+        format_line(&mut l, kind, b"42", track, name, value);
         (
             String::from_utf8(l.as_bytes().to_vec()).unwrap(),
             l.truncated,
