@@ -53,6 +53,9 @@ fn frame_line(w: &mut FixedBuf<'_>, i: usize, addr: usize, kind: FrameKind) {
     let mut buf = [0u8; 900];
     let n = symbolize::write_kernel_frame(&mut buf, addr, kind, FRAME_OPTS);
     w.push_bytes(buf.get(..n).unwrap_or(&[]));
+    if symbolize::is_signal_trampoline(addr) {
+        w.push_bytes(b" <signal handler called>");
+    }
 }
 
 /// The demangled leaf-ish name of the function at frame `i`, for recursion summaries.
