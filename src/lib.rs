@@ -3,6 +3,8 @@
 //! * **Stacks**: [`capture`] and [`capture_from_ucontext`] walk the stack with DWARF CFI
 //!   (framehop over the in-memory `.eh_frame`) and a per-frame frame-pointer fallback. They are
 //!   async-signal-safe: no allocation, no lock, no panic, every memory read checked.
+//!   [`symbolize()`] names addresses (in a handler too), [`Backtrace`] adds file:line, and
+//!   [`crash::install`] prints kernel-style crash reports.
 //! * **Probes**: USDT probe points for bpftrace, perf, gdb and the kernel's `uprobe_events`
 //!   ([`usdt`]).
 //! * **Markers**: Android's `Trace` API over ftrace's `trace_marker` ([`trace`]).
@@ -32,10 +34,14 @@
 //! | [`symbolize::write_kernel_frame`] | one `0x... : name+0x1d/0x80 [obj]` line into a buffer |
 //! | [`symbolize::demangle_into`] | a Rust name demangled into a buffer |
 //! | [`symbolize::is_signal_trampoline`], [`symbolize::frame_kind`] | exact pc or return address |
+//! | [`trace::begin_section()`], [`trace::end_section`], [`trace::section()`] (and its guard's drop) | a `B`/`E` marker |
+//! | [`trace::begin_async_section()`], [`trace::end_async_section()`], `..._for_track` | `S`/`F`, `G`/`H` markers |
+//! | [`trace::instant()`], [`trace::instant_for_track`], [`trace::set_counter`] | `I`, `N`, `C` markers |
+//! | [`trace::is_enabled`], [`trace::stats`], [`trace::status`] | marker state, one atomic load each |
 //!
-//! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context
-//! (a capture outside a signal handler that meets an unknown object refreshes the snapshot only
-//! when it is not running inside a signal handler of this crate's knowledge; see [`refresh`]).
+//! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context:
+//! a capture that meets an object loaded after the last snapshot refreshes it only when it can
+//! prove it is not running in a signal handler (see [`unwind`] and [`set_auto_refresh`]).
 #![warn(missing_docs)]
 
 pub mod crash;

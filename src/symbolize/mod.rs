@@ -10,7 +10,7 @@
 //!   (normal context only).
 //!
 //! # The index and its lifetime
-//! The index is built in normal context by `init()`/`refresh()` (through [`rebuild`]), or lazily
+//! The index is built in normal context by `init()`/`refresh()` (through `rebuild`), or lazily
 //! by the normal-context functions of this module ([`backtrace_symbols`], [`Backtrace`]), or
 //! explicitly by [`prepare`]. Before that, [`symbolize`] returns `None`.
 //!
