@@ -20,6 +20,9 @@ fn child_entry() {
     if name == "chained" {
         scenarios::install_user_handler();
     }
+    if name == "crash-in-handler" {
+        scenarios::install_crashing_user_handler();
+    }
     if name == "panic" {
         selftrace::crash::builder()
             .panic_hook(true)
@@ -289,4 +292,40 @@ fn a_handler_installed_before_is_still_called() {
         user > report_end,
         "the report comes first, then the chained handler"
     );
+}
+
+#[test]
+fn a_crash_inside_the_handler_does_not_loop() {
+    let o = run("crash-in-handler");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert_eq!(
+        o.report.matches("[ selftrace: fatal signal ]").count(),
+        1,
+        "{}",
+        o.report
+    );
+    assert_eq!(
+        o.report.matches("crashing user handler").count(),
+        1,
+        "{}",
+        o.report
+    );
+}
+
+#[test]
+fn threads_spawned_by_std_have_an_alternate_signal_stack() {
+    let (enabled, size) = std::thread::spawn(|| {
+        // SAFETY: querying the current alternate stack.
+        let mut ss: libc::stack_t = unsafe { std::mem::zeroed() };
+        // SAFETY: null new stack: query only.
+        assert_eq!(unsafe { libc::sigaltstack(std::ptr::null(), &mut ss) }, 0);
+        (ss.ss_flags & libc::SS_DISABLE == 0, ss.ss_size)
+    })
+    .join()
+    .unwrap();
+    assert!(
+        enabled,
+        "std gives spawned threads an alternate signal stack"
+    );
+    assert!(size >= libc::MINSIGSTKSZ, "{size}");
 }

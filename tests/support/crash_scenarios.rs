@@ -19,6 +19,7 @@ pub const ALL: &[&str] = &[
     "during-dlopen",
     "chained",
     "panic",
+    "crash-in-handler",
 ];
 
 /// A global allocator with its own lock that crashes, lock held, when asked to.
@@ -229,6 +230,26 @@ extern "C" fn user_handler(_sig: i32) {
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
 }
 
+extern "C" fn crashing_user_handler(_sig: i32) {
+    let msg = b"crashing user handler\n";
+    // SAFETY: write(2) of a static buffer, then a deliberate fault inside the handler.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        std::ptr::write_volatile(black_box(16usize) as *mut u64, 1);
+    }
+}
+
+/// Installs a SIGSEGV handler that itself crashes (called by selftrace's, chained).
+pub fn install_crashing_user_handler() {
+    // SAFETY: installs a plain handler.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = crashing_user_handler as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+    }
+}
+
 /// Installs a plain SIGSEGV handler of the "user" before selftrace's.
 pub fn install_user_handler() {
     // SAFETY: installs a plain handler.
@@ -243,7 +264,7 @@ pub fn install_user_handler() {
 /// Runs scenario `name` (after `selftrace::crash::install()`), with scratch files in `dir`.
 pub fn run(name: &str, dir: &std::path::Path) {
     match name {
-        "null" | "chained" => caller_null(),
+        "null" | "chained" | "crash-in-handler" => caller_null(),
         "panic" => caller_panic(),
         "overflow" => caller_overflow(),
         "overflow-thread" => {
