@@ -26,6 +26,9 @@ fn main() {
     if kind == "chained" {
         scenarios::install_user_handler();
     }
+    if kind == "crash-in-handler" {
+        scenarios::install_crashing_user_handler();
+    }
     selftrace::crash::builder()
         .panic_hook(true)
         .install()
