@@ -1,54 +1,32 @@
 //! Capture before `selftrace::init()`: frame pointers and `_dl_find_object`, no allocation.
 //! This test binary never calls `init()`.
 
+#[path = "support/counting.rs"]
+mod counting;
 #[path = "support/oracle.rs"]
 #[allow(dead_code)]
 mod oracle;
 
 use selftrace::{capture, capture_from_ucontext};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-struct Counting;
-thread_local! {
-    static COUNT_HERE: Cell<bool> = const { Cell::new(false) };
-}
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only adds a counter.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static HANDLER_FRAME0: AtomicUsize = AtomicUsize::new(0);
 static HANDLER_ALLOCS: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 extern "C" fn on_signal(_: i32, _: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    COUNT_HERE.with(|c| c.set(true));
-    let before = ALLOCS.load(Ordering::SeqCst);
-    let mut buf = [0usize; 64];
-    // SAFETY: uc is the kernel's ucontext for this signal.
-    let n = unsafe { capture_from_ucontext(uc.cast(), &mut buf) };
-    let m = capture(&mut buf[n.min(32)..]);
-    IN_HANDLER.store(n + m, Ordering::SeqCst);
-    HANDLER_FRAME0.store(buf[0], Ordering::SeqCst);
-    HANDLER_ALLOCS.store(ALLOCS.load(Ordering::SeqCst) - before, Ordering::SeqCst);
-    COUNT_HERE.with(|c| c.set(false));
+    let ((), calls) = counting::counting(|| {
+        let mut buf = [0usize; 64];
+        // SAFETY: uc is the kernel's ucontext for this signal.
+        let n = unsafe { capture_from_ucontext(uc.cast(), &mut buf) };
+        let m = capture(&mut buf[n.min(32)..]);
+        IN_HANDLER.store(n + m, Ordering::SeqCst);
+        HANDLER_FRAME0.store(buf[0], Ordering::SeqCst);
+    });
+    HANDLER_ALLOCS.store(calls, Ordering::SeqCst);
 }
 
 #[inline(never)]
@@ -60,10 +38,7 @@ fn caller_of_capture() -> (usize, usize) {
 
 #[test]
 fn capture_before_init_works_and_never_allocates() {
-    COUNT_HERE.with(|c| c.set(true));
-    let (n, frame0) = caller_of_capture();
-    let allocs = ALLOCS.load(Ordering::SeqCst);
-    COUNT_HERE.with(|c| c.set(false));
+    let ((n, frame0), allocs) = counting::counting(caller_of_capture);
     assert!(n >= 1);
     assert_eq!(allocs, 0, "capture before init allocated");
 

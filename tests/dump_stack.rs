@@ -1,35 +1,15 @@
 //! `dump_stack()`: the kernel-style trace of the current stack, in normal context and inside a
 //! real signal handler, where it must not allocate.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::Read;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
-struct Counting;
-thread_local! {
-    static COUNT_HERE: Cell<bool> = const { Cell::new(false) };
-}
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only adds a counter.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-}
+#[path = "support/counting.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 fn pipe() -> (i32, std::fs::File) {
     let mut fds = [0i32; 2];
@@ -81,11 +61,9 @@ static STOP: AtomicBool = AtomicBool::new(false);
 static SPINNING: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: i32) {
-    COUNT_HERE.with(|c| c.set(true));
-    let before = ALLOCS.load(Ordering::SeqCst);
-    selftrace::crash::dump_stack_to(FD.load(Ordering::SeqCst));
-    HANDLER_ALLOCS.store(ALLOCS.load(Ordering::SeqCst) - before, Ordering::SeqCst);
-    COUNT_HERE.with(|c| c.set(false));
+    let ((), calls) =
+        counting::counting(|| selftrace::crash::dump_stack_to(FD.load(Ordering::SeqCst)));
+    HANDLER_ALLOCS.store(calls, Ordering::SeqCst);
     STOP.store(true, Ordering::SeqCst);
 }
 
