@@ -31,6 +31,9 @@
 //! when it is not running inside a signal handler of this crate's knowledge; see [`refresh`]).
 #![warn(missing_docs)]
 
+// Lets `#[usdt::probe]` (which names `::selftrace`) work inside this crate's own tests.
+extern crate self as selftrace;
+
 mod error;
 pub mod modules;
 mod sys;

@@ -1,0 +1,9 @@
+//! A cdylib with USDT probes, loaded with `dlopen` by `usdt_target dlopen` in the tests.
+
+/// Adds two numbers; fires `selftrace_cdylib:add` and `selftrace_cdylib:add__return`.
+#[selftrace::usdt::probe(provider = "selftrace_cdylib", name = "add")]
+#[no_mangle]
+pub extern "C" fn selftrace_cdylib_add(a: i32, b: i32) -> i32 {
+    selftrace::probe!(selftrace_cdylib, inside, a, b);
+    a.wrapping_add(b)
+}
