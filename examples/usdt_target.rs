@@ -1,7 +1,7 @@
 //! The program the USDT integration tests trace (`tests/usdt_tools.rs`).
 //!
-//! `usdt_target values N`: fires `selftrace_test:values` N times with fixed values, from two
-//! sites in two modules, then prints whether `probe_enabled!` saw a tracer.
+//! `usdt_target values N`: fires `selftrace_test:values` (i8, u16, i32, i64, u64, pointer) and
+//! `selftrace_test:text` (&str, i) N times with fixed values, from two sites in two modules, then prints whether `probe_enabled!` saw a tracer and fires `selftrace_test:done`.
 //! `usdt_target wait N`: waits (up to 20 s) until a tracer raises the semaphore, then does the same.
 //! `usdt_target dlopen LIB N`: loads the cdylib LIB and calls its probed `selftrace_cdylib_add`.
 //! `usdt_target fns N`: calls `#[probe]` functions (free, method, generic) N times.
@@ -35,7 +35,10 @@ mod first {
         );
         let p = std::hint::black_box(super::PTR) as *const u8;
         let s = std::hint::black_box(super::STR);
-        selftrace::probe!(selftrace_test, values, a, b, c, d, e, p, s, i);
+        selftrace::probe!(selftrace_test, values, a, b, c, d, e, p);
+        selftrace::probe!(selftrace_test, text, s, i);
+        // Twelve arguments, the most a note may carry.
+        selftrace::probe!(selftrace_test, twelve, 1u8, -2i8, 3u16, -4i16, 5u32, -6i32, 7u64, -8i64, true, 'x', 1.5f64, i);
     }
 }
 
@@ -45,7 +48,17 @@ mod second {
         let s = std::hint::black_box(super::STR);
         let p = std::hint::black_box(super::PTR) as *const u8;
         // A second site of the same probe: it must share the semaphore.
-        selftrace::probe!(selftrace_test, values, super::I8, super::U16, super::I32, super::I64, super::U64, p, s, i);
+        selftrace::probe!(
+            selftrace_test,
+            values,
+            super::I8,
+            super::U16,
+            super::I32,
+            super::I64,
+            super::U64,
+            p
+        );
+        selftrace::probe!(selftrace_test, text, s, i);
     }
 }
 
@@ -88,6 +101,8 @@ fn fire_values(n: u64) {
         "enabled={}",
         selftrace::probe_enabled!(selftrace_test, values) as u8
     );
+    // Tells a tracer that the run is over.
+    selftrace::probe!(selftrace_test, done, n);
 }
 
 fn main() {
