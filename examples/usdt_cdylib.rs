@@ -7,3 +7,9 @@ pub extern "C" fn selftrace_cdylib_add(a: i32, b: i32) -> i32 {
     selftrace::probe!(selftrace_cdylib, inside, a, b);
     a.wrapping_add(b)
 }
+
+/// Whether a tracer is attached to `selftrace_cdylib:add` in this library.
+#[no_mangle]
+pub extern "C" fn selftrace_cdylib_enabled() -> bool {
+    selftrace::probe_enabled!(selftrace_cdylib, add)
+}

@@ -3,7 +3,8 @@
 //! `usdt_target values N`: fires `selftrace_test:values` (i8, u16, i32, i64, u64, pointer) and
 //! `selftrace_test:text` (&str, i) N times with fixed values, from two sites in two modules, then prints whether `probe_enabled!` saw a tracer and fires `selftrace_test:done`.
 //! `usdt_target wait N`: waits (up to 20 s) until a tracer raises the semaphore, then does the same.
-//! `usdt_target dlopen LIB N`: loads the cdylib LIB and calls its probed `selftrace_cdylib_add`.
+//! `usdt_target dlopen LIB N`: loads the cdylib LIB, waits (up to 20 s) until a tracer attaches
+//! to it, and calls its probed `selftrace_cdylib_add` N times.
 //! `usdt_target fns N`: calls `#[probe]` functions (free, method, generic) N times.
 
 use std::time::{Duration, Instant};
@@ -144,6 +145,21 @@ fn main() {
             assert!(!f.is_null(), "dlsym failed");
             // SAFETY: the cdylib defines it as extern "C" fn(i32, i32) -> i32.
             let f: extern "C" fn(i32, i32) -> i32 = unsafe { std::mem::transmute(f) };
+            // SAFETY: the symbol name is a valid C string.
+            let e = unsafe { libc::dlsym(h, c"selftrace_cdylib_enabled".as_ptr()) };
+            assert!(!e.is_null(), "dlsym failed");
+            // SAFETY: the cdylib defines it as extern "C" fn() -> bool.
+            let enabled: extern "C" fn() -> bool = unsafe { std::mem::transmute(e) };
+            // Wait (up to 20 s) for a tracer to attach to the library's probe.
+            let start = Instant::now();
+            while !enabled() {
+                if start.elapsed() > Duration::from_secs(20) {
+                    eprintln!("no tracer attached");
+                    std::process::exit(2);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::thread::sleep(Duration::from_millis(500));
             let mut sum = 0;
             for i in 0..n as i32 {
                 sum += f(i, -100);
