@@ -133,6 +133,14 @@ pub mod __private {
     /// Every site linked into the program.
     #[linkme::distributed_slice]
     pub static PROBE_SITES: [Site];
+
+    /// A probe in a public function that programs do not call: the linker's `--gc-sections`
+    /// removes the function, and its note must go with it (tests/usdt_notes.rs checks that
+    /// `selftrace:gc_canary` is absent from binaries).
+    #[inline(never)]
+    pub fn gc_canary(x: u64) {
+        crate::probe!(selftrace, gc_canary, x);
+    }
 }
 
 /// A probe compiled into the running program, as [`probes()`] lists it.
