@@ -92,3 +92,46 @@ fn uprobe_events_with_ref_ctr_sees_every_hit() {
     let left = std::fs::read_to_string(tracefs::root().unwrap().join("uprobe_events")).unwrap();
     assert!(!left.contains(&group), "events left behind:\n{left}");
 }
+
+#[inline(never)]
+fn ping(i: u32) {
+    selftrace::probe!(selftrace_self, ping, i);
+}
+
+#[test]
+fn own_uprobe_raises_own_semaphore() {
+    if !tracefs_usable() {
+        return;
+    }
+    ping(100);
+    let exe = std::env::current_exe().unwrap();
+    let note = read_probes(&exe)
+        .unwrap()
+        .into_iter()
+        .find(|n| n.provider == "selftrace_self" && n.name == "ping")
+        .unwrap();
+    assert!(!selftrace::probe_enabled!(selftrace_self, ping));
+    let group = format!("selftrace_self_{}", std::process::id());
+    let event = UprobeEvent::for_probe(&group, "ping", &exe, &note).unwrap();
+    let inst = Instance::create("selftrace-self").unwrap();
+    inst.set_event_enabled(event.group(), event.event(), true).unwrap();
+    // The kernel raised the semaphore of this running process.
+    assert!(selftrace::probe_enabled!(selftrace_self, ping));
+    let listed = selftrace::usdt::probes()
+        .into_iter()
+        .find(|p| p.provider == "selftrace_self" && p.name == "ping")
+        .unwrap();
+    assert!(listed.enabled);
+    for i in 0..4 {
+        ping(i);
+    }
+    let trace = inst.read_trace().unwrap();
+    let hits: Vec<&str> = trace.lines().filter(|l| l.contains(" ping: (")).collect();
+    assert_eq!(hits.len(), 4, "{trace}");
+    for (i, h) in hits.iter().enumerate() {
+        assert!(h.ends_with(&format!(" a0={i}")), "{h}");
+    }
+    drop(inst);
+    assert!(!selftrace::probe_enabled!(selftrace_self, ping));
+    drop(event);
+}
