@@ -174,3 +174,13 @@ fn registry_lists_probes() {
     assert_eq!(find("selftrace_it", "lazy").sites, 2);
     assert!(all.iter().all(|p| p.semaphore % 2 == 0));
 }
+
+#[test]
+fn registry_leaves_out_probes_removed_with_dead_code() {
+    // selftrace's own `gc_canary` is in a public function this test never calls: the linker
+    // removed it and its note; its registry entry must not be listed.
+    assert!(!probes().iter().any(|p| p.name == "gc_canary"));
+    // A probe only ever asked about is listed.
+    let _ = selftrace::probe_enabled!(selftrace_it, asked_only);
+    assert!(probes().iter().any(|p| p.name == "asked_only" && p.arguments.is_empty()));
+}

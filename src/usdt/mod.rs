@@ -126,6 +126,8 @@ pub mod __private {
         pub provider: &'static str,
         /// Name.
         pub name: &'static str,
+        /// Whether the site fires the probe (and so has a note); `false` for `probe_enabled!`.
+        pub fires: bool,
         /// Returns the address of the probe's semaphore in this object.
         pub semaphore: fn() -> *const u16,
     }
@@ -174,36 +176,48 @@ impl Probe {
 
 /// Every USDT probe compiled into the running program (the executable and the shared
 /// libraries it has loaded that use selftrace), one entry per probe and object, sorted by
-/// provider and name.
+/// provider and name. Probes whose every site was removed by the linker as dead code are left
+/// out; a probe used only through `probe_enabled!` is listed (without arguments).
 ///
 /// Reads each object's file once to fill [`Probe::arguments`]. Not async-signal-safe.
 pub fn probes() -> Vec<Probe> {
-    let mut by_sem: BTreeMap<usize, Probe> = BTreeMap::new();
+    // Per semaphore: the probe, and whether some site fires it.
+    let mut by_sem: BTreeMap<usize, (Probe, bool)> = BTreeMap::new();
     for site in __private::PROBE_SITES.iter() {
         let sem = (site.semaphore)() as usize;
-        by_sem
-            .entry(sem)
-            .and_modify(|p| p.sites += 1)
-            .or_insert_with(|| Probe {
-                provider: site.provider,
-                name: site.name,
-                semaphore: sem,
-                enabled: false,
-                sites: 1,
-                arguments: Vec::new(),
-            });
+        let entry = by_sem.entry(sem).or_insert_with(|| {
+            (
+                Probe {
+                    provider: site.provider,
+                    name: site.name,
+                    semaphore: sem,
+                    enabled: false,
+                    sites: 0,
+                    arguments: Vec::new(),
+                },
+                false,
+            )
+        });
+        entry.0.sites += 1;
+        entry.1 |= site.fires;
     }
-    let mut out: Vec<Probe> = by_sem.into_values().collect();
+    let (mut out, fires): (Vec<Probe>, Vec<bool>) = by_sem.into_values().unzip();
     for p in &mut out {
         p.enabled = p.is_enabled();
     }
-    fill_arguments(&mut out);
+    let noted = fill_arguments(&mut out);
+    // The registry keeps entries of sites whose code the linker removed (their notes are gone
+    // with the code); a probe whose firing sites all went is not in the program.
+    let mut keep = fires.iter().zip(&noted).map(|(&f, &n)| !f || n != Some(false));
+    out.retain(|_| keep.next().unwrap_or(true));
     out.sort_by(|a, b| (a.provider, a.name, a.semaphore).cmp(&(b.provider, b.name, b.semaphore)));
     out
 }
 
-/// Fills [`Probe::arguments`] from the notes of the objects the semaphores live in.
-fn fill_arguments(probes: &mut [Probe]) {
+/// Fills [`Probe::arguments`] from the notes of the objects the semaphores live in. Returns,
+/// per probe, whether a note names it (`None`: its object's file could not be read).
+fn fill_arguments(probes: &mut [Probe]) -> Vec<Option<bool>> {
+    let mut noted = vec![None; probes.len()];
     use findshlibs::{Segment, SharedLibrary, TargetSharedLibrary};
     let mut objects: Vec<(String, u64, Vec<(u64, u64)>)> = Vec::new();
     TargetSharedLibrary::each(|lib| {
@@ -238,14 +252,17 @@ fn fill_arguments(probes: &mut [Probe]) {
         };
         for i in mine {
             let p = &mut probes[i];
-            if let Some(n) = notes.iter().find(|n| {
+            let found = notes.iter().find(|n| {
                 n.semaphore != 0
                     && n.semaphore.wrapping_add(bias) == p.semaphore as u64
                     && n.provider == p.provider
                     && n.name == p.name
-            }) {
+            });
+            if let Some(n) = found {
                 p.arguments = n.arguments.clone();
             }
+            noted[i] = Some(found.is_some());
         }
     }
+    noted
 }

@@ -221,6 +221,7 @@ pub fn generate(
     };
 
     // The registry entry: every site registers provider, name and where its semaphore is.
+    let fires = mode != Mode::Enabled;
     let registry = {
         let lea = format!("{defs}\n    // The semaphore's address.\n    leaq {sem}(%rip), {{0}}\n");
         quote! {
@@ -229,6 +230,7 @@ pub fn generate(
             static __SELFTRACE_SITE: #usdt::__private::Site = #usdt::__private::Site {
                 provider: #provider,
                 name: #name,
+                fires: #fires,
                 semaphore: {
                     fn __selftrace_semaphore() -> *const u16 {
                         let p: *const u16;
