@@ -208,7 +208,10 @@ pub fn probes() -> Vec<Probe> {
     let noted = fill_arguments(&mut out);
     // The registry keeps entries of sites whose code the linker removed (their notes are gone
     // with the code); a probe whose firing sites all went is not in the program.
-    let mut keep = fires.iter().zip(&noted).map(|(&f, &n)| !f || n != Some(false));
+    let mut keep = fires
+        .iter()
+        .zip(&noted)
+        .map(|(&f, &n)| !f || n != Some(false));
     out.retain(|_| keep.next().unwrap_or(true));
     out.sort_by(|a, b| (a.provider, a.name, a.semaphore).cmp(&(b.provider, b.name, b.semaphore)));
     out
@@ -219,7 +222,9 @@ pub fn probes() -> Vec<Probe> {
 fn fill_arguments(probes: &mut [Probe]) -> Vec<Option<bool>> {
     let mut noted = vec![None; probes.len()];
     use findshlibs::{Segment, SharedLibrary, TargetSharedLibrary};
-    let mut objects: Vec<(String, u64, Vec<(u64, u64)>)> = Vec::new();
+    /// A loaded object: file name, load bias, mapped address ranges.
+    type Object = (String, u64, Vec<(u64, u64)>);
+    let mut objects: Vec<Object> = Vec::new();
     TargetSharedLibrary::each(|lib| {
         let bias = lib.virtual_memory_bias().0 as u64;
         let ranges = lib
