@@ -117,6 +117,9 @@ fn fire_values(n: u64) {
         "enabled={}",
         selftrace::probe_enabled!(selftrace_test, values) as u8
     );
+    // The same probe from two crates (this one and selftrace): one semaphore.
+    selftrace::probe!(selftrace_test, cross_crate, n as u32);
+    selftrace::usdt::__private::cross_crate(n as u32);
     // Tells a tracer that the run is over.
     selftrace::probe!(selftrace_test, done, n);
 }

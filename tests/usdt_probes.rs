@@ -53,6 +53,16 @@ fn every_argument_type() {
     );
     selftrace::probe!(selftrace_it, bytes, "str", &b"bytes"[..], s, v);
     selftrace::probe!(selftrace_it, user, UserId(9));
+    // Any expression: casts and operators bind as written.
+    selftrace::probe!(
+        selftrace_it,
+        exprs,
+        x as u64,
+        x + 1,
+        -x,
+        *&x,
+        if x > 0 { 1u8 } else { 2 }
+    );
     selftrace::probe!("selftrace_it", "string_names", x);
     // Expressions are evaluated once and borrowed, not moved.
     let count = Cell::new(0);

@@ -143,6 +143,14 @@ pub mod __private {
     pub fn gc_canary(x: u64) {
         crate::probe!(selftrace, gc_canary, x);
     }
+
+    /// A site of `selftrace_test:cross_crate` in this crate; the test program fires the same
+    /// probe from its own crate, and both sites must share one semaphore
+    /// (tests/usdt_notes.rs).
+    #[inline(never)]
+    pub fn cross_crate(x: u32) {
+        crate::probe!(selftrace_test, cross_crate, x);
+    }
 }
 
 /// A probe compiled into the running program, as [`probes()`] lists it.
