@@ -48,7 +48,9 @@ fn selftrace_enabled(n: u64) -> u64 {
     for i in 0..n {
         acc = acc.wrapping_add(black_box(i));
         if selftrace::probe_enabled!(bench, tick) {
-            acc = acc.wrapping_add(1);
+            // A side effect off the `acc` chain keeps this a branch (a branchless select into
+            // `acc` would measure a dependency chain rather than the check).
+            black_box(i);
         }
     }
     acc
