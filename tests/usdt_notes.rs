@@ -150,6 +150,7 @@ fn notes_release_fat_lto() {
 const C_PROGRAM: &str = r#"
 #include <sys/sdt.h>
 unsigned short cprov_hello_semaphore __attribute__((unused, section(".probes")));
+unsigned short cprov_bare_semaphore __attribute__((unused, section(".probes")));
 int main(int argc, char **argv) {
     long big = -5000000000L;
     if (cprov_hello_semaphore)
@@ -162,7 +163,9 @@ int main(int argc, char **argv) {
 
 /// Builds the C program with gcc; `None` (after printing why) when gcc or sys/sdt.h is missing.
 fn c_program() -> Option<Vec<u8>> {
-    let dir = std::env::temp_dir().join(format!("selftrace-sdt-{}", std::process::id()));
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("selftrace-sdt-{}-{seq}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("prog.c");
     std::fs::write(&src, C_PROGRAM).unwrap();
