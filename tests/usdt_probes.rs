@@ -1,6 +1,7 @@
 //! In-process behaviour of the probe macros: every argument type compiles and runs, arguments
 //! are evaluated when documented, `#[probe]` keeps the function's behaviour, and `probes()`
-//! lists what the binary carries.
+//! lists what the binary carries. The crate denies unsafe code: the macros must still work.
+#![deny(unsafe_code)]
 
 use selftrace::usdt::{probes, ProbeArg};
 use std::cell::Cell;
@@ -134,6 +135,32 @@ impl Account {
 }
 
 #[selftrace::usdt::probe(provider = "selftrace_it")]
+#[must_use]
+pub(crate) fn mutates(mut x: u32, s: String) -> usize {
+    x += 1;
+    x as usize + s.len()
+}
+
+#[selftrace::usdt::probe(provider = "selftrace_it")]
+extern "C" fn c_abi(x: i16) -> i16 {
+    -x
+}
+
+#[selftrace::usdt::probe(provider = "selftrace_it")]
+fn iter(n: u8) -> impl Iterator<Item = u8> {
+    0..n
+}
+
+#[selftrace::usdt::probe(provider = "selftrace_it")]
+fn recursive(n: u32) -> u32 {
+    if n == 0 {
+        0
+    } else {
+        n + recursive(n - 1)
+    }
+}
+
+#[selftrace::usdt::probe(provider = "selftrace_it")]
 async fn async_double(x: u64) -> u64 {
     x * 2
 }
@@ -162,6 +189,10 @@ fn attribute_keeps_behaviour() {
     assert_eq!(a.deposit(5), 15);
     assert_eq!(a.into_balance(), 15);
     assert_eq!(block_on(async_double(21)), 42);
+    assert_eq!(mutates(1, "ab".into()), 4);
+    assert_eq!(c_abi(5), -5);
+    assert_eq!(iter(3).sum::<u8>(), 3);
+    assert_eq!(recursive(4), 10);
 }
 
 #[test]

@@ -209,14 +209,21 @@ pub fn generate(
     let enabled = {
         let load = format!("{defs}\n    // Read the semaphore.\n    movzwl {sem}(%rip), {{0:e}}\n");
         quote! {{
-            let __selftrace_sem: u32;
-            // SAFETY: the asm only defines data and reads the u16 semaphore it defines; it
-            // touches no other memory, no stack and no flags.
-            unsafe {
-                ::core::arch::asm!(#load, out(reg) __selftrace_sem,
-                    options(att_syntax, nostack, preserves_flags, readonly));
+            // In a function of its own so that `allow(unsafe_code)` covers the asm in crates
+            // that deny unsafe code.
+            #[inline(always)]
+            #[allow(unsafe_code)]
+            fn __selftrace_enabled() -> bool {
+                let sem: u32;
+                // SAFETY: the asm only defines data and reads the u16 semaphore it defines; it
+                // touches no other memory, no stack and no flags.
+                unsafe {
+                    ::core::arch::asm!(#load, out(reg) sem,
+                        options(att_syntax, nostack, preserves_flags, readonly));
+                }
+                sem != 0
             }
-            __selftrace_sem != 0
+            __selftrace_enabled()
         }}
     };
 
@@ -232,6 +239,7 @@ pub fn generate(
                 name: #name,
                 fires: #fires,
                 semaphore: {
+                    #[allow(unsafe_code)]
                     fn __selftrace_semaphore() -> *const u16 {
                         let p: *const u16;
                         // SAFETY: computes an address; reads no memory.
@@ -267,7 +275,7 @@ pub fn generate(
     let call_args = args.iter().map(|e| quote_spanned!(e.span()=> &(#e)));
     let fire = quote! {
         #[inline(always)]
-        #[allow(non_snake_case, clippy::too_many_arguments, clippy::needless_borrow)]
+        #[allow(non_snake_case, unsafe_code, clippy::too_many_arguments, clippy::needless_borrow)]
         fn __selftrace_fire<#(#tys: #usdt::ProbeArg + ?Sized),*>(#(#vals: &#tys),*) {
             const {
                 ::core::assert!(#total <= 12, "a USDT probe has at most 12 arguments (&str and &[u8] count as 2)");
