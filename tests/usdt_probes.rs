@@ -21,6 +21,7 @@ fn every_argument_type() {
     let v = vec![1u8, 2, 3];
     let x = 5i32;
     let mut y = 6u64;
+    let rx = &x;
     let p: *const i32 = &x;
     let m: *mut u64 = &mut y;
     selftrace::probe!(selftrace_it, none);
@@ -61,7 +62,7 @@ fn every_argument_type() {
         x as u64,
         x + 1,
         -x,
-        *&x,
+        *rx,
         if x > 0 { 1u8 } else { 2 }
     );
     selftrace::probe!("selftrace_it", "string_names", x);
