@@ -179,7 +179,8 @@ criterion_group! {
 /// Fastest of many alternated batches per variant: other processes on a shared machine only
 /// ever make a batch slower, so the minimum is what the code itself costs.
 fn fastest_batches() {
-    let mut variants: Vec<(&str, Box<dyn Fn(u64) -> u64>)> = vec![
+    type Variant = (&'static str, Box<dyn Fn(u64) -> u64>);
+    let mut variants: Vec<Variant> = vec![
         ("no probe", Box::new(baseline)),
         ("selftrace probe!", Box::new(selftrace_probe)),
         ("selftrace probe_lazy!", Box::new(selftrace_probe_lazy)),
