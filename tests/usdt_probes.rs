@@ -125,6 +125,11 @@ impl Account {
     }
 
     #[selftrace::usdt::probe(provider = "selftrace_it")]
+    fn balance_mut(&mut self) -> &mut i64 {
+        &mut self.balance
+    }
+
+    #[selftrace::usdt::probe(provider = "selftrace_it")]
     fn into_balance(self) -> i64 {
         self.balance
     }
@@ -188,6 +193,8 @@ fn attribute_keeps_behaviour() {
     assert_eq!(returns_str("xyz"), "yz");
     let mut a = Account::new(10);
     assert_eq!(a.deposit(5), 15);
+    *a.balance_mut() += 1;
+    assert_eq!(a.deposit(-1), 15);
     assert_eq!(a.into_balance(), 15);
     assert_eq!(block_on(async_double(21)), 42);
     assert_eq!(mutates(1, "ab".into()), 4);
