@@ -193,7 +193,7 @@ fn parse_note(
     let pc = addr(0)?;
     let base = addr(1)?;
     let semaphore = addr(2)?;
-    let mut strings = desc[3 * word..].split(|&b| b == 0);
+    let mut strings = desc.get(3 * word..).unwrap_or_default().split(|&b| b == 0);
     let mut next = |what: &'static str| -> Result<String, Error> {
         let s = strings.next().ok_or(Error::BadElf(what))?;
         String::from_utf8(s.to_vec()).map_err(|_| Error::BadElf("stapsdt note string is not utf-8"))
