@@ -38,11 +38,15 @@
 //! | [`trace::begin_async_section()`], [`trace::end_async_section()`], `..._for_track` | `S`/`F`, `G`/`H` markers |
 //! | [`trace::instant()`], [`trace::instant_for_track`], [`trace::set_counter`] | `I`, `N`, `C` markers |
 //! | [`trace::is_enabled`], [`trace::stats`], [`trace::status`] | marker state, one atomic load each |
+//! | [`probe!`], [`probe_lazy!`], [`probe_enabled!`] | a USDT probe site: a `nop`, plus a load for the last two |
 //!
 //! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context:
 //! a capture that meets an object loaded after the last snapshot refreshes it only when it can
 //! prove it is not running in a signal handler (see [`unwind`] and [`set_auto_refresh`]).
 #![warn(missing_docs)]
+
+// Lets `#[usdt::probe]` (which names `::selftrace`) work inside this crate's own tests.
+extern crate self as selftrace;
 
 pub mod crash;
 mod error;

@@ -26,6 +26,7 @@
 mod instance;
 pub(crate) mod mountinfo;
 mod parse;
+pub mod uprobe;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

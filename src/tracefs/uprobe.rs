@@ -1,0 +1,229 @@
+//! Uprobe events (`<tracefs>/uprobe_events`): attach the kernel to a USDT probe (with its
+//! semaphore as the reference counter) or to any file offset, removed on drop.
+//!
+//! ```no_run
+//! use selftrace::tracefs::{uprobe::UprobeEvent, Instance};
+//! use selftrace::usdt::read_probes;
+//! let exe = std::env::current_exe().unwrap();
+//! let note = read_probes(&exe)?.into_iter().find(|n| n.name == "request").unwrap();
+//! let group = format!("myapp_{}", std::process::id());
+//! let event = UprobeEvent::for_probe(&group, "request", &exe, &note)?;
+//! let inst = Instance::create("myapp")?;
+//! inst.set_event_enabled(event.group(), event.event(), true)?;
+//! // ... hits appear in inst.read_trace()
+//! # Ok::<(), selftrace::Error>(())
+//! ```
+//!
+//! `uprobe_events` is global to the machine: use a group name of your own (with the pid), and
+//! enable events in a private [`Instance`](super::Instance).
+
+use super::{io_error, root};
+use crate::usdt::{ArgSpec, ProbeNote};
+use crate::Error;
+use std::io::Write;
+use std::path::Path;
+
+/// A uprobe event `GROUP/EVENT`, registered in `uprobe_events` and removed on drop (also while
+/// a panic unwinds). It must be disabled everywhere before removal; dropping the
+/// [`Instance`](super::Instance) that enabled it does that, so drop the instance first.
+#[derive(Debug)]
+pub struct UprobeEvent {
+    group: String,
+    event: String,
+}
+
+fn check_name(s: &str, what: &'static str) -> Result<(), Error> {
+    if s.is_empty()
+        || s.len() > 64
+        || s.starts_with(|c: char| c.is_ascii_digit())
+        || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(Error::InvalidInput(what));
+    }
+    Ok(())
+}
+
+fn write_uprobe_events(line: &str) -> Result<(), Error> {
+    let path = root()?.join("uprobe_events");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .map_err(|e| io_error("open", e, "uprobe_events"))?;
+    // One write per command: the kernel parses each write as one line.
+    f.write_all(line.as_bytes())
+        .map_err(|e| io_error("write", e, "uprobe_events"))
+}
+
+/// The kernel's name for an x86-64 register as written in a note (`%rdi`, `%edi`, `%r8d`):
+/// `%di`, `%r8`.
+fn kernel_register(reg: &str) -> Option<String> {
+    let r = reg.strip_prefix('%')?;
+    let base = match r {
+        "rax" | "eax" | "ax" | "al" => "ax",
+        "rbx" | "ebx" | "bx" | "bl" => "bx",
+        "rcx" | "ecx" | "cx" | "cl" => "cx",
+        "rdx" | "edx" | "dx" | "dl" => "dx",
+        "rsi" | "esi" | "si" | "sil" => "si",
+        "rdi" | "edi" | "di" | "dil" => "di",
+        "rbp" | "ebp" | "bp" | "bpl" => "bp",
+        "rsp" | "esp" | "sp" | "spl" => "sp",
+        "rip" => "ip",
+        _ => {
+            let n = r.strip_prefix('r')?;
+            let n = n.trim_end_matches(['d', 'w', 'b']);
+            let v: u8 = n.parse().ok()?;
+            if !(8..=15).contains(&v) {
+                return None;
+            }
+            return Some(format!("%r{v}"));
+        }
+    };
+    Some(format!("%{base}"))
+}
+
+/// The `uprobe_events` fetch argument for one note argument: `%di:s32`, `+8(%r9):u64`.
+pub fn fetch_arg(arg: &ArgSpec) -> Result<String, Error> {
+    let ty = format!(
+        "{}{}",
+        if arg.signed { 's' } else { 'u' },
+        arg.size as u32 * 8
+    );
+    let loc = arg.location.as_str();
+    let unsupported = Error::Unsupported("probe argument location");
+    if loc.starts_with('%') {
+        let r = kernel_register(loc).ok_or(unsupported)?;
+        return Ok(format!("{r}:{ty}"));
+    }
+    if let Some(imm) = loc.strip_prefix('$') {
+        let v: i64 = imm.parse().map_err(|_| unsupported)?;
+        return Ok(format!("\\{v}:{ty}"));
+    }
+    // OFFSET(%reg)
+    let (off, rest) = loc.split_once('(').ok_or(unsupported)?;
+    let reg = rest.strip_suffix(')').ok_or(unsupported)?;
+    let off: i64 = if off.is_empty() {
+        0
+    } else {
+        off.parse().map_err(|_| unsupported)?
+    };
+    let r = kernel_register(reg).ok_or(unsupported)?;
+    Ok(format!("{off:+}({r}):{ty}"))
+}
+
+impl UprobeEvent {
+    /// Registers `p:GROUP/EVENT PATH:0xOFFSET[(0xREF_CTR)] ARGS` in `uprobe_events`. `args`
+    /// are fetch arguments (`name=%di:s32 ...`), possibly empty.
+    pub fn create(
+        group: &str,
+        event: &str,
+        path: &Path,
+        offset: u64,
+        ref_ctr_offset: Option<u64>,
+        args: &str,
+    ) -> Result<UprobeEvent, Error> {
+        check_name(
+            group,
+            "uprobe group must be 1-64 ascii letters, digits or '_'",
+        )?;
+        check_name(
+            event,
+            "uprobe event must be 1-64 ascii letters, digits or '_'",
+        )?;
+        let path = path
+            .to_str()
+            .filter(|p| p.starts_with('/') && !p.contains([' ', '\n', ':', '\t']))
+            .ok_or(Error::InvalidInput(
+                "uprobe path must be absolute utf-8 without spaces or ':'",
+            ))?;
+        if args.contains('\n') {
+            return Err(Error::InvalidInput("uprobe arguments contain a newline"));
+        }
+        let refctr = ref_ctr_offset
+            .map(|r| format!("(0x{r:x})"))
+            .unwrap_or_default();
+        write_uprobe_events(&format!(
+            "p:{group}/{event} {path}:0x{offset:x}{refctr} {args}\n"
+        ))?;
+        Ok(UprobeEvent {
+            group: group.to_string(),
+            event: event.to_string(),
+        })
+    }
+
+    /// Registers a uprobe on the USDT probe site `note` of the file `path` (from
+    /// [`read_probes`](crate::usdt::read_probes)), with the probe's semaphore as reference
+    /// counter and one fetch argument `aN` per probe argument, with its size and sign.
+    pub fn for_probe(
+        group: &str,
+        event: &str,
+        path: &Path,
+        note: &ProbeNote,
+    ) -> Result<UprobeEvent, Error> {
+        let offset = note
+            .file_offset
+            .ok_or(Error::BadElf("probe address outside every PT_LOAD"))?;
+        let mut args = String::new();
+        for (i, a) in note.arguments.iter().enumerate() {
+            if i > 0 {
+                args.push(' ');
+            }
+            args.push_str(&format!("a{i}={}", fetch_arg(a)?));
+        }
+        Self::create(group, event, path, offset, note.semaphore_offset, &args)
+    }
+
+    /// The event's group (its `events/` subdirectory).
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The event's name.
+    pub fn event(&self) -> &str {
+        &self.event
+    }
+}
+
+impl Drop for UprobeEvent {
+    fn drop(&mut self) {
+        // Disabled at the top level too, in case someone enabled it there; instances that
+        // enabled it must be gone already.
+        if let Ok(r) = root() {
+            let enable = r
+                .join("events")
+                .join(&self.group)
+                .join(&self.event)
+                .join("enable");
+            let _ = std::fs::write(enable, "0");
+        }
+        let _ = write_uprobe_events(&format!("-:{}/{}\n", self.group, self.event));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(s: &str) -> String {
+        fetch_arg(&ArgSpec::parse(s).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn fetch_args() {
+        assert_eq!(arg("-4@%edi"), "%di:s32");
+        assert_eq!(arg("8@%rax"), "%ax:u64");
+        assert_eq!(arg("-1@%r9"), "%r9:s8");
+        assert_eq!(arg("2@%r10d"), "%r10:u16");
+        assert_eq!(arg("8@8(%r9)"), "+8(%r9):u64");
+        assert_eq!(arg("-4@-20(%rbp)"), "-20(%bp):s32");
+        assert_eq!(arg("-4@$5"), "\\5:s32");
+        assert!(fetch_arg(&ArgSpec::parse("8@%xmm0").unwrap()).is_err());
+    }
+
+    #[test]
+    fn bad_names() {
+        let p = Path::new("/bin/true");
+        assert!(UprobeEvent::create("a b", "e", p, 0, None, "").is_err());
+        assert!(UprobeEvent::create("g", "e\n", p, 0, None, "").is_err());
+        assert!(UprobeEvent::create("g", "e", Path::new("rel"), 0, None, "").is_err());
+    }
+}

@@ -1,0 +1,314 @@
+//! Reading `.note.stapsdt` from any ELF file, and computing what the kernel needs to attach.
+
+use crate::Error;
+use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
+use object::{elf, Endianness, FileKind};
+use std::path::Path;
+
+/// One probe site as its note describes it, with the addresses a tracer needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeNote {
+    /// The provider, e.g. `myapp`.
+    pub provider: String,
+    /// The probe's name, e.g. `request_start`.
+    pub name: String,
+    /// The raw argument string, e.g. `-4@%edi 8@%rax`.
+    pub args: String,
+    /// The arguments, parsed from [`ProbeNote::args`].
+    pub arguments: Vec<ArgSpec>,
+    /// The probe's address as recorded in the note.
+    pub pc: u64,
+    /// The `_.stapsdt.base` address as recorded in the note (0 when the file has none).
+    pub base: u64,
+    /// The semaphore's address as recorded in the note (0: no semaphore).
+    pub semaphore: u64,
+    /// The probe's address after adjusting `pc` by `sh_addr(.stapsdt.base) - base`.
+    pub address: u64,
+    /// The probe's offset in the file: what `uprobe_events` and `perf probe` attach to.
+    /// `None` when the address lies in no `PT_LOAD` segment (a note left by code the linker
+    /// removed has pc 0; a relocatable object has no segments).
+    pub file_offset: Option<u64>,
+    /// The semaphore's offset in the file, the `ref_ctr_offset` of `uprobe_events`; `None`
+    /// without a semaphore (or when it lies in no `PT_LOAD`).
+    pub semaphore_offset: Option<u64>,
+}
+
+/// One argument of a probe: `[-]SIZE@LOCATION`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArgSpec {
+    /// Size in bytes: 1, 2, 4 or 8.
+    pub size: u8,
+    /// Whether the value is signed.
+    pub signed: bool,
+    /// Where it is: `%rdi`, `8(%rax)`, `$5`, `-20(%rbp)`...
+    pub location: String,
+}
+
+impl ArgSpec {
+    /// Parses one `[-]N@LOCATION` (a bare location, without size, is read as 8 unsigned bytes,
+    /// as old SystemTap notes wrote them).
+    pub fn parse(s: &str) -> Result<ArgSpec, Error> {
+        let Some((size, location)) = s.split_once('@') else {
+            if s.is_empty() {
+                return Err(Error::BadElf("empty probe argument"));
+            }
+            return Ok(ArgSpec {
+                size: 8,
+                signed: false,
+                location: s.to_string(),
+            });
+        };
+        let (signed, digits) = match size.strip_prefix('-') {
+            Some(d) => (true, d),
+            None => (false, size),
+        };
+        let size = match digits {
+            "1" => 1,
+            "2" => 2,
+            "4" => 4,
+            "8" => 8,
+            _ => return Err(Error::BadElf("probe argument size is not 1, 2, 4 or 8")),
+        };
+        if location.is_empty() {
+            return Err(Error::BadElf("probe argument without a location"));
+        }
+        Ok(ArgSpec {
+            size,
+            signed,
+            location: location.to_string(),
+        })
+    }
+}
+
+/// Reads every stapsdt probe note of the ELF file at `path` (an executable or a shared library,
+/// ours or built with SystemTap's `sys/sdt.h`).
+///
+/// Malformed files give [`Error::BadElf`]; this never panics on any input.
+pub fn read_probes(path: impl AsRef<Path>) -> Result<Vec<ProbeNote>, Error> {
+    let data = std::fs::read(path.as_ref()).map_err(|e| Error::Sys {
+        call: "read",
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    })?;
+    parse_probes(&data)
+}
+
+/// [`read_probes`] on the bytes of an ELF file.
+pub fn parse_probes(data: &[u8]) -> Result<Vec<ProbeNote>, Error> {
+    match FileKind::parse(data) {
+        Ok(FileKind::Elf64) => parse::<elf::FileHeader64<Endianness>>(data),
+        Ok(FileKind::Elf32) => parse::<elf::FileHeader32<Endianness>>(data),
+        _ => Err(Error::BadElf("not an elf file")),
+    }
+}
+
+/// A `PT_LOAD` segment: where a range of addresses sits in the file.
+struct Load {
+    vaddr: u64,
+    offset: u64,
+    filesz: u64,
+}
+
+fn to_file_offset(loads: &[Load], addr: u64) -> Option<u64> {
+    loads
+        .iter()
+        .find(|l| addr >= l.vaddr && addr - l.vaddr < l.filesz)
+        .and_then(|l| (addr - l.vaddr).checked_add(l.offset))
+}
+
+fn parse<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Vec<ProbeNote>, Error> {
+    let header = Elf::parse(data).map_err(|_| Error::BadElf("bad elf header"))?;
+    let endian = header
+        .endian()
+        .map_err(|_| Error::BadElf("bad elf endianness"))?;
+    let word = if header.is_type_64() { 8 } else { 4 };
+
+    let mut loads = Vec::new();
+    for ph in header
+        .program_headers(endian, data)
+        .map_err(|_| Error::BadElf("bad program headers"))?
+    {
+        if ph.p_type(endian) == elf::PT_LOAD {
+            loads.push(Load {
+                vaddr: ph.p_vaddr(endian).into(),
+                offset: ph.p_offset(endian).into(),
+                filesz: ph.p_filesz(endian).into(),
+            });
+        }
+    }
+
+    let sections = header
+        .sections(endian, data)
+        .map_err(|_| Error::BadElf("bad section headers"))?;
+    let mut base_addr = None;
+    for section in sections.iter() {
+        if sections.section_name(endian, section).ok() == Some(b".stapsdt.base".as_slice()) {
+            base_addr = Some(section.sh_addr(endian).into());
+        }
+    }
+
+    let mut probes = Vec::new();
+    for section in sections.iter() {
+        if section.sh_type(endian) != elf::SHT_NOTE
+            || sections.section_name(endian, section).ok() != Some(b".note.stapsdt".as_slice())
+        {
+            continue;
+        }
+        let Some(mut notes) = section
+            .notes(endian, data)
+            .map_err(|_| Error::BadElf("bad .note.stapsdt section"))?
+        else {
+            continue;
+        };
+        while let Some(note) = notes
+            .next()
+            .map_err(|_| Error::BadElf("bad note in .note.stapsdt"))?
+        {
+            if note.name() != b"stapsdt" || note.n_type(endian) != 3 {
+                continue;
+            }
+            let little = endian == Endianness::Little;
+            probes.push(parse_note(note.desc(), word, little, base_addr, &loads)?);
+        }
+    }
+    Ok(probes)
+}
+
+fn parse_note(
+    desc: &[u8],
+    word: usize,
+    little: bool,
+    base_addr: Option<u64>,
+    loads: &[Load],
+) -> Result<ProbeNote, Error> {
+    let addr = |i: usize| -> Result<u64, Error> {
+        let b = desc
+            .get(i * word..(i + 1) * word)
+            .ok_or(Error::BadElf("stapsdt note too short"))?;
+        // Notes are written in the file's byte order.
+        Ok(b.iter().enumerate().fold(0u64, |acc, (i, &x)| {
+            let shift = if little { 8 * i } else { 8 * (word - 1 - i) };
+            acc | (x as u64) << shift
+        }))
+    };
+    let pc = addr(0)?;
+    let base = addr(1)?;
+    let semaphore = addr(2)?;
+    let mut strings = desc.get(3 * word..).unwrap_or_default().split(|&b| b == 0);
+    let mut next = |what: &'static str| -> Result<String, Error> {
+        let s = strings.next().ok_or(Error::BadElf(what))?;
+        String::from_utf8(s.to_vec()).map_err(|_| Error::BadElf("stapsdt note string is not utf-8"))
+    };
+    let provider = next("stapsdt note without provider")?;
+    let name = next("stapsdt note without name")?;
+    let args = next("stapsdt note without argument string").unwrap_or_default();
+    if provider.is_empty() || name.is_empty() {
+        return Err(Error::BadElf("stapsdt note with an empty provider or name"));
+    }
+    let arguments = args
+        .split_ascii_whitespace()
+        .map(ArgSpec::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    // A file prelinked or otherwise moved after the note was written has `.stapsdt.base` at a
+    // different address than the note recorded; the pc moved by the same amount.
+    let address = match base_addr {
+        Some(b) if base != 0 => pc.wrapping_add(b.wrapping_sub(base)),
+        _ => pc,
+    };
+    let file_offset = to_file_offset(loads, address);
+    let semaphore_offset = if semaphore == 0 {
+        None
+    } else {
+        to_file_offset(loads, semaphore)
+    };
+    Ok(ProbeNote {
+        provider,
+        name,
+        args,
+        arguments,
+        pc,
+        base,
+        semaphore,
+        address,
+        file_offset,
+        semaphore_offset,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arg_specs() {
+        assert_eq!(
+            ArgSpec::parse("-4@%edi").unwrap(),
+            ArgSpec {
+                size: 4,
+                signed: true,
+                location: "%edi".into()
+            }
+        );
+        assert_eq!(ArgSpec::parse("8@8(%rax)").unwrap().location, "8(%rax)");
+        assert!(ArgSpec::parse("3@%rax").is_err());
+        assert!(ArgSpec::parse("4@").is_err());
+    }
+
+    fn desc(words: [u64; 3], big: bool, strings: &[u8]) -> Vec<u8> {
+        let mut d = Vec::new();
+        for w in words {
+            d.extend_from_slice(&if big {
+                w.to_be_bytes()
+            } else {
+                w.to_le_bytes()
+            });
+        }
+        d.extend_from_slice(strings);
+        d
+    }
+
+    #[test]
+    fn notes_and_offsets() {
+        let loads = [
+            Load {
+                vaddr: 0x1000,
+                offset: 0x800,
+                filesz: 0x1000,
+            },
+            Load {
+                vaddr: 0x5000,
+                offset: 0x2000,
+                filesz: 0x100,
+            },
+        ];
+        for big in [false, true] {
+            let d = desc(
+                [0x1234, 0x1000, 0x5010],
+                big,
+                b"prov\0name\0-4@%edi 8@8(%rax)\0",
+            );
+            // .stapsdt.base moved by 0x10 since the note was written: so did the probe.
+            let n = parse_note(&d, 8, !big, Some(0x1010), &loads).unwrap();
+            assert_eq!((n.provider.as_str(), n.name.as_str()), ("prov", "name"));
+            assert_eq!(n.address, 0x1244);
+            assert_eq!(n.file_offset, Some(0xa44));
+            assert_eq!(n.semaphore_offset, Some(0x2010));
+            assert_eq!(n.arguments.len(), 2);
+        }
+        // pc 0: a note left by removed code has no file offset.
+        let d = desc([0, 0x1000, 0], false, b"p\0n\0\0");
+        let n = parse_note(&d, 8, true, Some(0x1000), &loads).unwrap();
+        assert_eq!((n.file_offset, n.semaphore_offset), (None, None));
+        assert!(parse_note(&d[..20], 8, true, None, &loads).is_err());
+        let d = desc([1, 2, 3], false, b"\0n\0\0");
+        assert!(parse_note(&d, 8, true, None, &loads).is_err());
+    }
+
+    #[test]
+    fn not_elf() {
+        assert_eq!(
+            parse_probes(b"hello"),
+            Err(Error::BadElf("not an elf file"))
+        );
+        assert!(parse_probes(&[]).is_err());
+    }
+}

@@ -1,0 +1,7 @@
+#[selftrace::usdt::probe]
+const fn f(x: u32) -> u32 {
+    x
+}
+fn main() {
+    f(1);
+}

@@ -1,0 +1,3 @@
+#[selftrace::usdt::probe]
+struct S;
+fn main() {}

@@ -1,0 +1,7 @@
+#[selftrace::usdt::probe]
+fn f(v: Vec<u32>) -> usize {
+    v.len()
+}
+fn main() {
+    f(vec![]);
+}

@@ -1,0 +1,3 @@
+fn main() {
+    let _ = selftrace::probe_enabled!(p, n, 1);
+}

@@ -1,0 +1,4 @@
+fn main() {
+    let v = vec![1u32];
+    selftrace::probe!(p, n, v);
+}

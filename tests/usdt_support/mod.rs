@@ -1,0 +1,120 @@
+//! Shared helpers of the USDT integration tests: building the fixture programs with cargo,
+//! deciding whether a test that needs root or a tool runs, and running tools with a timeout.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The values `examples/usdt_target.rs` passes (keep in sync).
+pub const VALUES_LINE: &str = "-5 65000 -123456 -9000000000 18000000000000000000 0x12345678";
+/// The string `usdt_target` passes to `selftrace_test:text`.
+pub const TEXT: &str = "hello usdt";
+
+static BUILD: Mutex<()> = Mutex::new(());
+
+/// Builds `examples/usdt_target.rs` and `examples/usdt_cdylib.rs` with cargo `profile` (`dev`,
+/// `release` or `release-lto`) in a target directory of their own, and returns the directory
+/// holding them.
+pub fn build_fixtures(profile: &str) -> PathBuf {
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = root.join("target").join("usdt-fixtures");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(root)
+        .args([
+            "build",
+            "--quiet",
+            "--example",
+            "usdt_target",
+            "--example",
+            "usdt_cdylib",
+            "--profile",
+            profile,
+        ])
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building the fixtures failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = if profile == "dev" { "debug" } else { profile };
+    target.join(dir).join("examples")
+}
+
+/// Path of the test target program for `profile`.
+pub fn target_bin(profile: &str) -> PathBuf {
+    build_fixtures(profile).join("usdt_target")
+}
+
+/// Path of the cdylib for `profile`.
+pub fn cdylib(profile: &str) -> PathBuf {
+    build_fixtures(profile).join("libusdt_cdylib.so")
+}
+
+fn required() -> bool {
+    std::env::var("SELFTRACE_REQUIRE_TRACEFS").as_deref() == Ok("1")
+}
+
+/// Whether a test that needs root and `tool` can run. Prints why not; panics instead when
+/// `SELFTRACE_REQUIRE_TRACEFS=1`.
+pub fn can_run(test: &str, tool: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    let why = if !root {
+        Some("not root".to_string())
+    } else if !found {
+        Some(format!("{tool} is not installed"))
+    } else {
+        None
+    };
+    match why {
+        None => true,
+        Some(why) if required() => panic!("{test}: {why} (SELFTRACE_REQUIRE_TRACEFS=1)"),
+        Some(why) => {
+            eprintln!("skipping {test}: {why}");
+            false
+        }
+    }
+}
+
+/// Runs `cmd`, killing it after `limit`; returns its output.
+pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// stdout and stderr as text, for assertion messages.
+pub fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
