@@ -49,7 +49,8 @@ fn per_frame(c: &mut Criterion) {
     let n = frames.len();
     let mut g = c.benchmark_group("per_frame");
     g.throughput(Throughput::Elements(n as u64));
-    g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
     g.bench_function("selftrace_symbolize", |b| {
         b.iter(|| {
             for &a in &lookups {
@@ -99,15 +100,18 @@ fn per_frame(c: &mut Criterion) {
 fn whole_stack(c: &mut Criterion) {
     selftrace::symbolize::prepare().expect("prepare");
     let mut g = c.benchmark_group("whole_stack_warm");
-    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
     let frames = deep(12, &mut || selftrace::Backtrace::capture().frames().len());
     g.throughput(Throughput::Elements(frames as u64));
-    g.bench_function(BenchmarkId::new("selftrace_Backtrace_capture", frames), |b| {
-        b.iter(|| deep(12, &mut || black_box(selftrace::Backtrace::capture())))
-    });
-    g.bench_function(BenchmarkId::new("backtrace_crate_Backtrace_new", frames), |b| {
-        b.iter(|| deep(12, &mut || black_box(backtrace::Backtrace::new())))
-    });
+    g.bench_function(
+        BenchmarkId::new("selftrace_Backtrace_capture", frames),
+        |b| b.iter(|| deep(12, &mut || black_box(selftrace::Backtrace::capture()))),
+    );
+    g.bench_function(
+        BenchmarkId::new("backtrace_crate_Backtrace_new", frames),
+        |b| b.iter(|| deep(12, &mut || black_box(backtrace::Backtrace::new()))),
+    );
     g.finish();
 }
 
@@ -132,13 +136,18 @@ fn first_in_child(which: &str) -> u128 {
 fn first_in_process(c: &mut Criterion) {
     let me = std::env::current_exe().unwrap();
     let mut g = c.benchmark_group("first_in_process");
-    g.sample_size(10).measurement_time(Duration::from_secs(5)).warm_up_time(Duration::from_millis(1));
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(5))
+        .warm_up_time(Duration::from_millis(1));
     for which in ["selftrace", "backtrace_crate"] {
         g.bench_function(which, |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    let out = std::process::Command::new(&me).env(FIRST_ENV, which).output().unwrap();
+                    let out = std::process::Command::new(&me)
+                        .env(FIRST_ENV, which)
+                        .output()
+                        .unwrap();
                     let ns: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
                     total += Duration::from_nanos(ns);
                 }

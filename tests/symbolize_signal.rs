@@ -1,7 +1,9 @@
 //! Zero allocations: `symbolize`, the kernel-format writer, demangling and
 //! `backtrace_symbols_fd` inside a real signal handler, under a counting global allocator.
 
-use selftrace::symbolize::{self, frame_kind, write_kernel_frame, FrameKind, KernelOptions, SymbolsOptions};
+use selftrace::symbolize::{
+    self, frame_kind, write_kernel_frame, FrameKind, KernelOptions, SymbolsOptions,
+};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
@@ -99,7 +101,9 @@ extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void)
     let m = selftrace::capture(&mut through);
     let through = &through[..m];
     for i in 1..through.len() {
-        if symbolize::is_signal_trampoline(through[i - 1]) && frame_kind(through, i, false) == FrameKind::Exact {
+        if symbolize::is_signal_trampoline(through[i - 1])
+            && frame_kind(through, i, false) == FrameKind::Exact
+        {
             EXACT_AFTER_TRAMPOLINE.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -145,7 +149,11 @@ fn symbolize_and_backtrace_symbols_fd_do_not_allocate_in_a_signal_handler() {
     unsafe { libc::close(fds[0]) };
     let text = String::from_utf8_lossy(&out);
     println!("{text}");
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations in the handler");
+    assert_eq!(
+        ALLOCS.load(Ordering::SeqCst),
+        0,
+        "allocations in the handler"
+    );
     assert!(FRAMES.load(Ordering::SeqCst) > 5);
     assert!(NAMED.load(Ordering::SeqCst) > 5);
     assert_eq!(DEMANGLED_TEST_FN.load(Ordering::SeqCst), 1);
@@ -154,21 +162,25 @@ fn symbolize_and_backtrace_symbols_fd_do_not_allocate_in_a_signal_handler() {
     assert_eq!(parts.len(), 3, "{text}");
     // Kernel format, demangled, with object offset and build-id.
     assert!(
-        parts[0].lines().any(|l| l.contains(" : symbolize_signal::raise_here+0x") && l.contains("/0x")),
+        parts[0]
+            .lines()
+            .any(|l| l.contains(" : symbolize_signal::raise_here+0x") && l.contains("/0x")),
         "{}",
         parts[0]
     );
     // glibc's _fd format (2.36: no space before '['), mangled, then demangled.
     let exe = std::env::args().next().unwrap();
     assert!(
-        parts[1]
-            .lines()
-            .any(|l| l.starts_with(&format!("{exe}(_")) && l.contains("raise_here") && l.contains(")[0x")),
+        parts[1].lines().any(|l| l.starts_with(&format!("{exe}(_"))
+            && l.contains("raise_here")
+            && l.contains(")[0x")),
         "{}",
         parts[1]
     );
     assert!(
-        parts[2].lines().any(|l| l.starts_with(&format!("{exe}(symbolize_signal::raise_here+0x"))),
+        parts[2]
+            .lines()
+            .any(|l| l.starts_with(&format!("{exe}(symbolize_signal::raise_here+0x"))),
         "{}",
         parts[2]
     );

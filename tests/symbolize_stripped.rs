@@ -41,20 +41,26 @@ fn child_report() {
 }
 
 fn work_dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("selftrace-stripped").join(name);
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("selftrace-stripped")
+        .join(name);
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
 fn run(cmd: &str, args: &[&std::ffi::OsStr]) {
-    let st = Command::new(cmd).args(args).status().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let st = Command::new(cmd)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
     assert!(st.success(), "{cmd} {args:?}");
 }
 
 fn run_child(exe: &Path, debug_dir: Option<&Path>) -> String {
     let mut c = Command::new(exe);
-    c.args(["--exact", "child_report", "--nocapture", "--test-threads=1"]).env(CHILD_ENV, "1");
+    c.args(["--exact", "child_report", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1");
     match debug_dir {
         Some(d) => c.env("SELFTRACE_DEBUG_DIR", d),
         None => c.env_remove("SELFTRACE_DEBUG_DIR"),
@@ -63,7 +69,10 @@ fn run_child(exe: &Path, debug_dir: Option<&Path>) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
-    assert!(!stdout.contains("panicked") && !stderr.contains("panicked"), "{stdout}\n{stderr}");
+    assert!(
+        !stdout.contains("panicked") && !stderr.contains("panicked"),
+        "{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("== end"), "{stdout}");
     stdout
 }
@@ -77,7 +86,10 @@ fn section<'a>(out: &'a str, name: &str) -> &'a str {
 fn have_binutils() -> bool {
     let ok = Command::new("objcopy").arg("--version").output().is_ok();
     if !ok {
-        assert!(std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(), "objcopy (binutils) is required");
+        assert!(
+            std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
+            "objcopy (binutils) is required"
+        );
         println!("skipped: objcopy (binutils) not installed");
     }
     ok
@@ -91,20 +103,38 @@ fn stripped_copy_prints_offsets_without_panicking() {
     let me = std::env::current_exe().unwrap();
     let dir = work_dir("plain");
     let exe = dir.join("stripped-copy");
-    run("objcopy", &["--strip-all".as_ref(), me.as_os_str(), exe.as_os_str()]);
+    run(
+        "objcopy",
+        &["--strip-all".as_ref(), me.as_os_str(), exe.as_os_str()],
+    );
     let out = run_child(&exe, None);
     println!("{out}");
     assert!(section(&out, "source").contains("Dynsym") || section(&out, "source").contains("None"));
     let glibc = section(&out, "glibc");
     // Our own frames: no names in .dynsym of an executable, so object + offset.
-    let own: Vec<&str> = glibc.lines().filter(|l| l.contains("stripped-copy")).collect();
+    let own: Vec<&str> = glibc
+        .lines()
+        .filter(|l| l.contains("stripped-copy"))
+        .collect();
     assert!(own.len() >= 3, "{glibc}");
-    assert!(own.iter().all(|l| l.contains("stripped-copy(+0x") || l.contains("stripped-copy(")), "{glibc}");
+    assert!(
+        own.iter()
+            .all(|l| l.contains("stripped-copy(+0x") || l.contains("stripped-copy(")),
+        "{glibc}"
+    );
     assert!(!glibc.contains("child_leaf"), "{glibc}");
     let kernel = section(&out, "kernel");
-    assert!(kernel.lines().any(|l| l.contains(" : +0x") && l.ends_with("[stripped-copy]")), "{kernel}");
+    assert!(
+        kernel
+            .lines()
+            .any(|l| l.contains(" : +0x") && l.ends_with("[stripped-copy]")),
+        "{kernel}"
+    );
     let bt = section(&out, "backtrace");
-    assert!(bt.contains("<unknown> [") && bt.contains("stripped-copy+0x"), "{bt}");
+    assert!(
+        bt.contains("<unknown> [") && bt.contains("stripped-copy+0x"),
+        "{bt}"
+    );
 }
 
 #[test]
@@ -116,8 +146,18 @@ fn stripped_copy_finds_debug_file_by_build_id() {
     let dir = work_dir("build-id");
     let exe = dir.join("stripped-copy");
     let full = dir.join("full.debug");
-    run("objcopy", &["--only-keep-debug".as_ref(), me.as_os_str(), full.as_os_str()]);
-    run("objcopy", &["--strip-all".as_ref(), me.as_os_str(), exe.as_os_str()]);
+    run(
+        "objcopy",
+        &[
+            "--only-keep-debug".as_ref(),
+            me.as_os_str(),
+            full.as_os_str(),
+        ],
+    );
+    run(
+        "objcopy",
+        &["--strip-all".as_ref(), me.as_os_str(), exe.as_os_str()],
+    );
     // <root>/.build-id/xx/yyyy.debug
     let id = selftrace::modules::snapshot()
         .objects()
@@ -143,8 +183,18 @@ fn stripped_copy_finds_debug_file_by_debuglink() {
     let dir = work_dir("debuglink");
     let exe = dir.join("stripped-copy");
     let dbg = dir.join("stripped-copy.debug");
-    run("objcopy", &["--only-keep-debug".as_ref(), me.as_os_str(), dbg.as_os_str()]);
-    run("objcopy", &["--strip-all".as_ref(), me.as_os_str(), exe.as_os_str()]);
+    run(
+        "objcopy",
+        &[
+            "--only-keep-debug".as_ref(),
+            me.as_os_str(),
+            dbg.as_os_str(),
+        ],
+    );
+    run(
+        "objcopy",
+        &["--strip-all".as_ref(), me.as_os_str(), exe.as_os_str()],
+    );
     let link = format!("--add-gnu-debuglink={}", dbg.display());
     // objcopy must run in the directory of the debug file for the link to name it alone.
     let st = Command::new("objcopy")
@@ -161,9 +211,19 @@ fn check_names_and_lines(out: &str) {
     println!("{out}");
     assert!(section(out, "source").contains("DebugFile"), "{out}");
     let glibc = section(out, "glibc");
-    assert!(glibc.lines().any(|l| l.contains("stripped-copy(_") && l.contains("child_leaf")), "{glibc}");
+    assert!(
+        glibc
+            .lines()
+            .any(|l| l.contains("stripped-copy(_") && l.contains("child_leaf")),
+        "{glibc}"
+    );
     let kernel = section(out, "kernel");
-    assert!(kernel.lines().any(|l| l.contains(" : symbolize_stripped::child_leaf+0x")), "{kernel}");
+    assert!(
+        kernel
+            .lines()
+            .any(|l| l.contains(" : symbolize_stripped::child_leaf+0x")),
+        "{kernel}"
+    );
     let bt = section(out, "backtrace");
     assert!(bt.contains("symbolize_stripped::child_leaf"), "{bt}");
     assert!(bt.contains("tests/symbolize_stripped.rs:"), "{bt}");

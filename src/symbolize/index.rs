@@ -115,7 +115,10 @@ impl Table {
         // before pages[p] starts below rel.
         let p = (rel >> self.shift.min(31)) as usize;
         let lo = self.pages.get(p).map_or(self.syms.len(), |&x| x as usize);
-        let hi = self.pages.get(p + 1).map_or(self.syms.len(), |&x| x as usize);
+        let hi = self
+            .pages
+            .get(p + 1)
+            .map_or(self.syms.len(), |&x| x as usize);
         let i = match self.syms.get(lo..hi) {
             Some(window) => lo + window.partition_point(|s| s.start <= rel),
             None => self.syms.partition_point(|s| s.start <= rel),
