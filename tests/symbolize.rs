@@ -294,9 +294,9 @@ fn backtrace_symbols_matches_glibc_byte_for_byte() {
         .map(|o| o.exec[0].start + 0x10);
     let mut all = vec![hidden, hidden + 3, data, data + 2, main_fn, main_fn + 5];
     for f in [
-        libc::getpid as usize,
-        libc::malloc as usize,
-        libc::write as usize,
+        libc::getpid as *const () as usize,
+        libc::malloc as *const () as usize,
+        libc::write as *const () as usize,
         libc::memcpy as *const () as usize,
     ] {
         all.extend([f, f + 1, f + 9]);

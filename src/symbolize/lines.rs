@@ -411,3 +411,33 @@ impl fmt::Display for Backtrace {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demangles_cpp_and_rust_outside_signal_context() {
+        let mut b = [0u8; 128];
+        let mut w = FixedBuf::new(&mut b);
+        demangle_any_to(b"_ZN3foo3barEv", &mut w);
+        assert_eq!(w.as_str(), "foo::bar()");
+        w.clear();
+        demangle_any_to(b"_ZN4core3fmt5write17h0123456789abcdefE", &mut w);
+        assert_eq!(w.as_str(), "core::fmt::write");
+        w.clear();
+        demangle_any_to(b"memcpy", &mut w);
+        assert_eq!(w.as_str(), "memcpy");
+        let s = BacktraceSymbol {
+            raw_name: Some("_ZNSt6vectorIiSaIiEE9push_backERKi"),
+            file: None,
+            line: None,
+            column: None,
+            inlined: false,
+        };
+        assert_eq!(
+            s.name().as_deref(),
+            Some("std::vector<int, std::allocator<int> >::push_back(int const&)")
+        );
+    }
+}
