@@ -114,6 +114,49 @@ fn whole_stack(c: &mut Criterion) {
         BenchmarkId::new("backtrace_crate_Backtrace_new", frames),
         |b| b.iter(|| deep(12, &mut || black_box(backtrace::Backtrace::new()))),
     );
+    // Where the time goes: the stack walk alone, and the resolution alone.
+    g.bench_function(BenchmarkId::new("selftrace_capture_only", frames), |b| {
+        b.iter(|| {
+            deep(12, &mut || {
+                let mut buf = [0usize; 128];
+                black_box(selftrace::capture(&mut buf))
+            })
+        })
+    });
+    g.bench_function(
+        BenchmarkId::new("backtrace_crate_new_unresolved", frames),
+        |b| {
+            b.iter(|| {
+                deep(
+                    12,
+                    &mut || black_box(backtrace::Backtrace::new_unresolved()),
+                )
+            })
+        },
+    );
+    let addrs = stack();
+    g.bench_function(BenchmarkId::new("selftrace_resolve_only", frames), |b| {
+        b.iter(|| {
+            black_box(selftrace::Backtrace::from_addresses(
+                black_box(&addrs),
+                false,
+            ))
+        })
+    });
+    let unresolved = deep(12, &mut backtrace::Backtrace::new_unresolved);
+    g.bench_function(
+        BenchmarkId::new("backtrace_crate_resolve_only", frames),
+        |b| {
+            b.iter_batched(
+                || unresolved.clone(),
+                |mut bt| {
+                    bt.resolve();
+                    bt
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        },
+    );
     g.finish();
 }
 

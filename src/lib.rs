@@ -3,6 +3,9 @@
 //! * **Stacks**: [`capture`] and [`capture_from_ucontext`] walk the stack with DWARF CFI
 //!   (framehop over the in-memory `.eh_frame`) and a per-frame frame-pointer fallback. They are
 //!   async-signal-safe: no allocation, no lock, no panic, every memory read checked.
+//! * **Names**: [`symbolize()`] (async-signal-safe name lookup), glibc-compatible
+//!   [`backtrace_symbols`] / [`backtrace_symbols_fd`], the kernel's `dump_stack()` line format
+//!   and [`Backtrace`] with file:line:column and inlined frames ([`symbolize`](mod@symbolize) module).
 //! * **Probes**: USDT probe points for bpftrace, perf, gdb and the kernel's `uprobe_events`
 //!   ([`usdt`]).
 //! * **Markers**: Android's `Trace` API over ftrace's `trace_marker` ([`trace`]).

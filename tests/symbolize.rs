@@ -565,7 +565,7 @@ fn index_uses_at_most_16_bytes_per_symbol() {
     prepare();
     let (n, bytes) = symbolize::index_stats();
     println!(
-        "symbol index: {n} symbols, {bytes} bytes, {:.1} bytes/symbol",
+        "symbol index: {n} symbol entries, {bytes} bytes, {:.1} bytes/symbol",
         bytes as f64 / n as f64
     );
     assert!(n > 1000);

@@ -40,8 +40,8 @@ pub(crate) struct Sym {
 ///
 /// A page directory narrows each binary search to the symbols of one address range:
 /// `pages[p]` is the index of the first symbol at or after `p << shift` (relative to `base`).
-/// `shift` is at least 12 (4 KiB) and grows so that the directory never has more entries than
-/// there are symbols: at most 4 bytes per symbol on top of the 12-byte entries.
+/// `shift` is at least 12 (4 KiB) and grows so that the directory has at most one entry per two
+/// symbols: at most 2 bytes per symbol on top of the 12-byte entries.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
     /// Link-time address that `Sym::start` is relative to.
@@ -79,7 +79,7 @@ impl Table {
     fn new(base: u64, syms: Vec<Sym>, strtab: &'static [u8]) -> Table {
         let span = syms.last().map_or(0, |s| u64::from(s.start)) + 1;
         let mut shift = 12;
-        while (span >> shift) + 2 > syms.len() as u64 && shift < 32 {
+        while 2 * ((span >> shift) + 2) > syms.len() as u64 && shift < 32 {
             shift += 1;
         }
         let npages = ((span >> shift) + 2) as usize;
@@ -174,8 +174,10 @@ pub(crate) struct ObjectSymbols {
     pub glibc_path: Box<str>,
     /// GNU build-id of the loaded object (empty if none).
     pub build_id: Box<[u8]>,
-    /// Every function symbol (`.symtab`, or `.dynsym` when there is none).
-    pub all: Table,
+    /// Every function symbol (`.symtab`); see [`ObjectSymbols::all`].
+    full: Table,
+    /// There is no `.symtab` anywhere: `exported` serves for both.
+    full_is_exported: bool,
     /// Defined `.dynsym` symbols, the ones glibc's `dladdr` considers.
     pub exported: Table,
     /// Where `all` came from.
@@ -184,6 +186,29 @@ pub(crate) struct ObjectSymbols {
     pub dwarf: Option<&'static [u8]>,
     /// Path of the separate debug file used, if any.
     pub debug_path: Option<Box<str>>,
+}
+
+impl ObjectSymbols {
+    /// Every function symbol: `.symtab` (own or debug file), or `.dynsym` when there is none.
+    pub(crate) fn all(&self) -> &Table {
+        if self.full_is_exported {
+            &self.exported
+        } else {
+            &self.full
+        }
+    }
+
+    /// `(symbols indexed, heap bytes)` of both tables (a shared table counted once).
+    pub(crate) fn stats(&self) -> (usize, usize) {
+        if self.full_is_exported {
+            (self.exported.len(), self.exported.heap_bytes())
+        } else {
+            (
+                self.full.len() + self.exported.len(),
+                self.full.heap_bytes() + self.exported.heap_bytes(),
+            )
+        }
+    }
 }
 
 /// What identifies an object across snapshots.
@@ -244,7 +269,8 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         path: o.path.as_str().into(),
         glibc_path: glibc_path.into(),
         build_id: o.build_id.clone().unwrap_or_default().into(),
-        all: Table::default(),
+        full: Table::default(),
+        full_is_exported: false,
         exported: Table::default(),
         source: SymbolSource::None,
         dwarf: None,
@@ -259,10 +285,8 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         // of the process.
         let image = unsafe { core::slice::from_raw_parts(o.range.start as *const u8, len) };
         if let Ok(f) = ElfFile64::<Endianness>::parse(image) {
-            out.all = table(&f, false);
-            if out.all.len() == 0 {
-                out.all = table(&f, true);
-            }
+            out.full = table(&f, false);
+            out.full_is_exported = out.full.len() == 0;
             out.exported = table(&f, true);
             out.source = SymbolSource::Memory;
         }
@@ -292,15 +316,15 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         out.dwarf = Some(data);
     }
     if !f.elf_symbol_table().is_empty() {
-        out.all = table(&f, false);
+        out.full = table(&f, false);
         out.source = SymbolSource::Symtab;
     }
-    if out.all.len() == 0 || out.dwarf.is_none() {
+    if out.full.len() == 0 || out.dwarf.is_none() {
         if let Some((path, dbg)) =
             find_debug_file(&o.path, want_id.or(f.build_id().ok().flatten()), &f)
         {
-            if out.all.len() == 0 && !dbg.elf_symbol_table().is_empty() {
-                out.all = table(&dbg, false);
+            if out.full.len() == 0 && !dbg.elf_symbol_table().is_empty() {
+                out.full = table(&dbg, false);
                 out.source = SymbolSource::DebugFile;
             }
             if out.dwarf.is_none() && has_debug_info(&dbg) {
@@ -309,8 +333,8 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
             out.debug_path = Some(path.into());
         }
     }
-    if out.all.len() == 0 && out.exported.len() > 0 {
-        out.all = table(&f, true);
+    if out.full.len() == 0 && out.exported.len() > 0 {
+        out.full_is_exported = true;
         out.source = SymbolSource::Dynsym;
     }
     out

@@ -233,7 +233,7 @@ pub(crate) fn lookup(addr: usize, mode: Mode) -> Option<Symbol> {
         let e = i?.find(addr)?;
         let svma = addr.wrapping_sub(e.bias) as u64;
         let table = match mode {
-            Mode::All => &e.syms.all,
+            Mode::All => e.syms.all(),
             Mode::Exported => &e.syms.exported,
         };
         let found = table.lookup(svma, mode == Mode::Exported);
@@ -368,8 +368,8 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
 ///
 /// # Signal Safe
 /// Async-signal-safe: formats each line into a 1 KiB stack buffer and writes it with one
-/// `write(2)` (a longer line takes several); no allocation, no lock, no panic. Write errors are
-/// ignored, as in glibc.
+/// `write(2)` (a longer line is cut, and still ends with a newline); no allocation, no lock, no
+/// panic. Write errors are ignored, as in glibc.
 pub fn backtrace_symbols_fd(addrs: &[usize], fd: i32) {
     backtrace_symbols_fd_with(addrs, fd, SymbolsOptions::default())
 }
@@ -382,12 +382,19 @@ pub fn backtrace_symbols_fd_with(addrs: &[usize], fd: i32, opts: SymbolsOptions)
     for &a in addrs {
         let mut out = FixedBuf::new(&mut buf);
         format::glibc_line(&mut out, a, line, opts);
-        let _ = crate::sys::write_all(fd, out.as_bytes());
+        if out.truncated() {
+            let _ = crate::sys::write_all(fd, out.as_bytes());
+            let _ = crate::sys::write_all(fd, b"\n");
+        } else {
+            let _ = crate::sys::write_all(fd, out.as_bytes());
+        }
     }
 }
 
-/// Memory used by the symbol index: `(symbols, heap bytes of the tables)`. The string tables
-/// stay in the file mappings and are not counted. Normal context.
+/// Memory used by the symbol index: `(entries, heap bytes of the tables)`. An entry is one
+/// symbol of one table: an object's full table (`.symtab`) and its exported table (`.dynsym`,
+/// for glibc's naming) each count. The string tables stay in the file mappings and are not
+/// counted. Normal context.
 pub fn index_stats() -> (usize, usize) {
     ensure();
     INDEX.read(|i| {
@@ -400,8 +407,9 @@ pub fn index_stats() -> (usize, usize) {
                 continue;
             }
             seen.push(p);
-            n += e.syms.all.len();
-            bytes += e.syms.all.heap_bytes() + e.syms.exported.heap_bytes();
+            let (syms, heap) = e.syms.stats();
+            n += syms;
+            bytes += heap;
         }
         (n, bytes)
     })
