@@ -23,6 +23,34 @@
 //!
 //! A file mapping of a library that is later truncated on disk would fault when read; files
 //! replaced by a package manager (a new inode) are not affected.
+//!
+//! # In a signal handler (crash reports)
+//! Everything below is async-signal-safe (no allocation, no lock, no panic) once the index
+//! exists (`init()`, [`prepare`], or any normal-context call of this module):
+//!
+//! * [`symbolize`] / [`symbolize_exported`]: a [`Symbol`] (object path, bias, build-id, raw
+//!   name bytes, start, offset, size) by value;
+//! * [`frame_kind`] / [`FrameKind::lookup_address`]: which captured addresses are return
+//!   addresses (look up at `addr - 1`) and which are exact pcs (frame 0 of a ucontext capture,
+//!   the frame after a signal trampoline);
+//! * [`write_kernel_frame`]: one `0x... : name+0x1d/0x80 [obj]` line into a caller's buffer,
+//!   Rust names demangled (C++ names stay mangled: demangling them allocates), optionally with
+//!   `[obj+0xoffset]` and the build-id;
+//! * [`demangle_into`] / [`demangle_to`] and [`FixedBuf`]: Rust demangling into a fixed buffer;
+//! * [`backtrace_symbols_fd`] / [`backtrace_symbols_fd_with`].
+//!
+//! ```
+//! selftrace::symbolize::prepare().expect("init");
+//! let mut frames = [0usize; 32];
+//! let n = selftrace::capture(&mut frames);
+//! let mut line = [0u8; 256];
+//! for (i, &pc) in frames[..n].iter().enumerate() {
+//!     let kind = selftrace::symbolize::frame_kind(&frames[..n], i, false);
+//!     let len = selftrace::symbolize::write_kernel_frame(&mut line, pc, kind, Default::default());
+//!     // write(2) &line[..len] to stderr ...
+//!     assert!(len > 0);
+//! }
+//! ```
 
 mod format;
 mod index;
