@@ -58,6 +58,15 @@ fn per_frame(c: &mut Criterion) {
             }
         })
     });
+    g.bench_function("selftrace_symbolize_batched", |b| {
+        b.iter(|| {
+            selftrace::symbolize::with_symbolizer(|s| {
+                for &a in &lookups {
+                    black_box(s.symbolize(black_box(a)));
+                }
+            })
+        })
+    });
     g.bench_function("selftrace_symbolize_demangle", |b| {
         let mut buf = [0u8; 512];
         b.iter(|| {

@@ -257,26 +257,70 @@ pub fn symbolize_exported(addr: usize) -> Option<Symbol> {
 }
 
 pub(crate) fn lookup(addr: usize, mode: Mode) -> Option<Symbol> {
-    INDEX.read(|i| {
-        let e = i?.find(addr)?;
-        let svma = addr.wrapping_sub(e.bias) as u64;
-        let table = match mode {
-            Mode::All => e.syms.all(),
-            Mode::Exported => &e.syms.exported,
-        };
-        let found = table.lookup(svma, mode == Mode::Exported);
-        Some(Symbol {
-            addr,
-            path: &e.syms.path,
-            glibc_path: &e.syms.glibc_path,
-            bias: e.bias,
-            build_id: &e.syms.build_id,
-            name: found.map(|f| f.name),
-            start: found.map_or(0, |f| (f.start as usize).wrapping_add(e.bias)),
-            size: found.map_or(0, |f| f.size as usize),
-            source: e.syms.source,
-        })
+    INDEX.read(|i| lookup_in(i?, addr, mode))
+}
+
+fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
+    let e = i.find(addr)?;
+    let svma = addr.wrapping_sub(e.bias) as u64;
+    let table = match mode {
+        Mode::All => e.syms.all(),
+        Mode::Exported => &e.syms.exported,
+    };
+    let found = table.lookup(svma, mode == Mode::Exported);
+    Some(Symbol {
+        addr,
+        path: &e.syms.path,
+        glibc_path: &e.syms.glibc_path,
+        bias: e.bias,
+        build_id: &e.syms.build_id,
+        name: found.map(|f| f.name),
+        start: found.map_or(0, |f| (f.start as usize).wrapping_add(e.bias)),
+        size: found.map_or(0, |f| f.size as usize),
+        source: e.syms.source,
     })
+}
+
+/// A held view of the symbol index for many lookups: [`symbolize`] pins the index with two
+/// atomic read-modify-writes per call; a `Symbolizer` pins it once for all the frames of a
+/// stack, and every lookup sees the same index. Obtained from [`with_symbolizer`].
+pub struct Symbolizer<'a> {
+    index: Option<&'a Index>,
+}
+
+impl Symbolizer<'_> {
+    /// Like [`symbolize`]. Async-signal-safe.
+    pub fn symbolize(&self, addr: usize) -> Option<Symbol> {
+        lookup_in(self.index?, addr, Mode::All)
+    }
+
+    /// Like [`symbolize_exported`]. Async-signal-safe.
+    pub fn symbolize_exported(&self, addr: usize) -> Option<Symbol> {
+        lookup_in(self.index?, addr, Mode::Exported)
+    }
+
+    pub(crate) fn lookup(&self, addr: usize, mode: Mode) -> Option<Symbol> {
+        lookup_in(self.index?, addr, mode)
+    }
+}
+
+/// Runs `f` with a [`Symbolizer`] that holds the current index until `f` returns (a refresh
+/// meanwhile publishes a new index and waits for `f` before freeing the old object list).
+///
+/// ```
+/// selftrace::symbolize::prepare().expect("init");
+/// let mut frames = [0usize; 32];
+/// let n = selftrace::capture(&mut frames);
+/// let named = selftrace::symbolize::with_symbolizer(|s| {
+///     frames[..n].iter().filter(|&&a| s.symbolize(a - 1).is_some_and(|s| s.name.is_some())).count()
+/// });
+/// assert!(named > 0);
+/// ```
+///
+/// # Signal Safe
+/// Async-signal-safe; keep `f` short (a refresh in another thread waits for it).
+pub fn with_symbolizer<R>(f: impl FnOnce(&Symbolizer<'_>) -> R) -> R {
+    INDEX.read(|i| f(&Symbolizer { index: i }))
 }
 
 /// Whether `addr` is the start of the kernel's signal return trampoline (glibc's `__restore_rt`,
@@ -372,10 +416,12 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
         Mode::All
     };
     let mut buf = vec![0u8; 4096];
+    let syms: Vec<Option<Symbol>> =
+        with_symbolizer(|s| addrs.iter().map(|&a| s.lookup(a, mode)).collect());
     addrs
         .iter()
-        .map(|&a| {
-            let sym = lookup(a, mode);
+        .zip(syms)
+        .map(|(&a, sym)| {
             let mut out = FixedBuf::new(&mut buf);
             format::glibc_line_for(
                 &mut out,
@@ -409,6 +455,7 @@ pub fn backtrace_symbols_fd_with(addrs: &[usize], fd: i32, opts: SymbolsOptions)
     let mut buf = [0u8; 1024];
     for &a in addrs {
         let mut out = FixedBuf::new(&mut buf);
+        // One lookup per line, outside the index pin: writes can block.
         format::glibc_line(&mut out, a, line, opts);
         if out.truncated() {
             let _ = crate::sys::write_all(fd, out.as_bytes());
