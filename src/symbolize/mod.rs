@@ -342,8 +342,15 @@ pub fn is_signal_trampoline(addr: usize) -> bool {
         if !e.exec.iter().any(|r| r.start <= addr && end <= r.end) {
             return false;
         }
-        // SAFETY: [addr, end) lies inside an executable PT_LOAD segment of a loaded object,
-        // which is mapped and readable while the object is loaded.
+        // The index may predate a dlclose: ask the loader (lock-free) that an object is still
+        // mapped there. Without _dl_find_object (old glibc, musl), trust the index.
+        match crate::sys::dl_find_object(addr) {
+            Ok(Some(f)) if f.map_start <= addr && end <= f.map_end => {}
+            Ok(_) => return false,
+            Err(()) => {}
+        }
+        // SAFETY: [addr, end) lies inside an executable PT_LOAD segment of an object that the
+        // loader reports as mapped there, readable while it stays loaded.
         let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, TRAMPOLINE.len()) };
         bytes == TRAMPOLINE
     })
