@@ -277,13 +277,18 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         debug_path: None,
     };
     if o.is_vdso {
-        // The section headers lie past the end of the PT_LOAD, in the rest of its last page.
+        // The image starts at its ELF header (AT_SYSINFO_EHDR); the section headers lie past
+        // the end of the PT_LOAD, in the rest of its last page.
         let ps = crate::sys::page_size();
-        let len = o.range.len().div_ceil(ps) * ps;
-        // SAFETY: the vDSO is one mapped ELF image starting at its ELF header, mapped in whole
-        // pages, so the page-rounded PT_LOAD range is readable; it stays mapped for the life
-        // of the process.
-        let image = unsafe { core::slice::from_raw_parts(o.range.start as *const u8, len) };
+        let start = crate::sys::vdso_base();
+        if start == 0 || start > o.range.start {
+            return out;
+        }
+        let len = (o.range.end - start).div_ceil(ps) * ps;
+        // SAFETY: the vDSO is one ELF image mapped in whole pages from its ELF header on, so
+        // the page-rounded range up to the end of its PT_LOAD is readable; it stays mapped for
+        // the life of the process.
+        let image = unsafe { core::slice::from_raw_parts(start as *const u8, len) };
         if let Ok(f) = ElfFile64::<Endianness>::parse(image) {
             out.full = table(&f, false);
             out.full_is_exported = out.full.len() == 0;
