@@ -27,7 +27,7 @@ use std::ffi::CString;
 use std::sync::Mutex;
 
 /// One symbol: start (relative to the table's base), size, offset of its name in the string
-/// table. 12 bytes.
+/// table. 12 bytes (plus 2 for the name's length, kept in a parallel array).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub(crate) struct Sym {
@@ -41,12 +41,15 @@ pub(crate) struct Sym {
 /// A page directory narrows each binary search to the symbols of one address range:
 /// `pages[p]` is the index of the first symbol at or after `p << shift` (relative to `base`).
 /// `shift` is at least 12 (4 KiB) and grows so that the directory has at most one entry per two
-/// symbols: at most 2 bytes per symbol on top of the 12-byte entries.
+/// symbols: at most 2 bytes per symbol on top of the 12-byte entries and 2-byte name lengths,
+/// 16 bytes per symbol in all at most.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
     /// Link-time address that `Sym::start` is relative to.
     base: u64,
     syms: Box<[Sym]>,
+    /// Name lengths, parallel to `syms` (`u16::MAX`: measure with `strnlen`).
+    lens: Box<[u16]>,
     pages: Box<[u32]>,
     shift: u32,
     strtab: &'static [u8],
@@ -72,7 +75,7 @@ impl Table {
 
     /// Heap bytes used by the entries and the page directory.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.syms.len() * core::mem::size_of::<Sym>() + self.pages.len() * 4
+        self.syms.len() * (core::mem::size_of::<Sym>() + 2) + self.pages.len() * 4
     }
 
     /// A table over sorted `syms`, with its page directory.
@@ -92,9 +95,17 @@ impl Table {
             }
             pages.push(i as u32);
         }
+        let lens = syms
+            .iter()
+            .map(|s| {
+                let rest = strtab.get(s.name as usize..).unwrap_or(&[]);
+                u16::try_from(crate::sys::strnlen(rest)).unwrap_or(u16::MAX)
+            })
+            .collect();
         Table {
             base,
             syms: syms.into_boxed_slice(),
+            lens,
             pages: pages.into_boxed_slice(),
             shift,
             strtab,
@@ -135,17 +146,21 @@ impl Table {
                 return Some(Found {
                     start: self.base + u64::from(s.start),
                     size: u64::from(s.size),
-                    name: self.name(s.name),
+                    name: self.name(s.name, self.lens.get(j).copied()),
                 });
             }
         }
         None
     }
 
-    /// The NUL-terminated name at `off` in the string table (without the NUL).
-    fn name(&self, off: u32) -> &'static [u8] {
+    /// The NUL-terminated name at `off` in the string table (without the NUL), of length
+    /// `len` when it was measured at build time.
+    fn name(&self, off: u32, len: Option<u16>) -> &'static [u8] {
         let rest = self.strtab.get(off as usize..).unwrap_or(&[]);
-        let end = crate::sys::strnlen(rest);
+        let end = match len {
+            Some(n) if n != u16::MAX => usize::from(n),
+            _ => crate::sys::strnlen(rest),
+        };
         rest.get(..end).unwrap_or(&[])
     }
 }
