@@ -3,9 +3,8 @@
 //! * **Stacks**: [`capture`] and [`capture_from_ucontext`] walk the stack with DWARF CFI
 //!   (framehop over the in-memory `.eh_frame`) and a per-frame frame-pointer fallback. They are
 //!   async-signal-safe: no allocation, no lock, no panic, every memory read checked.
-//! * **Names**: [`symbolize()`] (async-signal-safe name lookup), glibc-compatible
-//!   [`backtrace_symbols`] / [`backtrace_symbols_fd`], the kernel's `dump_stack()` line format
-//!   and [`Backtrace`] with file:line:column and inlined frames ([`symbolize`](mod@symbolize) module).
+//!   [`symbolize()`] names addresses (in a handler too), [`Backtrace`] adds file:line, and
+//!   [`crash::install`] prints kernel-style crash reports.
 //! * **Probes**: USDT probe points for bpftrace, perf, gdb and the kernel's `uprobe_events`
 //!   ([`usdt`]).
 //! * **Markers**: Android's `Trace` API over ftrace's `trace_marker` ([`trace`]).
@@ -28,18 +27,24 @@
 //! | [`capture_fp`] | the same, frame pointers only |
 //! | [`capture_from_ucontext`] | the interrupted stack of a signal handler's `ucontext_t` |
 //! | [`capture_from_regs`] | a stack from an explicit register state |
+//! | [`dump_stack`], [`crash::dump_stack_to`] | the current stack, symbolized, to stderr or an fd |
 //! | [`symbolize()`] | object, bias, build-id, symbol name, offset and size of an address |
 //! | [`symbolize::symbolize_exported`] | the same, naming only what glibc's `dladdr` names |
 //! | [`backtrace_symbols_fd`] | glibc's `backtrace_symbols_fd` lines, also naming local functions |
 //! | [`symbolize::write_kernel_frame`] | one `0x... : name+0x1d/0x80 [obj]` line into a buffer |
 //! | [`symbolize::demangle_into`] | a Rust name demangled into a buffer |
 //! | [`symbolize::is_signal_trampoline`], [`symbolize::frame_kind`] | exact pc or return address |
+//! | [`trace::begin_section()`], [`trace::end_section`], [`trace::section()`] (and its guard's drop) | a `B`/`E` marker |
+//! | [`trace::begin_async_section()`], [`trace::end_async_section()`], `..._for_track` | `S`/`F`, `G`/`H` markers |
+//! | [`trace::instant()`], [`trace::instant_for_track`], [`trace::set_counter`] | `I`, `N`, `C` markers |
+//! | [`trace::is_enabled`], [`trace::stats`], [`trace::status`] | marker state, one atomic load each |
 //!
-//! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context
-//! (a capture outside a signal handler that meets an unknown object refreshes the snapshot only
-//! when it is not running inside a signal handler of this crate's knowledge; see [`refresh`]).
+//! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context:
+//! a capture that meets an object loaded after the last snapshot refreshes it only when it can
+//! prove it is not running in a signal handler (see [`unwind`] and [`set_auto_refresh`]).
 #![warn(missing_docs)]
 
+pub mod crash;
 mod error;
 pub mod modules;
 mod published;
@@ -50,9 +55,40 @@ pub mod tracefs;
 pub mod unwind;
 pub mod usdt;
 
+pub use crash::dump_stack;
 pub use error::Error;
 pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
 pub use unwind::{
-    capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_with, init, refresh,
-    set_auto_refresh, Regs, UnwindMode,
+    capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_with, set_auto_refresh,
+    Regs, UnwindMode,
 };
+
+/// Snapshots the loaded objects, builds the DWARF unwinder and the symbol index, and learns the
+/// calling thread's stack bounds. Idempotent: a second call only does work when objects were
+/// loaded or unloaded since. Not async-signal-safe: call it early, outside signal handlers
+/// (capture works before it too, with frame pointers only).
+///
+/// Fails with [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then
+/// use frame pointers).
+pub fn init() -> Result<(), Error> {
+    modules::refresh(false);
+    unwind::prepare();
+    symbolize::rebuild();
+    let ok = modules::with_current(|s| {
+        s.is_some_and(|s| s.objects().iter().any(|o| o.eh_frame_hdr.is_some()))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::NoUnwindInfo)
+    }
+}
+
+/// Picks up objects loaded or unloaded since the last snapshot (`dlopen`, `dlclose`): publishes
+/// a new unwinder and symbol index. Captures running meanwhile in other threads or signal
+/// handlers keep using the old ones until they finish. Not async-signal-safe.
+pub fn refresh() {
+    modules::refresh(false);
+    unwind::rebuild();
+    symbolize::rebuild();
+}

@@ -5,7 +5,7 @@
 //! in-memory `.eh_frame_hdr`/`.eh_frame` and the GNU build-id. Nothing is read from files and
 //! nothing is copied: the ranges point into memory the loader mapped.
 //!
-//! The snapshot is immutable. [`current`] gives the last one published (by `init()` or a
+//! The snapshot is immutable. [`with_current`] gives the last one published (by `init()` or a
 //! refresh); readers in signal handlers use it without locks.
 
 use crate::published::Published;

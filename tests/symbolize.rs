@@ -73,20 +73,20 @@ fn known_chain_has_names_lines_and_inlined_frames() {
     let f0 = &short[0];
     assert_eq!(f0.symbols().len(), 2, "{f0:?}");
     let (inl, phys) = (&f0.symbols()[0], &f0.symbols()[1]);
-    assert_eq!(inl.name().as_deref(), Some("symbolize::sym_inlined"));
+    assert_eq!(inl.name.as_deref(), Some("symbolize::sym_inlined"));
     assert!(inl.inlined);
     assert_eq!(inl.line, Some(seen.inlined_call));
     assert!(inl.file.unwrap().ends_with("tests/symbolize.rs"));
     assert!(inl.column.is_some());
-    assert_eq!(phys.name().as_deref(), Some("symbolize::sym_middle"));
+    assert_eq!(phys.name.as_deref(), Some("symbolize::sym_middle"));
     assert!(!phys.inlined);
     assert_eq!(phys.line, Some(seen.middle_call));
     let f1 = &short[1];
-    assert_eq!(f1.name().as_deref(), Some("symbolize::sym_outer"));
+    assert_eq!(f1.name(), Some("symbolize::sym_outer"));
     assert_eq!(f1.symbols().last().unwrap().line, Some(seen.outer_call));
     let f2 = &short[2];
     assert_eq!(
-        f2.name().as_deref(),
+        f2.name(),
         Some("symbolize::known_chain_has_names_lines_and_inlined_frames")
     );
     assert_eq!(f2.symbols().last().unwrap().line, Some(test_line));
@@ -112,7 +112,7 @@ fn known_chain_has_names_lines_and_inlined_frames() {
     for f in short.iter().take(3) {
         let s = selftrace::symbolize(f.kind.lookup_address(f.addr)).expect("symbol");
         let mut buf = [0u8; 256];
-        assert_eq!(s.demangle_into(&mut buf), f.name().as_deref());
+        assert_eq!(s.demangle_into(&mut buf), f.name());
     }
 }
 
@@ -424,12 +424,12 @@ fn names_and_lines_match_binutils_addr2line() {
             } else {
                 mismatches.push(format!("{a:#x} line: {o:?} vs {tfile}:{tline:?}"));
             }
-            if o.name().as_deref() == Some(tf.as_str())
-                || same_name(o.name().as_deref().unwrap_or("??"), tf)
+            if o.name.as_deref() == Some(tf.as_str())
+                || same_name(o.name.as_deref().unwrap_or("??"), tf)
             {
                 name_ok += 1;
             } else {
-                mismatches.push(format!("{a:#x} name: {:?} vs {tf}", o.name()));
+                mismatches.push(format!("{a:#x} name: {:?} vs {tf}", o.name));
             }
         }
     }

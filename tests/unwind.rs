@@ -1,48 +1,17 @@
 //! Stack capture: known call chains, signal handlers, allocation-freedom, garbage input.
 
+#[path = "support/counting.rs"]
+mod counting;
 #[path = "support/oracle.rs"]
 mod oracle;
 
 use oracle::{leaf, Oracle};
 use selftrace::{capture, capture_fp, capture_from_regs, capture_from_ucontext, Regs, UnwindMode};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-// ---- a counting allocator: counts allocations made by threads that ask for it -------------
-
-struct Counting;
-
-thread_local! {
-    static COUNT_HERE: Cell<bool> = const { Cell::new(false) };
-}
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only adds a counter.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 fn oracle() -> &'static Oracle {
     static O: OnceLock<Oracle> = OnceLock::new();
@@ -216,8 +185,7 @@ fn victim() {
 
 #[inline(never)]
 extern "C" fn on_signal(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    COUNT_HERE.with(|c| c.set(true));
-    let before = ALLOCS.load(Ordering::SeqCst);
+    let token = counting::start();
     // SAFETY: the handler runs once at a time (the test sends one signal and waits).
     unsafe {
         let uc_buf = &mut *core::ptr::addr_of_mut!(UC_BUF);
@@ -227,8 +195,7 @@ extern "C" fn on_signal(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut libc::c
         let fp_buf = &mut *core::ptr::addr_of_mut!(FP_BUF);
         FP_N.store(capture_fp(fp_buf), Ordering::SeqCst);
     }
-    HANDLER_ALLOCS.store(ALLOCS.load(Ordering::SeqCst) - before, Ordering::SeqCst);
-    COUNT_HERE.with(|c| c.set(false));
+    HANDLER_ALLOCS.store(counting::stop(token), Ordering::SeqCst);
     STOP.store(true, Ordering::SeqCst);
     HANDLER_DONE.store(true, Ordering::SeqCst);
 }
@@ -308,14 +275,11 @@ fn capture_in_normal_context_allocates_nothing_once_warm() {
     selftrace::set_auto_refresh(true);
     let mut buf = [0usize; 128];
     capture(&mut buf); // learns this thread's stack bounds
-    COUNT_HERE.with(|c| c.set(true));
-    let before = ALLOCS.load(Ordering::SeqCst);
-    let mut total = 0;
-    for _ in 0..100 {
-        total += capture(&mut buf) + capture_fp(&mut buf);
-    }
-    let allocs = ALLOCS.load(Ordering::SeqCst) - before;
-    COUNT_HERE.with(|c| c.set(false));
+    let (total, allocs) = counting::counting(|| {
+        (0..100)
+            .map(|_| capture(&mut buf) + capture_fp(&mut buf))
+            .sum::<usize>()
+    });
     assert!(total > 0);
     assert_eq!(allocs, 0);
 }

@@ -72,10 +72,13 @@ fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Option<&Context>)
 
 /// One function at a frame: the physical function, or one inlined into it.
 ///
-/// Cheap to copy: names and file names point into never-freed memory (the mapped object or
-/// debug file, or the cached DWARF context). Names are demangled when asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Resolved once per address and cached (frames share it through an `Arc`); the raw name and
+/// the file name point into never-freed memory (the mapped object or debug file, or the
+/// cached DWARF context).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BacktraceSymbol {
+    /// Demangled name (Rust without hash, C++), if known.
+    pub name: Option<String>,
     /// Raw (mangled) name, if known: the DWARF linkage name, or the symbol table's name.
     pub raw_name: Option<&'static str>,
     /// Source file, if known.
@@ -88,12 +91,9 @@ pub struct BacktraceSymbol {
     pub inlined: bool,
 }
 
-impl BacktraceSymbol {
-    /// The demangled name (Rust without hash, C++), if known. Allocates.
-    pub fn name(&self) -> Option<String> {
-        self.raw_name
-            .map(|n| addr2line::demangle_auto(Cow::Borrowed(n), None).into_owned())
-    }
+/// Demangles a raw name (Rust or C++).
+fn demangle_owned(name: &str) -> String {
+    addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned()
 }
 
 /// One frame of a [`Backtrace`].
@@ -107,7 +107,9 @@ pub struct BacktraceFrame {
     pub object: Option<&'static str>,
     /// `addr - bias`: the link-time address in the object (0 without an object).
     pub object_offset: usize,
-    symbols: Arc<[BacktraceSymbol]>,
+    /// Functions at this frame, innermost (most deeply inlined) first; the last one is the
+    /// physical function. Empty when nothing is known. Shared with the per-address cache.
+    pub symbols: Arc<[BacktraceSymbol]>,
 }
 
 /// Resolved frames by (object, link-time address): a warm `Backtrace` of a stack seen before
@@ -168,6 +170,7 @@ fn resolve_symbols(
                 None => (None, None, None),
             };
             out.push(BacktraceSymbol {
+                name: None,
                 raw_name,
                 file,
                 line,
@@ -184,12 +187,16 @@ fn resolve_symbols(
         }
     } else if sym_name.is_some() {
         out.push(BacktraceSymbol {
+            name: None,
             raw_name: sym_name,
             file: None,
             line: None,
             column: None,
             inlined: false,
         });
+    }
+    for s in &mut out {
+        s.name = s.raw_name.map(demangle_owned);
     }
     out.into()
 }
@@ -244,8 +251,8 @@ impl BacktraceFrame {
     }
 
     /// The physical function's demangled name, if known.
-    pub fn name(&self) -> Option<String> {
-        self.symbols.last().and_then(BacktraceSymbol::name)
+    pub fn name(&self) -> Option<&str> {
+        self.symbols.last().and_then(|s| s.name.as_deref())
     }
 
     fn raw_names(&self) -> impl Iterator<Item = &'static str> + '_ {
@@ -378,10 +385,7 @@ impl fmt::Display for Backtrace {
                         "      "
                     })?;
                 }
-                match s.raw_name {
-                    Some(n) => f.write_str(&addr2line::demangle_auto(Cow::Borrowed(n), None))?,
-                    None => f.write_str("<unknown>")?,
-                }
+                f.write_str(s.name.as_deref().unwrap_or("<unknown>"))?;
                 if s.inlined {
                     f.write_str(" [inlined]")?;
                 }
@@ -428,16 +432,9 @@ mod tests {
         w.clear();
         demangle_any_to(b"memcpy", &mut w);
         assert_eq!(w.as_str(), "memcpy");
-        let s = BacktraceSymbol {
-            raw_name: Some("_ZNSt6vectorIiSaIiEE9push_backERKi"),
-            file: None,
-            line: None,
-            column: None,
-            inlined: false,
-        };
         assert_eq!(
-            s.name().as_deref(),
-            Some("std::vector<int, std::allocator<int> >::push_back(int const&)")
+            demangle_owned("_ZNSt6vectorIiSaIiEE9push_backERKi"),
+            "std::vector<int, std::allocator<int> >::push_back(int const&)"
         );
     }
 }

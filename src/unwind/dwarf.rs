@@ -70,8 +70,10 @@ pub(crate) type FhCacheT = FhCache<MustNotAllocateDuringUnwind>;
 /// What a walk needs to know about an object to decide whether framehop may read its data.
 pub(crate) struct ObjectCheck {
     pub(crate) range: Range<usize>,
-    /// Executable segments.
-    pub(crate) exec: Vec<Range<usize>>,
+    /// The first executable segment (inline: checked for every frame).
+    pub(crate) text: Range<usize>,
+    /// Further executable segments (rare).
+    pub(crate) more_exec: Vec<Range<usize>>,
     /// The address `_dl_find_object` reports as this object's `.eh_frame_hdr`; 0 if none.
     pub(crate) eh_frame_hdr: usize,
     /// The main program and the vDSO are never unloaded: no check needed.
@@ -82,9 +84,9 @@ impl ObjectCheck {
     /// Whether `len` bytes of code at `pc` lie in one executable segment.
     #[inline]
     pub(crate) fn is_code(&self, pc: usize, len: usize) -> bool {
-        self.exec
-            .iter()
-            .any(|r| r.start <= pc && pc.saturating_add(len) <= r.end)
+        let end = pc.saturating_add(len);
+        (self.text.start <= pc && end <= self.text.end)
+            || self.more_exec.iter().any(|r| r.start <= pc && end <= r.end)
     }
 }
 
@@ -120,7 +122,8 @@ impl DwarfState {
             unwinder.add_module(module);
             objects.push(ObjectCheck {
                 range: o.range.clone(),
-                exec: o.exec.clone(),
+                text: o.exec.first().cloned().unwrap_or(0..0),
+                more_exec: o.exec.iter().skip(1).cloned().collect(),
                 eh_frame_hdr: o.eh_frame_hdr.as_ref().map_or(0, |r| r.start),
                 permanent: o.is_main || o.is_vdso,
             });
@@ -129,6 +132,15 @@ impl DwarfState {
             unwinder,
             objects,
             generation: snapshot.generation(),
+        }
+    }
+
+    /// The index of the object containing `pc`, trying `hint` (the previous frame's) first.
+    #[inline]
+    pub(crate) fn find_near(&self, pc: usize, hint: usize) -> Option<usize> {
+        match self.objects.get(hint) {
+            Some(o) if o.range.contains(&pc) => Some(hint),
+            _ => self.find(pc),
         }
     }
 

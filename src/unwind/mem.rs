@@ -40,6 +40,8 @@ const PROBE_PAGES: usize = 16;
 
 /// A reader of machine words that never faults.
 pub(crate) struct CheckedMemory {
+    /// The part of this thread's stack known readable (checked first: most reads land here).
+    stack: Range<usize>,
     known: [Range<usize>; SLOTS],
     next: usize,
     /// Validations done (system calls), for tests and statistics.
@@ -50,13 +52,14 @@ impl CheckedMemory {
     /// A reader that trusts the part of the current thread's stack from `sp` up.
     pub(crate) fn new(sp: usize) -> CheckedMemory {
         let mut m = CheckedMemory {
+            stack: 0..0,
             known: core::array::from_fn(|_| 0..0),
             next: 0,
             probes: 0,
         };
         if let Some(stack) = thread_stack() {
             if stack.contains(&sp) {
-                m.remember(sp..stack.end);
+                m.stack = sp..stack.end;
             }
         }
         m
@@ -72,7 +75,8 @@ impl CheckedMemory {
         let Some(end) = addr.checked_add(len) else {
             return false;
         };
-        self.known.iter().any(|r| r.start <= addr && end <= r.end)
+        (self.stack.start <= addr && end <= self.stack.end)
+            || self.known.iter().any(|r| r.start <= addr && end <= r.end)
     }
 
     /// Whether `len` bytes at `addr` can be read, validating with the kernel if needed.
@@ -116,15 +120,6 @@ impl CheckedMemory {
         // SAFETY: the word is aligned and lies in a range validated as readable.
         Some(unsafe { core::ptr::read_volatile(addr as *const usize) })
     }
-
-    /// Reads `N` bytes at `addr` (any alignment), or fails.
-    pub(crate) fn read_bytes<const N: usize>(&mut self, addr: usize) -> Option<[u8; N]> {
-        if !self.check(addr, N) {
-            return None;
-        }
-        // SAFETY: the N bytes lie in a range validated as readable; [u8; N] has no alignment.
-        Some(unsafe { core::ptr::read_unaligned(addr as *const [u8; N]) })
-    }
 }
 
 #[cfg(test)]
@@ -164,6 +159,6 @@ mod tests {
         assert_eq!(m.read_word(p as usize), None);
         // SAFETY: p is the mapping created above.
         unsafe { libc::munmap(p, ps) };
-        assert_eq!(m.read_bytes::<9>(p as usize), None);
+        assert_eq!(m.read_word(p as usize), None);
     }
 }

@@ -12,7 +12,7 @@
 //! (see the crate docs). Through a signal frame, a walk continues into the interrupted code.
 //!
 //! # Objects loaded later
-//! [`init`] snapshots the loaded objects. After a `dlopen`, call [`refresh`]; or let a capture
+//! [`crate::init`] snapshots the loaded objects. After a `dlopen`, call [`crate::refresh`]; or let a capture
 //! do it: a capture that finds a pc in an object the snapshot lacks, and that can prove it runs
 //! in normal context (the complete walk crossed no signal frame), refreshes the snapshot and
 //! walks again. Disable that with [`set_auto_refresh`] where even normal-context allocation is
@@ -26,9 +26,22 @@ mod regs;
 mod walk;
 
 pub use regs::Regs;
+
+/// The registers saved in a signal handler's `ucontext_t`.
+///
+/// # Safety
+/// `uc` must point to a readable `ucontext_t`.
+pub(crate) unsafe fn regs_from_ucontext(uc: *const libc::ucontext_t) -> Regs {
+    // SAFETY: forwarded from the caller.
+    unsafe { regs::from_ucontext(uc) }
+}
+
+/// The current thread's stack bounds, when known. Async-signal-safe.
+pub(crate) fn thread_stack() -> Option<core::ops::Range<usize>> {
+    mem::thread_stack()
+}
 pub use walk::{MAX_FRAMES, MAX_SIGNAL_FRAMES};
 
-use crate::Error;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::cell::Cell;
 use walk::Start;
@@ -59,27 +72,15 @@ impl UnwindMode {
     }
 }
 
-/// Snapshots the loaded objects and builds the DWARF unwinder; learns the calling thread's
-/// stack bounds. Idempotent: a second call only refreshes when objects were loaded or unloaded
-/// since. Not async-signal-safe; call it early, outside signal handlers.
-pub fn init() -> Result<(), Error> {
+/// Learns the calling thread's stack bounds and builds the DWARF unwinder for the current
+/// module snapshot (see [`crate::init`]). Normal context.
+pub(crate) fn prepare() {
     mem::learn_thread_stack();
-    refresh();
-    let ok = crate::modules::with_current(|s| {
-        s.is_some_and(|s| s.objects().iter().any(|o| o.eh_frame_hdr.is_some()))
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::NoUnwindInfo)
-    }
+    rebuild();
 }
 
-/// Picks up objects loaded or unloaded since the last snapshot (`dlopen`, `dlclose`) and
-/// publishes a new unwinder. Captures running meanwhile in other threads or signal handlers
-/// keep using the old one until they finish. Not async-signal-safe.
-pub fn refresh() {
-    crate::modules::refresh(false);
+/// Rebuilds the DWARF unwinder if the module snapshot moved on. Normal context.
+pub(crate) fn rebuild() {
     crate::modules::with_current(|s| {
         if let Some(s) = s {
             dwarf::rebuild(s);
@@ -153,28 +154,31 @@ pub fn capture_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> usi
 #[inline(never)]
 fn finish(start: Start, buf: &mut [usize], mode: UnwindMode) -> usize {
     let out = walk::walk(start, buf, mode);
-    let normal_context = out.complete && out.signal_frames == 0;
-    if !normal_context
+    if !out.initialized
+        || out.signal_frames != 0
         || !AUTO_REFRESH.load(Ordering::Relaxed)
         || IN_REFRESH.try_with(Cell::get).unwrap_or(true)
     {
         return out.frames;
     }
-    let needs_stack = mem::thread_stack().is_none();
-    if !out.unknown_object && !needs_stack {
+    let sp = match start {
+        Start::Exact(r) | Start::Return(r) => r.sp,
+    };
+    // A complete walk that crossed no signal frame proves normal context; so does a stack with
+    // no signal-return address between sp and its top (needed when the walk broke in an object
+    // without frame pointers that the snapshot does not know yet).
+    let learn_stack = out.complete && mem::thread_stack().is_none();
+    let refresh = out.unknown_object && (out.complete || no_signal_frame_above(sp));
+    if !learn_stack && !refresh {
         return out.frames;
     }
     let _ = IN_REFRESH.try_with(|c| c.set(true));
-    if needs_stack {
+    if learn_stack {
         mem::learn_thread_stack();
     }
-    let refreshed = out.unknown_object && crate::modules::try_refresh();
+    let refreshed = refresh && crate::modules::try_refresh();
     if refreshed {
-        crate::modules::with_current(|s| {
-            if let Some(s) = s {
-                dwarf::rebuild(s);
-            }
-        });
+        rebuild();
     }
     let _ = IN_REFRESH.try_with(|c| c.set(false));
     if refreshed {
@@ -182,4 +186,30 @@ fn finish(start: Start, buf: &mut [usize], mode: UnwindMode) -> usize {
     } else {
         out.frames
     }
+}
+
+/// Whether the current thread's stack, from `sp` to its top, holds no return address into a
+/// signal trampoline, i.e. no signal handler is running below us on this stack. `false` when
+/// unsure (stack bounds unknown, `sp` on another stack such as an alternate signal stack).
+fn no_signal_frame_above(sp: usize) -> bool {
+    let Some(stack) = mem::thread_stack() else {
+        return false;
+    };
+    if !stack.contains(&sp) {
+        return false;
+    }
+    let mut restorers = [0usize; 8];
+    let n = crate::sys::signal_restorers(&mut restorers);
+    let restorers = &restorers[..n];
+    let mut addr = sp & !(core::mem::size_of::<usize>() - 1);
+    while addr + core::mem::size_of::<usize>() <= stack.end {
+        // SAFETY: [sp, stack.end) is the live part of this thread's own stack: mapped, readable
+        // and aligned.
+        let word = unsafe { core::ptr::read_volatile(addr as *const usize) };
+        if restorers.contains(&word) {
+            return false;
+        }
+        addr += core::mem::size_of::<usize>();
+    }
+    true
 }

@@ -34,6 +34,8 @@ pub(crate) struct Outcome {
     pub(crate) signal_frames: usize,
     /// A pc lay in an object the loader knows but the published snapshot does not.
     pub(crate) unknown_object: bool,
+    /// `init()` had published an unwinder when the walk ran.
+    pub(crate) initialized: bool,
 }
 
 /// The first frame of a walk.
@@ -68,6 +70,7 @@ pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode) -> Outcome
             },
             out: Outcome::default(),
         };
+        job.out.initialized = state.is_some();
         if top != 0 {
             // SAFETY: `top` is the high end of the slot's private stack, which we own while we
             // hold the slot; `run_job` does not unwind (nothing in the walk panics).
@@ -106,12 +109,13 @@ impl Job<'_, '_> {
         let out = &mut self.out;
         let mut cache = self.cache.as_deref_mut();
         let mut loaded = LoadedCheck::default();
+        let mut fh = to_framehop(&regs);
         let limit = buf.len().min(MAX_FRAMES);
         loop {
             buf[out.frames] = regs.pc;
             out.frames += 1;
             let known = classify(state, &mut loaded, &mut mem, regs.pc, out);
-            if !exact && known.is_code && is_trampoline(&mut mem, regs.pc) {
+            if !exact && known.is_code && is_trampoline(regs.pc) {
                 if out.signal_frames == MAX_SIGNAL_FRAMES || out.frames == limit {
                     break;
                 }
@@ -131,7 +135,7 @@ impl Job<'_, '_> {
             }
             let step = match (state, cache.as_deref_mut()) {
                 (Some(state), Some(cache)) if known.usable => {
-                    dwarf_step(state, cache, &mut mem, &mut regs, exact)
+                    dwarf_step(state, cache, &mut mem, &mut regs, &mut fh, exact)
                 }
                 _ => fp_step(&mut mem, &mut regs, exact),
             };
@@ -174,6 +178,8 @@ struct Known {
 struct LoadedCheck {
     checked: u64,
     failed: u64,
+    /// The object of the previous frame (most frames are in the same object as their callee).
+    last: usize,
 }
 
 impl LoadedCheck {
@@ -201,7 +207,8 @@ fn classify(
 ) -> Known {
     const N: usize = regs::uc::TRAMPOLINE.len();
     if let Some(state) = state {
-        if let Some(i) = state.find(pc) {
+        if let Some(i) = state.find_near(pc, loaded.last) {
+            loaded.last = i;
             let usable = loaded.still_loaded(state, i, pc);
             let o = &state.objects[i];
             return Known {
@@ -229,11 +236,14 @@ fn classify(
     }
 }
 
-/// Whether the code at `pc` is the signal-return trampoline.
-fn is_trampoline(mem: &mut CheckedMemory, pc: usize) -> bool {
+/// Whether the code at `pc` is the signal-return trampoline. The caller has checked that the
+/// bytes are readable (`Known::is_code`).
+fn is_trampoline(pc: usize) -> bool {
     const N: usize = regs::uc::TRAMPOLINE.len();
-    mem.read_bytes::<N>(pc)
-        .is_some_and(|b| b[..] == *regs::uc::TRAMPOLINE)
+    // SAFETY: `Known::is_code` established that N bytes at pc lie in a mapped executable
+    // segment of a loaded object (or in pages validated as readable during this walk).
+    let bytes = unsafe { core::ptr::read_unaligned(pc as *const [u8; N]) };
+    bytes[..] == *regs::uc::TRAMPOLINE
 }
 
 fn read_ucontext(mem: &mut CheckedMemory, uc: usize) -> Option<Regs> {
@@ -258,6 +268,7 @@ fn dwarf_step(
     cache: &mut CacheGuard,
     mem: &mut CheckedMemory,
     regs: &mut Regs,
+    fh: &mut FhRegs,
     exact: bool,
 ) -> Step {
     let address = if exact {
@@ -268,15 +279,15 @@ fn dwarf_step(
             None => return Step::Failed,
         }
     };
-    let mut fh = to_framehop(regs);
+    sync_framehop(regs, fh);
     let old_sp = regs.sp;
     let mut read = |addr: u64| mem.read_word(addr as usize).map(|w| w as u64).ok_or(());
     match state
         .unwinder
-        .unwind_frame(address, &mut fh, cache.get(), &mut read)
+        .unwind_frame(address, fh, cache.get(), &mut read)
     {
         Ok(Some(ra)) => {
-            from_framehop(&fh, regs);
+            from_framehop(fh, regs);
             if regs.sp <= old_sp {
                 return Step::Failed;
             }
@@ -290,6 +301,23 @@ fn dwarf_step(
 #[cfg(target_arch = "x86_64")]
 fn to_framehop(r: &Regs) -> FhRegs {
     FhRegs::new(r.pc as u64, r.sp as u64, r.fp as u64)
+}
+
+/// Brings framehop's registers in line with `r` (cheaper than building them anew).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn sync_framehop(r: &Regs, fh: &mut FhRegs) {
+    fh.set_ip(r.pc as u64);
+    fh.set_sp(r.sp as u64);
+    fh.set_bp(r.fp as u64);
+}
+
+#[cfg(target_arch = "aarch64")]
+#[inline]
+fn sync_framehop(r: &Regs, fh: &mut FhRegs) {
+    fh.set_sp(r.sp as u64);
+    fh.set_fp(r.fp as u64);
+    fh.set_lr(r.lr as u64);
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,606 @@
+//! Crash handler and `dump_stack()`.
+//!
+//! [`install`] (or [`builder`]) installs a handler for SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT
+//! and SIGTRAP (configurable). When one arrives, the handler writes a report modelled on the
+//! kernel's oops with raw `write(2)`s: the signal and the meaning of its `si_code`, the fault
+//! address, pid, tid and thread name, the registers, and the symbolized call trace of the
+//! interrupted code (demangled names, `[object+offset]` that `addr2line -e` takes, and each
+//! object's path and build-id). A stack overflow is recognised and said; recursion is printed
+//! once and summarised (`frames 12-4000 repeat: f -> g`).
+//!
+//! Then it calls the handler that was installed before (if any: chaining), restores the
+//! default action and re-raises the signal, so the process dies by the same signal and a core
+//! dump is still written.
+//!
+//! # Safety of the handler
+//! * It runs on an alternate signal stack: [`install`] gives the installing thread one of
+//!   [`Builder::alt_stack_size`] bytes; threads spawned by std already have one (std installs
+//!   it for its own stack-overflow handler); other threads call [`install_thread`]. The report
+//!   itself runs on a private stack mapped at install time, so even std's small alternate
+//!   stacks suffice.
+//! * Everything it does is async-signal-safe: lock-free lookups in tables built by
+//!   `selftrace::init()`, fixed buffers, `write(2)`. It does not allocate, so a crash inside
+//!   `malloc` (with the allocator's lock held) or while another thread is inside `dlopen` is
+//!   reported like any other.
+//! * Two threads crashing at once: the first reports, the second waits for it (and reports
+//!   after it if the process is still alive). A crash inside the handler itself falls back to
+//!   the default action at once.
+//!
+//! # file:line
+//! Parsing DWARF line tables allocates, which is not safe in a signal handler. The report gets
+//! file:line and inlined frames from a symbolizer process forked at install time (see
+//! [`Builder::symbolizer`]): the handler writes the raw addresses to it over a pipe and waits at
+//! most 3 seconds for the answers. Without it (disabled, dead, slow, or for objects loaded
+//! after install), frames keep their async-signal-safe names and `[object+offset]`, which
+//! `addr2line -f -C -i -e OBJECT OFFSET` resolves offline with the listed build-ids.
+
+mod names;
+mod report;
+mod symbolizer;
+
+use crate::symbolize;
+use crate::sys;
+use crate::Error;
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use report::Out;
+use std::os::fd::{IntoRawFd, RawFd};
+use std::path::PathBuf;
+
+/// The signals handled by default.
+pub const DEFAULT_SIGNALS: [i32; 6] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGABRT,
+    libc::SIGTRAP,
+];
+
+/// Options for [`install`]. Create with [`builder`].
+#[derive(Clone, Debug)]
+pub struct Builder {
+    signals: Vec<i32>,
+    fd: Option<RawFd>,
+    path: Option<PathBuf>,
+    alt_stack_size: usize,
+    panic_hook: bool,
+    symbolizer: bool,
+}
+
+/// Options with their defaults: [`DEFAULT_SIGNALS`], stderr, a 64 KiB alternate stack, no
+/// panic hook.
+pub fn builder() -> Builder {
+    Builder {
+        signals: DEFAULT_SIGNALS.to_vec(),
+        fd: None,
+        path: None,
+        alt_stack_size: 64 * 1024,
+        panic_hook: false,
+        symbolizer: true,
+    }
+}
+
+/// Installs the crash handler with default options (see [`builder`]).
+pub fn install() -> Result<(), Error> {
+    builder().install()
+}
+
+impl Builder {
+    /// The signals to handle (replaces the default list).
+    pub fn signals(mut self, signals: &[i32]) -> Builder {
+        self.signals = signals.to_vec();
+        self
+    }
+
+    /// Write reports to this file descriptor (default: 2, stderr). It must stay open.
+    pub fn fd(mut self, fd: RawFd) -> Builder {
+        self.fd = Some(fd);
+        self.path = None;
+        self
+    }
+
+    /// Write reports to this file, opened (created, appended to) at install time.
+    pub fn file(mut self, path: impl Into<PathBuf>) -> Builder {
+        self.path = Some(path.into());
+        self.fd = None;
+        self
+    }
+
+    /// Size of the alternate signal stack given to the installing thread (and by
+    /// [`install_thread`]) when it has none or a smaller one.
+    pub fn alt_stack_size(mut self, bytes: usize) -> Builder {
+        self.alt_stack_size = bytes.max(libc::MINSIGSTKSZ * 2);
+        self
+    }
+
+    /// Also print panics in the report's format (file:line included), then run the previous
+    /// panic hook's default behaviour of unwinding or aborting unchanged.
+    pub fn panic_hook(mut self, enabled: bool) -> Builder {
+        self.panic_hook = enabled;
+        self
+    }
+
+    /// Fork a symbolizer process now, so that crash reports can give file:line (default: on).
+    /// See the module docs for how it works and its limits.
+    pub fn symbolizer(mut self, enabled: bool) -> Builder {
+        self.symbolizer = enabled;
+        self
+    }
+
+    /// Installs the handler. Calls `selftrace::init()` first (symbol tables and unwinder must
+    /// exist before any crash). Not async-signal-safe; call it early in `main`.
+    pub fn install(self) -> Result<(), Error> {
+        crate::init()?;
+        for &sig in &self.signals {
+            if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                return Err(Error::InvalidInput("signal cannot be handled"));
+            }
+        }
+        let fd = match (&self.path, self.fd) {
+            (Some(path), _) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| Error::Sys {
+                    call: "open",
+                    errno: e.raw_os_error().unwrap_or(libc::EIO),
+                })?
+                .into_raw_fd(),
+            (None, Some(fd)) => fd,
+            (None, None) => 2,
+        };
+        OUT_FD.store(fd, Ordering::Relaxed);
+        ALT_STACK_SIZE.store(self.alt_stack_size, Ordering::Relaxed);
+        if REPORT_STACK.load(Ordering::Relaxed) == 0 {
+            let top = sys::map_stack(REPORT_STACK_SIZE).ok_or(Error::Sys {
+                call: "mmap",
+                errno: sys::errno(),
+            })?;
+            REPORT_STACK.store(top, Ordering::Relaxed);
+        }
+        install_thread()?;
+        for &sig in &self.signals {
+            install_signal(sig)?;
+        }
+        if self.panic_hook {
+            install_panic_hook();
+        }
+        if self.symbolizer {
+            symbolizer::spawn()?;
+        }
+        Ok(())
+    }
+}
+
+/// Gives the calling thread an alternate signal stack if it has none, or one smaller than the
+/// configured size, so that a stack overflow on this thread can be reported. Threads spawned by
+/// std have one already; call this on threads created otherwise (e.g. by C code).
+pub fn install_thread() -> Result<(), Error> {
+    let want = ALT_STACK_SIZE.load(Ordering::Relaxed);
+    // SAFETY: querying the current alternate stack into a valid stack_t.
+    let mut cur: libc::stack_t = unsafe { core::mem::zeroed() };
+    // SAFETY: null new stack: query only.
+    if unsafe { libc::sigaltstack(core::ptr::null(), &mut cur) } != 0 {
+        return Err(Error::last_os("sigaltstack"));
+    }
+    if cur.ss_flags & libc::SS_DISABLE == 0 && cur.ss_size >= want.min(16 * 1024) {
+        return Ok(());
+    }
+    let top = sys::map_stack(want).ok_or(Error::Sys {
+        call: "mmap",
+        errno: sys::errno(),
+    })?;
+    let ss = libc::stack_t {
+        ss_sp: (top - want) as *mut libc::c_void,
+        ss_flags: 0,
+        ss_size: want,
+    };
+    // SAFETY: ss describes a fresh mapping that stays mapped for the life of the process.
+    if unsafe { libc::sigaltstack(&ss, core::ptr::null_mut()) } != 0 {
+        return Err(Error::last_os("sigaltstack"));
+    }
+    Ok(())
+}
+
+/// Prints the current stack in the crash report's format, like the kernel's `dump_stack()`, to
+/// the configured fd (stderr by default).
+///
+/// Async-signal-safe; usable anywhere, crash or not.
+#[inline(never)]
+pub fn dump_stack() {
+    let fd = OUT_FD.load(Ordering::Relaxed);
+    dump_stack_to(fd);
+}
+
+/// [`dump_stack`] to a given file descriptor. Async-signal-safe.
+#[inline(never)]
+pub fn dump_stack_to(fd: RawFd) {
+    let mut frames = [0usize; 128];
+    let n = crate::capture(&mut frames);
+    let out = Out { fd };
+    let lock = ReportLock::acquire();
+    out.line(|w| w.push_bytes(b"------------[ selftrace: dump_stack ]------------"));
+    report::who(out);
+    report::call_trace(out, &frames[..n], false, n == frames.len());
+    report::objects(out, &frames[..n]);
+    out.line(|w| w.push_bytes(b"---[ end of dump_stack ]---"));
+    drop(lock);
+}
+
+// ---- state ----------------------------------------------------------------------------------
+
+static OUT_FD: AtomicI32 = AtomicI32::new(2);
+static ALT_STACK_SIZE: AtomicUsize = AtomicUsize::new(64 * 1024);
+/// High end of the private stack the report runs on.
+static REPORT_STACK: AtomicUsize = AtomicUsize::new(0);
+const REPORT_STACK_SIZE: usize = 512 * 1024;
+/// Frames of the crashing stack (used by one report at a time, under the report lock).
+const MAX_CRASH_FRAMES: usize = 16 * 1024;
+
+struct Shared<T>(UnsafeCell<T>);
+// SAFETY: access is serialised by the report lock (or, for PREV, by writing before the handler
+// is installed and only reading afterwards).
+unsafe impl<T> Sync for Shared<T> {}
+
+static CRASH_FRAMES: Shared<[usize; MAX_CRASH_FRAMES]> =
+    Shared(UnsafeCell::new([0; MAX_CRASH_FRAMES]));
+
+/// Previous actions, by signal number.
+static PREV: Shared<[Option<libc::sigaction>; 65]> = Shared(UnsafeCell::new([None; 65]));
+/// Signals whose previous handler is std's stack-overflow handler: not chained (it would
+/// abort, and the process would die by SIGABRT instead of the original signal; selftrace
+/// reports stack overflows itself).
+static SKIP_CHAIN: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
+
+/// The thread writing a report (0 = nobody).
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+/// The report lock: one report at a time, across threads. A thread that already holds it
+/// (a crash while reporting, or `dump_stack` inside a report) goes on without waiting.
+struct ReportLock {
+    release: bool,
+}
+
+impl ReportLock {
+    fn acquire() -> ReportLock {
+        let tid = sys::gettid();
+        let mut waited_ms = 0u32;
+        loop {
+            match OWNER.compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return ReportLock { release: true },
+                Err(t) if t == tid => return ReportLock { release: false },
+                Err(_) => {
+                    // Another thread reports; wait (a report takes milliseconds), but not
+                    // forever: after 10 s assume it died and go on.
+                    if waited_ms >= 10_000 {
+                        return ReportLock { release: false };
+                    }
+                    sleep_ms(5);
+                    waited_ms += 5;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ReportLock {
+    fn drop(&mut self) {
+        if self.release {
+            OWNER.store(0, Ordering::Release);
+        }
+    }
+}
+
+fn sleep_ms(ms: u32) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: ms as libc::c_long * 1_000_000,
+    };
+    // SAFETY: nanosleep is async-signal-safe; ts is valid.
+    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+}
+
+fn install_signal(sig: i32) -> Result<(), Error> {
+    // SAFETY: all-zero is a valid sigaction.
+    let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
+    sa.sa_sigaction = on_fatal_signal as *const () as usize;
+    sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+    // SAFETY: sa.sa_mask is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+    // SAFETY: all-zero is a valid sigaction.
+    let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
+    // SAFETY: query the current action.
+    if unsafe { libc::sigaction(sig, core::ptr::null(), &mut old) } != 0 {
+        return Err(Error::last_os("sigaction"));
+    }
+    if old.sa_sigaction == on_fatal_signal as *const () as usize {
+        return Ok(()); // installed already
+    }
+    let is_std = symbolize::symbolize(old.sa_sigaction).is_some_and(|s| {
+        let mut buf = [0u8; 256];
+        s.demangle_into(&mut buf)
+            .is_some_and(|n| n.starts_with("std::") && n.contains("stack_overflow"))
+    });
+    SKIP_CHAIN[sig as usize].store(is_std, Ordering::Relaxed);
+    // SAFETY: written before our handler for `sig` is installed; the handler only reads it.
+    unsafe { (*PREV.0.get())[sig as usize] = Some(old) };
+    // SAFETY: sa is fully initialised; the old action was saved above.
+    if unsafe { libc::sigaction(sig, &sa, core::ptr::null_mut()) } != 0 {
+        return Err(Error::last_os("sigaction"));
+    }
+    Ok(())
+}
+
+/// Everything the report needs, passed to it on the private stack.
+struct Crash {
+    sig: i32,
+    info: *const libc::siginfo_t,
+    uc: *const libc::ucontext_t,
+}
+
+extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+    let errno = sys::errno();
+    let tid = sys::gettid();
+    if OWNER.load(Ordering::Acquire) == tid && IN_CRASH.load(Ordering::Relaxed) == tid {
+        // A crash inside our own report: give up at once, die by the default action.
+        die(sig);
+        return;
+    }
+    let lock = ReportLock::acquire();
+    IN_CRASH.store(tid, Ordering::Relaxed);
+    let crash = Crash {
+        sig,
+        info,
+        uc: uc as *const libc::ucontext_t,
+    };
+    let top = REPORT_STACK.load(Ordering::Relaxed);
+    if top != 0 && lock.release {
+        // SAFETY: the report stack is ours while we hold the report lock; `report_entry` does
+        // not unwind.
+        unsafe {
+            sys::call_on_stack(
+                top,
+                report_entry,
+                &crash as *const Crash as *mut libc::c_void,
+            )
+        };
+    } else {
+        write_report(&crash);
+    }
+    chain(sig, info, uc);
+    // Keep the lock: other crashing threads wait while this one dies.
+    core::mem::forget(lock);
+    // SAFETY: restoring errno for the (unlikely) case that the process survives.
+    unsafe { *libc::__errno_location() = errno };
+    die(sig);
+}
+
+/// The thread inside a crash report (to detect a crash in the handler itself).
+static IN_CRASH: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn report_entry(crash: *mut libc::c_void) {
+    // SAFETY: on_fatal_signal passes a pointer to its live Crash and waits for us.
+    let crash = unsafe { &*(crash as *const Crash) };
+    write_report(crash);
+}
+
+fn write_report(c: &Crash) {
+    let out = Out {
+        fd: OUT_FD.load(Ordering::Relaxed),
+    };
+    // SAFETY: info is the kernel's siginfo for this signal (or null).
+    let (code, addr) = match unsafe { c.info.as_ref() } {
+        // SAFETY: si_addr is meaningful for the fault signals, harmless to read otherwise.
+        Some(i) => (i.si_code, unsafe { i.si_addr() } as usize),
+        None => (0, 0),
+    };
+    out.line(|w| w.push_bytes(b"------------[ selftrace: fatal signal ]------------"));
+    out.line(|w| {
+        match names::signal_name(c.sig) {
+            Some(n) => w.push_str(n),
+            None => {
+                w.push_bytes(b"signal ");
+                w.push_dec(c.sig as u64);
+            }
+        }
+        w.push_bytes(b" (");
+        match names::code_name(c.sig, code) {
+            Some((name, what)) => {
+                w.push_str(name);
+                w.push_bytes(b": ");
+                w.push_str(what);
+            }
+            None => {
+                w.push_bytes(b"code ");
+                w.push_dec(code as i64 as u64);
+            }
+        }
+        w.push_bytes(b")");
+        if names::is_fault(c.sig, code) {
+            w.push_bytes(b" at address ");
+            w.push_0x(addr);
+        }
+    });
+    report::who(out);
+    let regs = if c.uc.is_null() {
+        None
+    } else {
+        // SAFETY: uc is the kernel's ucontext for this signal.
+        Some(unsafe { crate::unwind::regs_from_ucontext(c.uc) })
+    };
+    if let Some(r) = regs {
+        if c.sig == libc::SIGSEGV && is_stack_overflow(addr, r.sp) {
+            out.line(|w| {
+                w.push_bytes(b"stack overflow: the fault address ");
+                w.push_0x(addr);
+                w.push_bytes(b" lies in the guard area below the stack (sp ");
+                w.push_0x(r.sp);
+                w.push_bytes(b")");
+            });
+        }
+    }
+    if !c.uc.is_null() {
+        report::registers(out, c.uc);
+    }
+    // SAFETY: the frames buffer is used by one report at a time (report lock held).
+    let frames = unsafe { &mut *CRASH_FRAMES.0.get() };
+    let n = if c.uc.is_null() {
+        crate::capture(frames)
+    } else {
+        // SAFETY: uc is the kernel's ucontext for this signal.
+        unsafe { crate::capture_from_ucontext(c.uc, frames) }
+    };
+    // SAFETY: used by one report at a time (report lock held).
+    let (text, spans) = unsafe { (&mut *LINE_TEXT.0.get(), &mut *LINE_SPANS.0.get()) };
+    // The frames that get printed: the innermost and the outermost (a deep recursion in
+    // between is summarised).
+    let mut indices = [0usize; symbolizer::MAX_FRAMES];
+    let half = symbolizer::MAX_FRAMES / 2;
+    let mut k = 0;
+    for i in (0..n.min(half)).chain(n.saturating_sub(half).max(half)..n) {
+        indices[k] = i;
+        k += 1;
+    }
+    let answered = symbolizer::ask(&frames[..n], &indices[..k], !c.uc.is_null(), text, spans);
+    let lines = report::Lines {
+        text,
+        indices: &indices[..answered],
+        spans: &spans[..answered],
+    };
+    report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), n == frames.len(), lines);
+    report::objects(out, &frames[..n]);
+    out.line(|w| w.push_bytes(b"---[ end of report ]---"));
+}
+
+/// file:line answers of the symbolizer for the current report.
+static LINE_TEXT: Shared<[u8; 64 * 1024]> = Shared(UnsafeCell::new([0; 64 * 1024]));
+static LINE_SPANS: Shared<[(u32, u32); symbolizer::MAX_FRAMES]> =
+    Shared(UnsafeCell::new([(0, 0); symbolizer::MAX_FRAMES]));
+
+/// A SIGSEGV whose fault address lies just below the stack pointer or in the guard area below
+/// the thread's known stack: the stack overflowed.
+fn is_stack_overflow(addr: usize, sp: usize) -> bool {
+    const GUARD: usize = 1 << 20;
+    if let Some(stack) = crate::unwind::thread_stack() {
+        if addr < stack.start && stack.start - addr <= GUARD {
+            return true;
+        }
+    }
+    addr <= sp.saturating_add(4096) && sp.saturating_sub(addr) <= GUARD && addr != 0
+}
+
+/// Calls the action that was installed before ours.
+fn chain(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+    if SKIP_CHAIN[sig as usize].load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: PREV is written before our handler is installed and only read here.
+    let Some(prev) = (unsafe { (*PREV.0.get())[sig as usize] }) else {
+        return;
+    };
+    let h = prev.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return;
+    }
+    if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed with SA_SIGINFO and this signature.
+        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { core::mem::transmute(h) };
+        f(sig, info, uc);
+    } else {
+        // SAFETY: a plain handler takes the signal number.
+        let f: extern "C" fn(i32) = unsafe { core::mem::transmute(h) };
+        f(sig);
+    }
+}
+
+/// Restores the default action and re-raises `sig` at this thread. The signal stays pending
+/// (blocked while the handler runs) and kills the process when the handler returns.
+fn die(sig: i32) {
+    // SAFETY: all-zero is a valid sigaction; SIG_DFL is 0.
+    let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
+    sa.sa_sigaction = libc::SIG_DFL;
+    // SAFETY: sa is valid; sigaction and tgkill are async-signal-safe.
+    unsafe {
+        libc::sigaction(sig, &sa, core::ptr::null_mut());
+        libc::syscall(libc::SYS_tgkill, libc::getpid(), sys::gettid(), sig);
+    }
+}
+
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let mut frames = [0usize; 256];
+        let n = crate::capture(&mut frames);
+        let frames = &frames[..n];
+        // Resolve in normal context (file:line included), then skip the panic machinery.
+        let resolved: Vec<_> = (0..n)
+            .map(|i| {
+                let kind = symbolize::frame_kind(frames, i, false);
+                symbolize::BacktraceFrame::resolve(frames[i], kind)
+            })
+            .collect();
+        // The first run of panic machinery frames ends where the panicking code begins.
+        let machinery = |f: &symbolize::BacktraceFrame| {
+            f.symbols.iter().any(|s| {
+                s.name.as_deref().is_some_and(|n| {
+                    n.starts_with("core::panicking::")
+                        || n.starts_with("std::panicking::")
+                        || n.starts_with("std::sys::backtrace::__rust_end_short_backtrace")
+                        || n.ends_with("rust_begin_unwind")
+                })
+            })
+        };
+        let skip = match resolved.iter().position(machinery) {
+            Some(first) => {
+                first
+                    + resolved[first..]
+                        .iter()
+                        .take_while(|f| machinery(f))
+                        .count()
+            }
+            None => 0,
+        };
+        let frames = &frames[skip..];
+        let mut text = Vec::new();
+        let mut spans = Vec::new();
+        for f in &resolved[skip..] {
+            let t = symbolizer::describe(f);
+            spans.push((text.len() as u32, t.len() as u32));
+            text.extend_from_slice(t.as_bytes());
+        }
+        let indices: Vec<usize> = (0..frames.len()).collect();
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "Box<dyn Any>".to_string());
+        let out = Out {
+            fd: OUT_FD.load(Ordering::Relaxed),
+        };
+        let _lock = ReportLock::acquire();
+        out.line(|w| w.push_bytes(b"------------[ selftrace: panic ]------------"));
+        out.line(|w| {
+            w.push_bytes(b"panic: ");
+            w.push_str(&msg);
+            if let Some(l) = info.location() {
+                w.push_bytes(b" at ");
+                w.push_str(l.file());
+                w.push_bytes(b":");
+                w.push_dec(l.line() as u64);
+                w.push_bytes(b":");
+                w.push_dec(l.column() as u64);
+            }
+        });
+        report::who(out);
+        let lines = report::Lines {
+            text: &text,
+            indices: &indices,
+            spans: &spans,
+        };
+        report::call_trace_with_lines(out, frames, false, n == 256, lines);
+        report::objects(out, frames);
+        out.line(|w| w.push_bytes(b"---[ end of report ]---"));
+    }));
+}

@@ -1,0 +1,339 @@
+//! The report: written line by line with `write(2)` from fixed buffers, modelled on the
+//! kernel's oops and `dump_stack()`.
+//!
+//! ```text
+//! ------------[ selftrace: fatal signal ]------------
+//! SIGSEGV (SEGV_MAPERR: address not mapped to object) at address 0x0
+//! pid 4242, tid 4243, thread "worker"
+//! RIP: 0x55d0c0a3d1f0 : crash::null_deref+0x1d/0x40 [crash+0x1d1f0]
+//! RSP: 0x00007ffd5a3e1f00 RBP: 0x00007ffd5a3e1f40 EFLAGS: 0x0000000000010246
+//! ...
+//! Call Trace:
+//!  #0 0x55d0c0a3d1f0 : crash::null_deref+0x1d/0x40 [crash+0x1d1f0]
+//!  #1 0x55d0c0a3d2a1 : crash::main+0x51/0x90 [crash+0x1d2a1]
+//! Objects:
+//!  crash /path/to/crash build-id 3f1c...
+//! ---[ end of report ]---
+//! ```
+//!
+//! # Signal Safe Methods
+//! Everything here is async-signal-safe: fixed buffers, `write(2)`, lock-free lookups.
+
+use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
+use crate::sys;
+
+/// Where a report goes and how frames are printed.
+#[derive(Clone, Copy)]
+pub(crate) struct Out {
+    pub(crate) fd: i32,
+}
+
+impl Out {
+    /// Writes one line (adds the newline).
+    pub(crate) fn line(&self, f: impl FnOnce(&mut FixedBuf<'_>)) {
+        let mut buf = [0u8; 1024];
+        let mut w = FixedBuf::new(&mut buf);
+        f(&mut w);
+        w.push_bytes(b"\n");
+        let _ = sys::write_all(self.fd, w.as_bytes());
+    }
+}
+
+const FRAME_OPTS: KernelOptions = KernelOptions {
+    demangle: true,
+    object_offset: true,
+    build_id: false,
+};
+
+/// Writes `#i <kernel frame line>`.
+fn frame_line(w: &mut FixedBuf<'_>, i: usize, addr: usize, kind: FrameKind) {
+    w.push_bytes(b" #");
+    w.push_dec(i as u64);
+    w.push_bytes(b" ");
+    let mut buf = [0u8; 900];
+    let n = symbolize::write_kernel_frame(&mut buf, addr, kind, FRAME_OPTS);
+    w.push_bytes(buf.get(..n).unwrap_or(&[]));
+    if symbolize::is_signal_trampoline(addr) {
+        w.push_bytes(b" <signal handler called>");
+    }
+}
+
+/// The demangled leaf-ish name of the function at frame `i`, for recursion summaries.
+fn short_name<'b>(frames: &[usize], i: usize, first_exact: bool, buf: &'b mut [u8]) -> &'b str {
+    let kind = symbolize::frame_kind(frames, i, first_exact);
+    let Some(addr) = frames.get(i) else {
+        return "?";
+    };
+    match symbolize::symbolize(kind.lookup_address(*addr)).and_then(|s| s.name) {
+        Some(name) => symbolize::demangle_into(name, buf),
+        None => "?",
+    }
+}
+
+/// The shortest period `p` (1..=8) with which `frames[start..]` repeats at least `min_reps`
+/// times, and how many frames that run covers.
+fn repeat_at(frames: &[usize], start: usize) -> Option<(usize, usize)> {
+    const MIN_RUN: usize = 12;
+    for p in 1..=8usize {
+        let mut end = start + p;
+        while end < frames.len() && frames[end] == frames[end - p] {
+            end += 1;
+        }
+        let run = end - start;
+        if run >= MIN_RUN && run >= 3 * p {
+            return Some((p, run - run % p));
+        }
+    }
+    None
+}
+
+/// file:line texts for the first frames of a trace (from the symbolizer process).
+#[derive(Clone, Copy)]
+pub(crate) struct Lines<'a> {
+    pub(crate) text: &'a [u8],
+    /// Frame indices, in the order of `spans`.
+    pub(crate) indices: &'a [usize],
+    pub(crate) spans: &'a [(u32, u32)],
+}
+
+impl Lines<'_> {
+    const NONE: Lines<'static> = Lines {
+        text: &[],
+        indices: &[],
+        spans: &[],
+    };
+
+    fn get(&self, frame: usize) -> &[u8] {
+        let Some(j) = self.indices.iter().position(|&i| i == frame) else {
+            return &[];
+        };
+        let Some(&(start, len)) = self.spans.get(j) else {
+            return &[];
+        };
+        self.text
+            .get(start as usize..(start + len) as usize)
+            .unwrap_or(&[])
+    }
+}
+
+/// Prints frame `k` and, if known, its file:line (and inlined frames on their own lines).
+fn frame_with_lines(out: Out, frames: &[usize], k: usize, first_exact: bool, lines: Lines<'_>) {
+    let kind = symbolize::frame_kind(frames, k, first_exact);
+    let text = lines.get(k);
+    let mut parts = text.split(|&b| b == b'\n');
+    let first = parts.next().unwrap_or(&[]);
+    out.line(|w| {
+        frame_line(w, k, frames[k], kind);
+        if !first.is_empty() {
+            w.push_bytes(b" ");
+            w.push_bytes(first);
+        }
+    });
+    for more in parts {
+        out.line(|w| w.push_bytes(more));
+    }
+}
+
+/// Prints a call trace, compressing recursion: `frames 12-4000 repeat: f -> g`.
+pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, cap_hit: bool) {
+    call_trace_with_lines(out, frames, first_exact, cap_hit, Lines::NONE);
+}
+
+/// [`call_trace`] with file:line for the first frames.
+pub(crate) fn call_trace_with_lines(
+    out: Out,
+    frames: &[usize],
+    first_exact: bool,
+    cap_hit: bool,
+    lines: Lines<'_>,
+) {
+    out.line(|w| w.push_bytes(b"Call Trace:"));
+    let mut i = 0;
+    while i < frames.len() {
+        if let Some((p, run)) = repeat_at(frames, i) {
+            // Print one cycle, then the summary.
+            for k in i..i + p {
+                frame_with_lines(out, frames, k, first_exact, lines);
+            }
+            let last = i + run - 1;
+            out.line(|w| {
+                w.push_bytes(b" frames ");
+                w.push_dec((i + p) as u64);
+                w.push_bytes(b"-");
+                w.push_dec(last as u64);
+                w.push_bytes(b" repeat: ");
+                for k in i..i + p {
+                    if k > i {
+                        w.push_bytes(b" -> ");
+                    }
+                    let mut nb = [0u8; 256];
+                    w.push_str(short_name(frames, k, first_exact, &mut nb));
+                }
+            });
+            i += run;
+            continue;
+        }
+        frame_with_lines(out, frames, i, first_exact, lines);
+        i += 1;
+    }
+    if cap_hit {
+        out.line(|w| {
+            w.push_bytes(b" (trace cut at ");
+            w.push_dec(frames.len() as u64);
+            w.push_bytes(b" frames)");
+        });
+    }
+}
+
+/// Lists each object of the trace once, with path and build-id, so that
+/// `addr2line -e PATH OFFSET` works offline on the `[name+0xOFFSET]` of each frame.
+pub(crate) fn objects(out: Out, frames: &[usize]) {
+    out.line(|w| w.push_bytes(b"Objects:"));
+    let mut seen = [0usize; 32];
+    let mut n = 0;
+    for &addr in frames {
+        let Some(s) = symbolize::symbolize(addr.saturating_sub(1)) else {
+            continue;
+        };
+        if seen[..n].contains(&s.bias) || n == seen.len() {
+            continue;
+        }
+        seen[n] = s.bias;
+        n += 1;
+        out.line(|w| {
+            w.push_bytes(b" ");
+            w.push_str(s.object_name());
+            w.push_bytes(b" ");
+            w.push_str(s.path);
+            if !s.build_id.is_empty() {
+                w.push_bytes(b" build-id ");
+                for b in s.build_id {
+                    let hex = b"0123456789abcdef";
+                    w.push_bytes(&[hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
+                }
+            }
+        });
+    }
+}
+
+/// The calling thread's name (`PR_GET_NAME`), into `buf`.
+pub(crate) fn thread_name(buf: &mut [u8; 17]) -> &str {
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL-terminated, into buf.
+    unsafe { libc::prctl(libc::PR_GET_NAME, buf.as_mut_ptr(), 0, 0, 0) };
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(16);
+    core::str::from_utf8(buf.get(..len).unwrap_or(&[])).unwrap_or("?")
+}
+
+/// `pid 4242, tid 4243, thread "worker"`.
+pub(crate) fn who(out: Out) {
+    let mut name = [0u8; 17];
+    let name = thread_name(&mut name);
+    out.line(|w| {
+        w.push_bytes(b"pid ");
+        // SAFETY: getpid has no preconditions.
+        w.push_dec(unsafe { libc::getpid() } as u64);
+        w.push_bytes(b", tid ");
+        w.push_dec(sys::gettid() as u64);
+        w.push_bytes(b", thread \"");
+        w.push_str(name);
+        w.push_bytes(b"\"");
+    });
+}
+
+/// Registers of the interrupted context.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn registers(out: Out, uc: *const libc::ucontext_t) {
+    // SAFETY: uc is the kernel's ucontext for the signal being handled.
+    let g = unsafe { (*uc).uc_mcontext.gregs };
+    let r = |i: i32| g[i as usize] as usize;
+    let rip = r(libc::REG_RIP);
+    out.line(|w| {
+        w.push_bytes(b"RIP: ");
+        let mut buf = [0u8; 900];
+        let n = symbolize::write_kernel_frame(&mut buf, rip, FrameKind::Exact, FRAME_OPTS);
+        w.push_bytes(buf.get(..n).unwrap_or(&[]));
+    });
+    let rows: [[(&str, i32); 3]; 6] = [
+        [
+            ("RSP", libc::REG_RSP),
+            ("RBP", libc::REG_RBP),
+            ("EFLAGS", libc::REG_EFL),
+        ],
+        [
+            ("RAX", libc::REG_RAX),
+            ("RBX", libc::REG_RBX),
+            ("RCX", libc::REG_RCX),
+        ],
+        [
+            ("RDX", libc::REG_RDX),
+            ("RSI", libc::REG_RSI),
+            ("RDI", libc::REG_RDI),
+        ],
+        [
+            ("R8", libc::REG_R8),
+            ("R9", libc::REG_R9),
+            ("R10", libc::REG_R10),
+        ],
+        [
+            ("R11", libc::REG_R11),
+            ("R12", libc::REG_R12),
+            ("R13", libc::REG_R13),
+        ],
+        [
+            ("R14", libc::REG_R14),
+            ("R15", libc::REG_R15),
+            ("ERR", libc::REG_ERR),
+        ],
+    ];
+    for row in rows {
+        out.line(|w| {
+            for (k, (name, idx)) in row.iter().enumerate() {
+                if k > 0 {
+                    w.push_bytes(b" ");
+                }
+                w.push_str(name);
+                w.push_bytes(b": ");
+                push_hex16(w, r(*idx));
+            }
+        });
+    }
+}
+
+/// Registers of the interrupted context (aarch64, not yet tested here).
+#[cfg(target_arch = "aarch64")]
+pub(crate) fn registers(out: Out, uc: *const libc::ucontext_t) {
+    // SAFETY: uc is the kernel's ucontext for the signal being handled.
+    let m = unsafe { &(*uc).uc_mcontext };
+    out.line(|w| {
+        w.push_bytes(b"pc: ");
+        push_hex16(w, m.pc as usize);
+        w.push_bytes(b" sp: ");
+        push_hex16(w, m.sp as usize);
+        w.push_bytes(b" pstate: ");
+        push_hex16(w, m.pstate as usize);
+    });
+    for row in 0..8 {
+        out.line(|w| {
+            for k in 0..4 {
+                let i = row * 4 + k;
+                if i > 30 {
+                    break;
+                }
+                w.push_bytes(b"x");
+                w.push_dec(i as u64);
+                w.push_bytes(b": ");
+                push_hex16(w, m.regs[i] as usize);
+                w.push_bytes(b" ");
+            }
+        });
+    }
+}
+
+/// `n` as 16 hex digits with `0x`.
+fn push_hex16(w: &mut FixedBuf<'_>, n: usize) {
+    w.push_bytes(b"0x");
+    let hex = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        w.push_bytes(&[hex[(n >> (shift * 4)) & 15]]);
+    }
+}

@@ -1,0 +1,276 @@
+//! file:line for crash reports, from a symbolizer process forked at install time.
+//!
+//! DWARF line tables cannot be parsed safely in a signal handler (parsing allocates, and the
+//! allocator may be the thing that crashed). So [`spawn`] forks, before any crash, a child that
+//! shares the parent's address space layout as of the fork, and waits on a pipe. The handler
+//! sends it the raw addresses of the crashing stack (a `write(2)`), and reads back, with a
+//! timeout (`poll(2)`), `file:line:column` and inlined frames for each. If the child is gone or
+//! slow, the report keeps its async-signal-safe names and `[object+offset]`.
+//!
+//! Limits: objects loaded after `install()` are not mapped in the child (their frames get no
+//! file:line); the child is a fork of a possibly multi-threaded process, so `install()` should
+//! run early, before threads hold locks (the child only uses the allocator, addr2line and
+//! `write(2)`); the child dies with the thread that installed (`PR_SET_PDEATHSIG`) and when the
+//! parent's end of the pipe closes.
+
+use crate::symbolize::{BacktraceFrame, FrameKind};
+use crate::sys;
+use core::sync::atomic::{AtomicI32, Ordering};
+
+static REQ_FD: AtomicI32 = AtomicI32::new(-1);
+static RESP_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// How long a report waits for the symbolizer in all.
+const TIMEOUT_MS: i32 = 3000;
+/// Frames sent to the symbolizer per report.
+pub(crate) const MAX_FRAMES: usize = 128;
+
+/// Forks the symbolizer child (once). Normal context.
+pub(crate) fn spawn() -> Result<(), crate::Error> {
+    if REQ_FD.load(Ordering::Relaxed) >= 0 {
+        return Ok(());
+    }
+    let mut req = [0i32; 2];
+    let mut resp = [0i32; 2];
+    // SAFETY: pipe2 writes two fds into each array.
+    unsafe {
+        if libc::pipe2(req.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(crate::Error::last_os("pipe2"));
+        }
+        if libc::pipe2(resp.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            libc::close(req[0]);
+            libc::close(req[1]);
+            return Err(crate::Error::last_os("pipe2"));
+        }
+    }
+    // SAFETY: fork; the child only runs `child_main` and exits with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(crate::Error::last_os("fork"));
+    }
+    if pid == 0 {
+        // SAFETY: closing the parent's ends in the child.
+        unsafe {
+            libc::close(req[1]);
+            libc::close(resp[0]);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            for sig in super::DEFAULT_SIGNALS {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        child_main(req[0], resp[1]);
+        // SAFETY: leave without running the parent's atexit handlers or destructors.
+        unsafe { libc::_exit(0) };
+    }
+    // SAFETY: closing the child's ends in the parent.
+    unsafe {
+        libc::close(req[0]);
+        libc::close(resp[1]);
+    }
+    REQ_FD.store(req[1], Ordering::Relaxed);
+    RESP_FD.store(resp[0], Ordering::Relaxed);
+    Ok(())
+}
+
+fn read_exact(fd: i32, mut buf: &mut [u8]) -> bool {
+    while !buf.is_empty() {
+        // SAFETY: buf is valid for writes of its length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 && sys::errno() == libc::EINTR {
+            continue;
+        }
+        if n <= 0 {
+            return false;
+        }
+        buf = &mut buf[n as usize..];
+    }
+    true
+}
+
+/// The child: answers requests until the pipe closes.
+fn child_main(req: i32, resp: i32) {
+    loop {
+        let mut head = [0u8; 4];
+        if !read_exact(req, &mut head) {
+            return;
+        }
+        let n = u32::from_le_bytes(head) as usize;
+        let mut reply = Vec::new();
+        for _ in 0..n {
+            let mut item = [0u8; 9];
+            if !read_exact(req, &mut item) {
+                return;
+            }
+            let addr = u64::from_le_bytes(item[..8].try_into().unwrap_or_default()) as usize;
+            let kind = if item[8] == 1 {
+                FrameKind::Exact
+            } else {
+                FrameKind::Return
+            };
+            let text = describe(&BacktraceFrame::resolve(addr, kind));
+            reply.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            reply.extend_from_slice(text.as_bytes());
+        }
+        if sys::write_all(resp, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// `at file:line:col` of the physical function, then one line per inlined function.
+pub(crate) fn describe(f: &BacktraceFrame) -> String {
+    use std::fmt::Write;
+    let loc = |s: &crate::symbolize::BacktraceSymbol| match (&s.file, s.line) {
+        (Some(file), Some(line)) => {
+            let mut t = format!("{file}:{line}");
+            if let Some(c) = s.column {
+                let _ = write!(t, ":{c}");
+            }
+            Some(t)
+        }
+        _ => None,
+    };
+    let mut out = String::new();
+    if let Some(phys) = f.symbols.last() {
+        if let Some(l) = loc(phys) {
+            let _ = write!(out, "at {l}");
+        }
+    }
+    for s in f.symbols.iter().filter(|s| s.inlined) {
+        let name = s.name.as_deref().unwrap_or("??");
+        match loc(s) {
+            Some(l) => {
+                let _ = write!(out, "\n    inlined: {name} at {l}");
+            }
+            None => {
+                let _ = write!(out, "\n    inlined: {name}");
+            }
+        }
+    }
+    out
+}
+
+/// Asks the symbolizer about the frames at `indices` of `frames` (at most [`MAX_FRAMES`]);
+/// writes the answers into `text` and their `(start, len)` into `spans`, in the order of
+/// `indices`. Returns how many were answered (0 when there is no symbolizer or it timed out).
+/// Async-signal-safe.
+pub(crate) fn ask(
+    frames: &[usize],
+    indices: &[usize],
+    first_exact: bool,
+    text: &mut [u8],
+    spans: &mut [(u32, u32); MAX_FRAMES],
+) -> usize {
+    let (req, resp) = (
+        REQ_FD.load(Ordering::Relaxed),
+        RESP_FD.load(Ordering::Relaxed),
+    );
+    if req < 0 || resp < 0 {
+        return 0;
+    }
+    let n = indices.len().min(MAX_FRAMES);
+    let mut msg = [0u8; 4 + 9 * MAX_FRAMES];
+    msg[..4].copy_from_slice(&(n as u32).to_le_bytes());
+    for (j, &i) in indices.iter().take(n).enumerate() {
+        let addr = frames.get(i).copied().unwrap_or(0);
+        let kind = crate::symbolize::frame_kind(frames, i, first_exact);
+        let at = 4 + 9 * j;
+        msg[at..at + 8].copy_from_slice(&(addr as u64).to_le_bytes());
+        msg[at + 8] = u8::from(kind == FrameKind::Exact);
+    }
+    if !send(req, &msg[..4 + 9 * n]) {
+        return 0;
+    }
+    let mut used = 0usize;
+    let mut answered = 0usize;
+    let mut waited = 0;
+    let mut pending = [0u8; 4];
+    while answered < n {
+        if !wait_readable(resp, &mut waited) || !read_exact(resp, &mut pending) {
+            return answered;
+        }
+        let len = u32::from_le_bytes(pending) as usize;
+        let room = text.len().saturating_sub(used);
+        let take = len.min(room);
+        if !read_exact(resp, &mut text[used..used + take]) {
+            return answered;
+        }
+        // Drain what did not fit.
+        let mut rest = len - take;
+        let mut sink = [0u8; 256];
+        while rest > 0 {
+            let k = rest.min(sink.len());
+            if !read_exact(resp, &mut sink[..k]) {
+                return answered;
+            }
+            rest -= k;
+        }
+        spans[answered] = (used as u32, take as u32);
+        used += take;
+        answered += 1;
+    }
+    answered
+}
+
+/// Writes `msg` to the pipe `fd` with SIGPIPE blocked, so that a dead symbolizer gives
+/// `EPIPE` instead of killing the process by SIGPIPE; a SIGPIPE left pending is consumed.
+fn send(fd: i32, msg: &[u8]) -> bool {
+    // SAFETY: sigset manipulation and pthread_sigmask/sigtimedwait are async-signal-safe; all
+    // sets are valid.
+    unsafe {
+        let mut pipe: libc::sigset_t = core::mem::zeroed();
+        let mut old: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old);
+        let ok = sys::write_all(fd, msg).is_ok();
+        if !ok {
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::sigtimedwait(&pipe, core::ptr::null_mut(), &zero);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
+        ok
+    }
+}
+
+/// Waits until `fd` is readable, within what is left of [`TIMEOUT_MS`].
+fn wait_readable(fd: i32, waited: &mut i32) -> bool {
+    loop {
+        let left = TIMEOUT_MS - *waited;
+        if left <= 0 {
+            return false;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut t0: libc::timespec = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime and poll are async-signal-safe; arguments valid.
+        let r = unsafe {
+            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t0);
+            libc::poll(&mut p, 1, left)
+        };
+        let mut t1: libc::timespec = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: as above.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t1) };
+        let ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1_000_000;
+        *waited += ms.max(1) as i32;
+        if r > 0 {
+            return p.revents & libc::POLLIN != 0;
+        }
+        if r < 0 && sys::errno() == libc::EINTR {
+            continue;
+        }
+        return false;
+    }
+}

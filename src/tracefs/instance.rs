@@ -1,0 +1,233 @@
+//! A private tracing instance: `instances/NAME` under the tracefs root, removed on drop.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{io_error, parse, root};
+use crate::Error;
+
+/// A private ftrace instance (`<tracefs>/instances/<name>`), with its own ring buffer, event
+/// enables and `trace_marker`. Removed (with everything recorded in it) when dropped, also
+/// while a panic unwinds.
+///
+/// tracefs is global to the machine: an instance keeps a program's (or a test's) events apart
+/// from everybody else's. Names are unique per process and per call.
+///
+/// Removal fails with `EBUSY` while any file of the instance is open, for example while the
+/// marker writer holds its `trace_marker` open ([`crate::trace::set_marker_path`]); point the
+/// writer elsewhere ([`crate::trace::detach`]) before the instance is dropped.
+#[derive(Debug)]
+pub struct Instance {
+    name: String,
+    dir: PathBuf,
+    copies_markers: bool,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Instance {
+    /// Creates an instance named `<prefix>-<pid>-<sequence>-<nanos>`. `prefix` may hold ASCII
+    /// letters, digits, `_` and `-`.
+    pub fn create(prefix: &str) -> Result<Instance, Error> {
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || !prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(Error::InvalidInput(
+                "instance prefix must be 1-64 ascii letters, digits, '_' or '-'",
+            ));
+        }
+        let root = root()?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "{prefix}-{}-{}-{nanos}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = root.join("instances").join(&name);
+        std::fs::create_dir(&dir).map_err(|e| io_error("mkdir", e, "tracefs instances"))?;
+        Ok(Instance {
+            name,
+            dir,
+            copies_markers: false,
+        })
+    }
+
+    /// Creates an instance for reading trace markers back: it sets the instance's
+    /// `options/copy_trace_marker` (Linux 6.17+) so that every write to the top-level
+    /// `trace_marker` is also recorded here. On older kernels the option is missing,
+    /// [`copies_markers`](Self::copies_markers) is false and [`read_markers`](Self::read_markers)
+    /// reads the top-level buffer instead (without consuming it).
+    pub fn for_markers(prefix: &str) -> Result<Instance, Error> {
+        let mut inst = Instance::create(prefix)?;
+        let opt = inst.dir.join("options/copy_trace_marker");
+        if opt.exists() {
+            std::fs::write(&opt, "1").map_err(|e| io_error("write", e, "copy_trace_marker"))?;
+            inst.copies_markers = true;
+        }
+        Ok(inst)
+    }
+
+    /// The instance's name (its directory name under `instances/`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The instance's directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The path of a file of the instance, e.g. `file("events/uprobes/enable")`.
+    pub fn file(&self, relative: &str) -> PathBuf {
+        self.dir.join(relative)
+    }
+
+    /// The instance's own `trace_marker`: writes to it are recorded only in this instance.
+    pub fn marker_path(&self) -> PathBuf {
+        self.dir.join("trace_marker")
+    }
+
+    /// Whether top-level `trace_marker` writes are copied into this instance.
+    pub fn copies_markers(&self) -> bool {
+        self.copies_markers
+    }
+
+    /// Writes `contents` to one of the instance's files (one `write`).
+    pub fn write_file(&self, relative: &str, contents: &str) -> Result<(), Error> {
+        std::fs::write(self.dir.join(relative), contents)
+            .map_err(|e| io_error("write", e, "instance file"))
+    }
+
+    /// Reads one of the instance's files.
+    pub fn read_file(&self, relative: &str) -> Result<String, Error> {
+        std::fs::read_to_string(self.dir.join(relative))
+            .map_err(|e| io_error("read", e, "instance file"))
+    }
+
+    /// Turns recording in this instance on or off (`tracing_on`).
+    ///
+    /// Refuses to turn off an instance that copies markers: on Linux 6.18 a paused instance with
+    /// `copy_trace_marker` set makes *every* write to the top-level `trace_marker` fail with
+    /// `EBADF`, for every process.
+    pub fn set_tracing_on(&self, on: bool) -> Result<(), Error> {
+        if !on && self.copies_markers {
+            return Err(Error::InvalidInput(
+                "pausing an instance that copies trace_marker breaks every marker writer",
+            ));
+        }
+        self.write_file("tracing_on", if on { "1" } else { "0" })
+    }
+
+    /// Sets the per-CPU ring buffer size in KiB (`buffer_size_kb`).
+    pub fn set_buffer_size_kb(&self, kib: u32) -> Result<(), Error> {
+        self.write_file("buffer_size_kb", &kib.to_string())
+    }
+
+    /// Enables (`true`) or disables an event in this instance: `events/<system>/<event>/enable`
+    /// (e.g. `("uprobes", "my_probe")`). `event` may be empty to switch the whole system.
+    pub fn set_event_enabled(&self, system: &str, event: &str, on: bool) -> Result<(), Error> {
+        let rel = if event.is_empty() {
+            format!("events/{system}/enable")
+        } else {
+            format!("events/{system}/{event}/enable")
+        };
+        std::fs::write(self.dir.join(rel), if on { "1" } else { "0" })
+            .map_err(|e| io_error("write", e, "event enable file"))
+    }
+
+    /// Empties the instance's ring buffer.
+    pub fn clear(&self) -> Result<(), Error> {
+        self.write_file("trace", "")
+    }
+
+    /// The instance's `trace` text (reading does not consume it). Invalid UTF-8 (another
+    /// process may write any bytes into `trace_marker`) is replaced by U+FFFD.
+    pub fn read_trace(&self) -> Result<String, Error> {
+        read_lossy(&self.dir.join("trace"))
+    }
+
+    /// Every trace-marker event recorded: from this instance when it
+    /// [copies markers](Self::copies_markers) (or was written to directly through its
+    /// [`marker_path`](Self::marker_path)), otherwise also from the top-level buffer, read
+    /// without consuming it.
+    pub fn read_markers(&self) -> Result<Vec<parse::MarkerEvent>, Error> {
+        let mut events = parse::markers(&self.read_trace()?);
+        if !self.copies_markers {
+            let top = read_lossy(&root()?.join("trace"))?;
+            events.extend(parse::markers(&top));
+            events.sort_by_key(|e| e.timestamp_ns);
+        }
+        Ok(events)
+    }
+
+    /// Every record of the instance's `trace` (markers, uprobe hits, other events), owned.
+    pub fn read_records(&self) -> Result<Vec<OwnedRecord>, Error> {
+        let text = self.read_trace()?;
+        Ok(parse::records(&text).map(OwnedRecord::from).collect())
+    }
+}
+
+fn read_lossy(path: &Path) -> Result<String, Error> {
+    let bytes = std::fs::read(path).map_err(|e| io_error("read", e, "trace"))?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+/// An owned copy of a [`parse::Record`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedRecord {
+    /// See [`parse::Record::task`].
+    pub task: String,
+    /// See [`parse::Record::tid`].
+    pub tid: u32,
+    /// See [`parse::Record::tgid`].
+    pub tgid: Option<u32>,
+    /// See [`parse::Record::cpu`].
+    pub cpu: u32,
+    /// See [`parse::Record::timestamp_ns`].
+    pub timestamp_ns: u64,
+    /// See [`parse::Record::event`].
+    pub event: String,
+    /// See [`parse::Record::body`].
+    pub body: String,
+}
+
+impl From<parse::Record<'_>> for OwnedRecord {
+    fn from(r: parse::Record<'_>) -> OwnedRecord {
+        OwnedRecord {
+            task: r.task.to_owned(),
+            tid: r.tid,
+            tgid: r.tgid,
+            cpu: r.cpu,
+            timestamp_ns: r.timestamp_ns,
+            event: r.event.to_owned(),
+            body: r.body.to_owned(),
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if self.copies_markers {
+            let _ = std::fs::write(self.dir.join("options/copy_trace_marker"), "0");
+        }
+        // EBUSY while a file of the instance is still open somewhere: retry for a short while.
+        for _ in 0..50 {
+            match std::fs::remove_dir(&self.dir) {
+                Ok(()) => return,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}

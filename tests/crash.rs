@@ -1,0 +1,331 @@
+//! The crash handler, one child process per scenario: the report's text and the signal the
+//! child dies by are checked.
+
+#[path = "support/crash_scenarios.rs"]
+#[allow(dead_code)]
+mod scenarios;
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::Command;
+
+#[global_allocator]
+static GLOBAL: scenarios::LockingAllocator = scenarios::LockingAllocator;
+
+/// In a child (CRASH_SCENARIO set): install and crash. In the parent: nothing.
+#[test]
+fn child_entry() {
+    let Ok(name) = std::env::var("CRASH_SCENARIO") else {
+        return;
+    };
+    if name == "chained" {
+        scenarios::install_user_handler();
+    }
+    if name == "crash-in-handler" {
+        scenarios::install_crashing_user_handler();
+    }
+    if name == "panic" {
+        selftrace::crash::builder()
+            .panic_hook(true)
+            .install()
+            .expect("install");
+        scenarios::caller_panic();
+    }
+    if name == "no-symbolizer" {
+        selftrace::crash::builder()
+            .symbolizer(false)
+            .install()
+            .expect("install");
+        scenarios::caller_null();
+    }
+    selftrace::crash::install().expect("install");
+    scenarios::run(&name, std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    eprintln!("scenario {name} did not crash");
+    std::process::exit(3);
+}
+
+struct Outcome {
+    report: String,
+    signal: Option<i32>,
+}
+
+fn run(name: &str) -> Outcome {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("CRASH_SCENARIO", name)
+        .env("RUST_BACKTRACE", "0");
+    // SAFETY: setrlimit is async-signal-safe; no core files from the test children.
+    unsafe {
+        cmd.pre_exec(|| {
+            let r = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &r);
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run child");
+    Outcome {
+        report: String::from_utf8_lossy(&out.stderr).into_owned(),
+        signal: out.status.signal(),
+    }
+}
+
+/// The Call Trace lines of the report.
+fn trace(report: &str) -> Vec<&str> {
+    report
+        .lines()
+        .skip_while(|l| *l != "Call Trace:")
+        .skip(1)
+        .take_while(|l| l.starts_with(" #") || l.starts_with(" frames"))
+        .collect()
+}
+
+/// Asserts the report names `crash_fn` in the trace and `caller` right after it.
+fn assert_names(o: &Outcome, crash_fn: &str, caller: &str) {
+    let t = trace(&o.report);
+    let at = t
+        .iter()
+        .position(|l| l.contains(&format!("{crash_fn}+")))
+        .unwrap_or_else(|| panic!("{crash_fn} not in the trace:\n{}", o.report));
+    assert!(
+        t[at + 1..]
+            .iter()
+            .take(3)
+            .any(|l| l.contains(&format!("{caller}+"))),
+        "{caller} does not follow {crash_fn}:\n{}",
+        o.report
+    );
+    assert!(o.report.contains("---[ end of report ]---"), "{}", o.report);
+    assert!(o.report.contains("Objects:"), "{}", o.report);
+}
+
+#[test]
+fn null_dereference() {
+    let o = run("null");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert!(
+        o.report
+            .contains("SIGSEGV (SEGV_MAPERR: address not mapped to object) at address 0x0"),
+        "{}",
+        o.report
+    );
+    assert!(o.report.contains("thread \"child_entry\""), "{}", o.report);
+    assert!(o.report.contains("RIP: 0x"), "{}", o.report);
+    assert_names(&o, "crash_null", "caller_null");
+    // [object+offset] and the object's build-id, for addr2line.
+    let exe = std::env::current_exe().unwrap();
+    let exe_name = exe.file_name().unwrap().to_str().unwrap();
+    assert!(
+        o.report.contains(&format!("[{exe_name}+0x")),
+        "{}",
+        o.report
+    );
+    assert!(o.report.contains(" build-id "), "{}", o.report);
+}
+
+/// The line of `needle` in the scenarios' source.
+fn source_line(needle: &str) -> usize {
+    let src = include_str!("support/crash_scenarios.rs");
+    src.lines()
+        .position(|l| l.contains(needle))
+        .expect("needle in source")
+        + 1
+}
+
+#[test]
+fn the_report_gives_file_and_line_from_the_symbolizer_process() {
+    let o = run("null");
+    let line = source_line("read_volatile(black_box(0usize)");
+    let want = format!("crash_scenarios.rs:{line}:");
+    let t = trace(&o.report);
+    let frame = t
+        .iter()
+        .find(|l| l.contains("crash_null+"))
+        .expect("crash_null frame");
+    assert!(frame.contains(&want), "{want} missing:\n{}", o.report);
+    let caller = t
+        .iter()
+        .find(|l| l.contains("caller_null+"))
+        .expect("caller frame");
+    let line = source_line("    crash_null();");
+    assert!(
+        caller.contains(&format!("crash_scenarios.rs:{line}:")),
+        "{}",
+        o.report
+    );
+}
+
+#[test]
+fn without_the_symbolizer_the_report_keeps_names_and_offsets() {
+    let o = run("no-symbolizer");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert_names(&o, "crash_null", "caller_null");
+    assert!(!o.report.contains("crash_scenarios.rs:"), "{}", o.report);
+}
+
+#[test]
+fn the_panic_hook_prints_panics_in_the_same_format() {
+    let o = run("panic");
+    assert!(
+        o.report
+            .contains("------------[ selftrace: panic ]------------"),
+        "{}",
+        o.report
+    );
+    let line = source_line("panic!(\"boom");
+    assert!(
+        o.report.contains(&format!(
+            "panic: boom 42 at tests/support/crash_scenarios.rs:{line}:"
+        )),
+        "{}",
+        o.report
+    );
+    assert!(o.report.contains("crash_panic"), "{}", o.report);
+    assert!(o.report.contains("caller_panic"), "{}", o.report);
+}
+
+#[test]
+fn stack_overflow_in_main() {
+    let o = run("overflow");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert!(o.report.contains("stack overflow"), "{}", o.report);
+    assert!(o.report.contains(" repeat: "), "{}", o.report);
+    assert!(o.report.contains("crash_recurse+"), "{}", o.report);
+    let lines = o.report.lines().count();
+    assert!(
+        lines < 400,
+        "recursion must be compressed, got {lines} lines"
+    );
+}
+
+#[test]
+fn stack_overflow_in_a_spawned_thread() {
+    let o = run("overflow-thread");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert!(o.report.contains("stack overflow"), "{}", o.report);
+    assert!(o.report.contains("thread \"deep\""), "{}", o.report);
+    assert!(o.report.contains(" repeat: "), "{}", o.report);
+}
+
+#[test]
+fn abort() {
+    let o = run("abort");
+    assert_eq!(o.signal, Some(libc::SIGABRT), "{}", o.report);
+    assert!(o.report.contains("SIGABRT (SI_TKILL"), "{}", o.report);
+    assert_names(&o, "crash_abort", "caller_abort");
+}
+
+#[test]
+fn illegal_instruction() {
+    let o = run("illegal");
+    assert_eq!(o.signal, Some(libc::SIGILL), "{}", o.report);
+    assert!(o.report.contains("SIGILL (ILL_ILLOPN"), "{}", o.report);
+    assert_names(&o, "crash_illegal", "caller_illegal");
+}
+
+#[test]
+fn integer_divide_by_zero() {
+    let o = run("divide");
+    assert_eq!(o.signal, Some(libc::SIGFPE), "{}", o.report);
+    assert!(
+        o.report
+            .contains("SIGFPE (FPE_INTDIV: integer divide by zero)"),
+        "{}",
+        o.report
+    );
+    assert_names(&o, "crash_divide", "caller_divide");
+}
+
+#[test]
+fn fault_inside_the_allocator_with_its_lock_held() {
+    let o = run("in-allocator");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert_names(&o, "crash_in_allocator", "alloc");
+}
+
+#[test]
+fn crash_in_a_dlopened_library() {
+    let o = run("dlopen");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert_names(&o, "crash_in_c", "caller_in_c");
+    assert!(o.report.contains("[libselftrace_crash_"), "{}", o.report);
+}
+
+#[test]
+fn two_threads_crashing_at_once_give_one_complete_report() {
+    let o = run("two-threads");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    let starts = o.report.matches("[ selftrace: fatal signal ]").count();
+    let ends = o.report.matches("---[ end of report ]---").count();
+    assert!(starts >= 1 && starts == ends, "{}", o.report);
+    // Reports never interleave: every start is followed by its end before the next start.
+    let mut open = false;
+    for l in o.report.lines() {
+        if l.contains("[ selftrace: fatal signal ]") {
+            assert!(!open, "interleaved reports:\n{}", o.report);
+            open = true;
+        }
+        if l.contains("---[ end of report ]---") {
+            open = false;
+        }
+    }
+    assert_names(&o, "crash_null", "caller_null");
+}
+
+#[test]
+fn crash_while_another_thread_is_inside_dlopen() {
+    let o = run("during-dlopen");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert_names(&o, "crash_null", "caller_null");
+}
+
+#[test]
+fn a_handler_installed_before_is_still_called() {
+    let o = run("chained");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert!(o.report.contains("user handler called"), "{}", o.report);
+    assert_names(&o, "crash_null", "caller_null");
+    let report_end = o.report.find("---[ end of report ]---").unwrap();
+    let user = o.report.find("user handler called").unwrap();
+    assert!(
+        user > report_end,
+        "the report comes first, then the chained handler"
+    );
+}
+
+#[test]
+fn a_crash_inside_the_handler_does_not_loop() {
+    let o = run("crash-in-handler");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert_eq!(
+        o.report.matches("[ selftrace: fatal signal ]").count(),
+        1,
+        "{}",
+        o.report
+    );
+    assert_eq!(
+        o.report.matches("crashing user handler").count(),
+        1,
+        "{}",
+        o.report
+    );
+}
+
+#[test]
+fn threads_spawned_by_std_have_an_alternate_signal_stack() {
+    let (enabled, size) = std::thread::spawn(|| {
+        // SAFETY: querying the current alternate stack.
+        let mut ss: libc::stack_t = unsafe { std::mem::zeroed() };
+        // SAFETY: null new stack: query only.
+        assert_eq!(unsafe { libc::sigaltstack(std::ptr::null(), &mut ss) }, 0);
+        (ss.ss_flags & libc::SS_DISABLE == 0, ss.ss_size)
+    })
+    .join()
+    .unwrap();
+    assert!(
+        enabled,
+        "std gives spawned threads an alternate signal stack"
+    );
+    assert!(size >= libc::MINSIGSTKSZ, "{size}");
+}
