@@ -40,6 +40,21 @@ fn load_context(data: &'static [u8]) -> Option<Context> {
         gimli::RunTimeEndian::Big
     };
     let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
+        // Sections addr2line never reads (locations, macros, name indexes, type units):
+        // skipping them saves decompressing megabytes of a compressed debug file.
+        use gimli::SectionId as S;
+        if matches!(
+            id,
+            S::DebugLoc
+                | S::DebugLocLists
+                | S::DebugMacinfo
+                | S::DebugMacro
+                | S::DebugPubNames
+                | S::DebugPubTypes
+                | S::DebugTypes
+        ) {
+            return Ok(gimli::EndianSlice::new(&[], endian));
+        }
         let bytes: &'static [u8] = match file
             .section_by_name(id.name())
             .and_then(|s| s.uncompressed_data().ok())
