@@ -50,6 +50,7 @@ static FRAMES: AtomicUsize = AtomicUsize::new(0);
 static NAMED: AtomicUsize = AtomicUsize::new(0);
 static DEMANGLED_TEST_FN: AtomicUsize = AtomicUsize::new(0);
 static EXACT_AFTER_TRAMPOLINE: AtomicUsize = AtomicUsize::new(0);
+static BATCH_AGREES: AtomicUsize = AtomicUsize::new(0);
 
 fn write_fd(fd: c_int, b: &[u8]) {
     // SAFETY: writing a valid buffer to a pipe we own.
@@ -84,6 +85,15 @@ extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void)
         let len = write_kernel_frame(&mut line, a, kind, opts);
         write_fd(fd, &line[..len]);
         write_fd(fd, b"\n");
+    }
+    // The batched form agrees with the per-call one.
+    let same = symbolize::with_symbolizer(|s| {
+        frames
+            .iter()
+            .all(|&a| s.symbolize(a) == selftrace::symbolize(a))
+    });
+    if same {
+        BATCH_AGREES.store(1, Ordering::SeqCst);
     }
     write_fd(fd, b"--\n");
     selftrace::backtrace_symbols_fd(frames, fd);
@@ -158,6 +168,7 @@ fn symbolize_and_backtrace_symbols_fd_do_not_allocate_in_a_signal_handler() {
     assert!(NAMED.load(Ordering::SeqCst) > 5);
     assert_eq!(DEMANGLED_TEST_FN.load(Ordering::SeqCst), 1);
     assert!(EXACT_AFTER_TRAMPOLINE.load(Ordering::SeqCst) >= 1);
+    assert_eq!(BATCH_AGREES.load(Ordering::SeqCst), 1);
     let parts: Vec<&str> = text.split("--\n").collect();
     assert_eq!(parts.len(), 3, "{text}");
     // Kernel format, demangled, with object offset and build-id.

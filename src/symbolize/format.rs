@@ -460,6 +460,112 @@ mod tests {
         assert_eq!(w.as_str(), "0 ffffffffffffffff 018446744073709551615");
     }
 
+    fn sym(name: Option<&'static [u8]>, bias: usize) -> Symbol {
+        Symbol {
+            addr: 0,
+            path: "/bin/prog",
+            glibc_path: "./prog",
+            bias,
+            build_id: &[0xab, 0x01],
+            name,
+            start: 0x401100,
+            size: 0x40,
+            source: super::super::SymbolSource::Symtab,
+        }
+    }
+
+    fn glibc(addr: usize, s: Option<&Symbol>, line: GlibcLine) -> String {
+        let mut b = [0u8; 256];
+        let mut out = FixedBuf::new(&mut b);
+        glibc_line_for(&mut out, addr, s, line, true, &mut |o, n| demangle_to(n, o));
+        out.as_str().to_string()
+    }
+
+    #[test]
+    fn glibc_formats_for_every_case() {
+        let fd = GlibcLine::Fd { space: false };
+        let fd40 = GlibcLine::Fd { space: true };
+        let named = sym(Some(b"main"), 0);
+        assert_eq!(
+            glibc(0x401136, Some(&named), GlibcLine::Strings),
+            "./prog(main+0x36) [0x401136]"
+        );
+        assert_eq!(
+            glibc(0x401100, Some(&named), GlibcLine::Strings),
+            "./prog(main+0) [0x401100]"
+        );
+        assert_eq!(
+            glibc(0x401136, Some(&named), fd),
+            "./prog(main+0x36)[0x401136]\n"
+        );
+        assert_eq!(
+            glibc(0x401100, Some(&named), fd),
+            "./prog(main+0x0)[0x401100]\n"
+        );
+        assert_eq!(
+            glibc(0x401136, Some(&named), fd40),
+            "./prog(main+0x36) [0x401136]\n"
+        );
+        // Non-PIE program, no symbol: empty parentheses (no parentheses at all in _fd).
+        let nonpie = sym(None, 0);
+        assert_eq!(
+            glibc(0x401136, Some(&nonpie), GlibcLine::Strings),
+            "./prog() [0x401136]"
+        );
+        assert_eq!(glibc(0x401136, Some(&nonpie), fd), "./prog[0x401136]\n");
+        // PIE or library, no symbol: offset from the load bias.
+        let pie = sym(None, 0x5500_0000_0000);
+        let a = 0x5500_0000_1234;
+        assert_eq!(
+            glibc(a, Some(&pie), GlibcLine::Strings),
+            "./prog(+0x1234) [0x550000001234]"
+        );
+        assert_eq!(
+            glibc(a, Some(&pie), fd),
+            "./prog(+0x1234)[0x550000001234]\n"
+        );
+        // No object.
+        assert_eq!(glibc(0x10, None, GlibcLine::Strings), "[0x10]");
+        assert_eq!(glibc(0, None, GlibcLine::Strings), "[(nil)]");
+        assert_eq!(glibc(0, None, fd), "[0x0]\n");
+        // Demangled on request.
+        let rust = sym(Some(b"_ZN4core3fmt5write17h0123456789abcdefE"), 0);
+        assert_eq!(
+            glibc(0x401101, Some(&rust), GlibcLine::Strings),
+            "./prog(core::fmt::write+0x1) [0x401101]"
+        );
+    }
+
+    #[test]
+    fn kernel_format_for_every_case() {
+        let line = |addr, s: Option<&Symbol>, opts| {
+            let mut b = [0u8; 256];
+            let mut out = FixedBuf::new(&mut b);
+            kernel_frame_for(&mut out, addr, s, opts);
+            out.as_str().to_string()
+        };
+        let named = sym(Some(b"_ZN4core3fmt5write17h0123456789abcdefE"), 0x1000);
+        let opts = KernelOptions::default();
+        assert_eq!(
+            line(0x40111d, Some(&named), opts),
+            "0x40111d : core::fmt::write+0x1d/0x40 [prog]"
+        );
+        let all = KernelOptions {
+            demangle: false,
+            object_offset: true,
+            build_id: true,
+        };
+        assert_eq!(
+            line(0x40111d, Some(&named), all),
+            "0x40111d : _ZN4core3fmt5write17h0123456789abcdefE+0x1d/0x40 [prog+0x40011d ab01]"
+        );
+        assert_eq!(
+            line(0x2234, Some(&sym(None, 0x1000)), opts),
+            "0x2234 : +0x1234 [prog]"
+        );
+        assert_eq!(line(0x10, None, opts), "0x10 : ??");
+    }
+
     #[test]
     fn demangles_legacy_and_v0_without_hash() {
         let mut b = [0u8; 128];

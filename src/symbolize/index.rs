@@ -27,7 +27,7 @@ use std::ffi::CString;
 use std::sync::Mutex;
 
 /// One symbol: start (relative to the table's base), size, offset of its name in the string
-/// table. 12 bytes.
+/// table. 12 bytes (plus 2 for the name's length, kept in a parallel array).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub(crate) struct Sym {
@@ -37,11 +37,21 @@ pub(crate) struct Sym {
 }
 
 /// A sorted symbol table over a string table in mapped memory.
+///
+/// A page directory narrows each binary search to the symbols of one address range:
+/// `pages[p]` is the index of the first symbol at or after `p << shift` (relative to `base`).
+/// `shift` is at least 12 (4 KiB) and grows so that the directory has at most one entry per two
+/// symbols: at most 2 bytes per symbol on top of the 12-byte entries and 2-byte name lengths,
+/// 16 bytes per symbol in all at most.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
     /// Link-time address that `Sym::start` is relative to.
     base: u64,
     syms: Box<[Sym]>,
+    /// Name lengths, parallel to `syms` (`u16::MAX`: measure with `strnlen`).
+    lens: Box<[u16]>,
+    pages: Box<[u32]>,
+    shift: u32,
     strtab: &'static [u8],
 }
 
@@ -63,9 +73,43 @@ impl Table {
         self.syms.len()
     }
 
-    /// Heap bytes used by the entries.
+    /// Heap bytes used by the entries and the page directory.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.syms.len() * core::mem::size_of::<Sym>()
+        self.syms.len() * (core::mem::size_of::<Sym>() + 2) + self.pages.len() * 4
+    }
+
+    /// A table over sorted `syms`, with its page directory.
+    fn new(base: u64, syms: Vec<Sym>, strtab: &'static [u8]) -> Table {
+        let span = syms.last().map_or(0, |s| u64::from(s.start)) + 1;
+        let mut shift = 12;
+        while 2 * ((span >> shift) + 2) > syms.len() as u64 && shift < 32 {
+            shift += 1;
+        }
+        let npages = ((span >> shift) + 2) as usize;
+        let mut pages = Vec::with_capacity(npages);
+        let mut i = 0usize;
+        for p in 0..npages as u64 {
+            let at = p << shift;
+            while i < syms.len() && u64::from(syms[i].start) < at {
+                i += 1;
+            }
+            pages.push(i as u32);
+        }
+        let lens = syms
+            .iter()
+            .map(|s| {
+                let rest = strtab.get(s.name as usize..).unwrap_or(&[]);
+                u16::try_from(crate::sys::strnlen(rest)).unwrap_or(u16::MAX)
+            })
+            .collect();
+        Table {
+            base,
+            syms: syms.into_boxed_slice(),
+            lens,
+            pages: pages.into_boxed_slice(),
+            shift,
+            strtab,
+        }
     }
 
     /// The symbol containing the link-time address `svma`.
@@ -78,7 +122,18 @@ impl Table {
     pub(crate) fn lookup(&self, svma: u64, strict: bool) -> Option<Found> {
         let rel = svma.checked_sub(self.base)?;
         let rel = u32::try_from(rel).ok()?;
-        let i = self.syms.partition_point(|s| s.start <= rel);
+        // The symbols starting in rel's page lie in pages[p]..pages[p + 1]; every symbol
+        // before pages[p] starts below rel.
+        let p = (rel >> self.shift.min(31)) as usize;
+        let lo = self.pages.get(p).map_or(self.syms.len(), |&x| x as usize);
+        let hi = self
+            .pages
+            .get(p + 1)
+            .map_or(self.syms.len(), |&x| x as usize);
+        let i = match self.syms.get(lo..hi) {
+            Some(window) => lo + window.partition_point(|s| s.start <= rel),
+            None => self.syms.partition_point(|s| s.start <= rel),
+        };
         let lo = i.saturating_sub(SCAN_BACK);
         for j in (lo..i).rev() {
             let s = self.syms.get(j)?;
@@ -91,17 +146,21 @@ impl Table {
                 return Some(Found {
                     start: self.base + u64::from(s.start),
                     size: u64::from(s.size),
-                    name: self.name(s.name),
+                    name: self.name(s.name, self.lens.get(j).copied()),
                 });
             }
         }
         None
     }
 
-    /// The NUL-terminated name at `off` in the string table (without the NUL).
-    fn name(&self, off: u32) -> &'static [u8] {
+    /// The NUL-terminated name at `off` in the string table (without the NUL), of length
+    /// `len` when it was measured at build time.
+    fn name(&self, off: u32, len: Option<u16>) -> &'static [u8] {
         let rest = self.strtab.get(off as usize..).unwrap_or(&[]);
-        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        let end = match len {
+            Some(n) if n != u16::MAX => usize::from(n),
+            _ => crate::sys::strnlen(rest),
+        };
         rest.get(..end).unwrap_or(&[])
     }
 }
@@ -130,8 +189,10 @@ pub(crate) struct ObjectSymbols {
     pub glibc_path: Box<str>,
     /// GNU build-id of the loaded object (empty if none).
     pub build_id: Box<[u8]>,
-    /// Every function symbol (`.symtab`, or `.dynsym` when there is none).
-    pub all: Table,
+    /// Every function symbol (`.symtab`); see [`ObjectSymbols::all`].
+    full: Table,
+    /// There is no `.symtab` anywhere: `exported` serves for both.
+    full_is_exported: bool,
     /// Defined `.dynsym` symbols, the ones glibc's `dladdr` considers.
     pub exported: Table,
     /// Where `all` came from.
@@ -140,6 +201,29 @@ pub(crate) struct ObjectSymbols {
     pub dwarf: Option<&'static [u8]>,
     /// Path of the separate debug file used, if any.
     pub debug_path: Option<Box<str>>,
+}
+
+impl ObjectSymbols {
+    /// Every function symbol: `.symtab` (own or debug file), or `.dynsym` when there is none.
+    pub(crate) fn all(&self) -> &Table {
+        if self.full_is_exported {
+            &self.exported
+        } else {
+            &self.full
+        }
+    }
+
+    /// `(symbols indexed, heap bytes)` of both tables (a shared table counted once).
+    pub(crate) fn stats(&self) -> (usize, usize) {
+        if self.full_is_exported {
+            (self.exported.len(), self.exported.heap_bytes())
+        } else {
+            (
+                self.full.len() + self.exported.len(),
+                self.full.heap_bytes() + self.exported.heap_bytes(),
+            )
+        }
+    }
 }
 
 /// What identifies an object across snapshots.
@@ -200,25 +284,29 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         path: o.path.as_str().into(),
         glibc_path: glibc_path.into(),
         build_id: o.build_id.clone().unwrap_or_default().into(),
-        all: Table::default(),
+        full: Table::default(),
+        full_is_exported: false,
         exported: Table::default(),
         source: SymbolSource::None,
         dwarf: None,
         debug_path: None,
     };
     if o.is_vdso {
-        // The section headers lie past the end of the PT_LOAD, in the rest of its last page.
+        // The image starts at its ELF header (AT_SYSINFO_EHDR); the section headers lie past
+        // the end of the PT_LOAD, in the rest of its last page.
         let ps = crate::sys::page_size();
-        let len = o.range.len().div_ceil(ps) * ps;
-        // SAFETY: the vDSO is one mapped ELF image starting at its ELF header, mapped in whole
-        // pages, so the page-rounded PT_LOAD range is readable; it stays mapped for the life
-        // of the process.
-        let image = unsafe { core::slice::from_raw_parts(o.range.start as *const u8, len) };
+        let start = crate::sys::vdso_base();
+        if start == 0 || start > o.range.start {
+            return out;
+        }
+        let len = (o.range.end - start).div_ceil(ps) * ps;
+        // SAFETY: the vDSO is one ELF image mapped in whole pages from its ELF header on, so
+        // the page-rounded range up to the end of its PT_LOAD is readable; it stays mapped for
+        // the life of the process.
+        let image = unsafe { core::slice::from_raw_parts(start as *const u8, len) };
         if let Ok(f) = ElfFile64::<Endianness>::parse(image) {
-            out.all = table(&f, false);
-            if out.all.len() == 0 {
-                out.all = table(&f, true);
-            }
+            out.full = table(&f, false);
+            out.full_is_exported = out.full.len() == 0;
             out.exported = table(&f, true);
             out.source = SymbolSource::Memory;
         }
@@ -248,15 +336,15 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         out.dwarf = Some(data);
     }
     if !f.elf_symbol_table().is_empty() {
-        out.all = table(&f, false);
+        out.full = table(&f, false);
         out.source = SymbolSource::Symtab;
     }
-    if out.all.len() == 0 || out.dwarf.is_none() {
+    if out.full.len() == 0 || out.dwarf.is_none() {
         if let Some((path, dbg)) =
             find_debug_file(&o.path, want_id.or(f.build_id().ok().flatten()), &f)
         {
-            if out.all.len() == 0 && !dbg.elf_symbol_table().is_empty() {
-                out.all = table(&dbg, false);
+            if out.full.len() == 0 && !dbg.elf_symbol_table().is_empty() {
+                out.full = table(&dbg, false);
                 out.source = SymbolSource::DebugFile;
             }
             if out.dwarf.is_none() && has_debug_info(&dbg) {
@@ -265,8 +353,8 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
             out.debug_path = Some(path.into());
         }
     }
-    if out.all.len() == 0 && out.exported.len() > 0 {
-        out.all = table(&f, true);
+    if out.full.len() == 0 && out.exported.len() > 0 {
+        out.full_is_exported = true;
         out.source = SymbolSource::Dynsym;
     }
     out
@@ -391,11 +479,7 @@ fn table(f: &ElfFile64<'static, Endianness>, dynamic: bool) -> Table {
             })
         })
         .collect();
-    Table {
-        base,
-        syms: syms.into_boxed_slice(),
-        strtab,
-    }
+    Table::new(base, syms, strtab)
 }
 
 #[cfg(test)]
@@ -404,19 +488,16 @@ mod tests {
 
     fn t(syms: &[(u32, u32)]) -> Table {
         static STR: &[u8] = b"\0a\0b\0c\0d\0";
-        Table {
-            base: 0x1000,
-            syms: syms
-                .iter()
-                .enumerate()
-                .map(|(i, &(start, size))| Sym {
-                    start,
-                    size,
-                    name: 1 + 2 * i as u32,
-                })
-                .collect(),
-            strtab: STR,
-        }
+        let syms = syms
+            .iter()
+            .enumerate()
+            .map(|(i, &(start, size))| Sym {
+                start,
+                size,
+                name: 1 + 2 * i as u32,
+            })
+            .collect();
+        Table::new(0x1000, syms, STR)
     }
 
     #[test]
@@ -438,17 +519,43 @@ mod tests {
     }
 
     #[test]
+    fn page_directory_agrees_with_a_plain_binary_search() {
+        // Symbols spread over many pages, some pages empty, some crowded.
+        let mut v = Vec::new();
+        let mut at = 0u32;
+        for i in 0..3000u32 {
+            v.push((at, 1 + i % 40));
+            at += match i % 7 {
+                0 => 5000,
+                1 => 1,
+                _ => 48,
+            };
+        }
+        let tab = t(&v);
+        assert!(tab.pages.len() <= tab.syms.len());
+        for probe in (0..at as u64 + 9000).step_by(7) {
+            let rel = probe as u32;
+            let want = v
+                .iter()
+                .rev()
+                .take_while(|_| true)
+                .find(|&&(s, size)| s <= rel && rel - s < size)
+                .map(|&(s, _)| u64::from(s) + 0x1000);
+            let got = tab.lookup(0x1000 + probe, true).map(|f| f.start);
+            // The plain search finds any containing symbol; ours scans back a bounded window,
+            // which covers these non-nested symbols.
+            assert_eq!(got, want, "{probe:#x}");
+        }
+    }
+
+    #[test]
     fn bad_name_offsets_give_empty_names() {
-        let tab = Table {
-            base: 0,
-            syms: vec![Sym {
-                start: 0,
-                size: 4,
-                name: 999,
-            }]
-            .into(),
-            strtab: b"\0x",
+        let sym = Sym {
+            start: 0,
+            size: 4,
+            name: 999,
         };
+        let tab = Table::new(0, vec![sym], b"\0x");
         assert_eq!(tab.lookup(1, true).map(|f| f.name), Some(&b""[..]));
     }
 }

@@ -12,8 +12,10 @@ use super::index::ObjectSymbols;
 use super::{frame_kind, lookup, Mode};
 use addr2line::gimli;
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex};
 
 type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 type Context = addr2line::Context<Reader>;
@@ -29,14 +31,6 @@ pub(crate) fn demangle_any_to(name: &[u8], out: &mut FixedBuf<'_>) {
     }
 }
 
-/// Demangles a name (Rust or C++) into a `String`.
-fn demangle_string(name: &[u8]) -> String {
-    match core::str::from_utf8(name) {
-        Ok(s) => addr2line::demangle_auto(Cow::Borrowed(s), None).into_owned(),
-        Err(_) => String::from_utf8_lossy(name).into_owned(),
-    }
-}
-
 fn load_context(data: &'static [u8]) -> Option<Context> {
     use object::{Object as _, ObjectSection as _};
     let file = object::File::parse(data).ok()?;
@@ -46,6 +40,21 @@ fn load_context(data: &'static [u8]) -> Option<Context> {
         gimli::RunTimeEndian::Big
     };
     let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
+        // Sections addr2line never reads (locations, macros, name indexes, type units):
+        // skipping them saves decompressing megabytes of a compressed debug file.
+        use gimli::SectionId as S;
+        if matches!(
+            id,
+            S::DebugLoc
+                | S::DebugLocLists
+                | S::DebugMacinfo
+                | S::DebugMacro
+                | S::DebugPubNames
+                | S::DebugPubTypes
+                | S::DebugTypes
+        ) {
+            return Ok(gimli::EndianSlice::new(&[], endian));
+        }
         let bytes: &'static [u8] = match file
             .section_by_name(id.name())
             .and_then(|s| s.uncompressed_data().ok())
@@ -77,18 +86,29 @@ fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Option<&Context>)
 }
 
 /// One function at a frame: the physical function, or one inlined into it.
+///
+/// Resolved once per address and cached (frames share it through an `Arc`); the raw name and
+/// the file name point into never-freed memory (the mapped object or debug file, or the
+/// cached DWARF context).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BacktraceSymbol {
-    /// Demangled name (without Rust hash), if known.
+    /// Demangled name (Rust without hash, C++), if known.
     pub name: Option<String>,
+    /// Raw (mangled) name, if known: the DWARF linkage name, or the symbol table's name.
+    pub raw_name: Option<&'static str>,
     /// Source file, if known.
-    pub file: Option<String>,
+    pub file: Option<&'static str>,
     /// Line, if known.
     pub line: Option<u32>,
     /// Column, if known.
     pub column: Option<u32>,
     /// This function was inlined into the next symbol of the frame.
     pub inlined: bool,
+}
+
+/// Demangles a raw name (Rust or C++).
+fn demangle_owned(name: &str) -> String {
+    addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned()
 }
 
 /// One frame of a [`Backtrace`].
@@ -103,13 +123,111 @@ pub struct BacktraceFrame {
     /// `addr - bias`: the link-time address in the object (0 without an object).
     pub object_offset: usize,
     /// Functions at this frame, innermost (most deeply inlined) first; the last one is the
-    /// physical function. Empty when nothing is known.
-    pub symbols: Vec<BacktraceSymbol>,
+    /// physical function. Empty when nothing is known. Shared with the per-address cache.
+    pub symbols: Arc<[BacktraceSymbol]>,
+}
+
+/// Resolved frames by (object, link-time address): a warm `Backtrace` of a stack seen before
+/// costs a hash lookup per frame.
+struct FrameCache {
+    map: HashMap<(usize, u64), Arc<[BacktraceSymbol]>, BuildHasherDefault<AddrHasher>>,
+}
+
+/// Entries kept before the frame cache starts over.
+const FRAME_CACHE_MAX: usize = 1 << 16;
+
+static FRAME_CACHE: Mutex<Option<FrameCache>> = Mutex::new(None);
+
+/// A multiplicative hasher for address keys.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// DWARF (and symbol table) view of one link-time address of an object.
+fn resolve_symbols(
+    obj: &'static ObjectSymbols,
+    svma: u64,
+    sym: Option<&'static [u8]>,
+) -> Arc<[BacktraceSymbol]> {
+    let mut out: Vec<BacktraceSymbol> = Vec::new();
+    with_context(obj, |ctx| {
+        let Some(ctx) = ctx else { return };
+        let Ok(mut it) = ctx.find_frames(svma).skip_all_loads() else {
+            return;
+        };
+        while let Ok(Some(f)) = it.next() {
+            let raw_name = f.function.as_ref().and_then(|n| n.name.to_string().ok());
+            let (file, line, column) = match f.location {
+                Some(l) => (
+                    // SAFETY: the string is owned by the DWARF context of `obj`, which is boxed
+                    // and never freed or moved (CONTEXTS only grows), so it lives as long as
+                    // the process.
+                    l.file.map(|f| unsafe { &*(f as *const str) }),
+                    l.line,
+                    l.column,
+                ),
+                None => (None, None, None),
+            };
+            out.push(BacktraceSymbol {
+                name: None,
+                raw_name,
+                file,
+                line,
+                column,
+                inlined: true,
+            });
+        }
+    });
+    let sym_name = sym.and_then(|n| core::str::from_utf8(n).ok());
+    if let Some(last) = out.last_mut() {
+        last.inlined = false;
+        if last.raw_name.is_none() {
+            last.raw_name = sym_name;
+        }
+    } else if sym_name.is_some() {
+        out.push(BacktraceSymbol {
+            name: None,
+            raw_name: sym_name,
+            file: None,
+            line: None,
+            column: None,
+            inlined: false,
+        });
+    }
+    for s in &mut out {
+        s.name = s.raw_name.map(demangle_owned);
+    }
+    out.into()
 }
 
 impl BacktraceFrame {
     /// Resolves one captured address.
     pub fn resolve(addr: usize, kind: FrameKind) -> BacktraceFrame {
+        let mut cache = FRAME_CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        BacktraceFrame::resolve_cached(addr, kind, &mut cache)
+    }
+
+    fn resolve_cached(
+        addr: usize,
+        kind: FrameKind,
+        cache: &mut Option<FrameCache>,
+    ) -> BacktraceFrame {
         let probe = kind.lookup_address(addr);
         let sym = lookup(probe, Mode::All);
         let mut frame = BacktraceFrame {
@@ -117,62 +235,43 @@ impl BacktraceFrame {
             kind,
             object: sym.map(|s| s.path),
             object_offset: sym.map_or(0, |s| addr.wrapping_sub(s.bias)),
-            symbols: Vec::new(),
+            symbols: Arc::from(Vec::new()),
         };
         let Some(sym) = sym else { return frame };
-        if let Some((obj, bias)) = super::object_for(probe) {
-            let svma = probe.wrapping_sub(bias) as u64;
-            with_context(obj, |ctx| {
-                let Some(ctx) = ctx else { return };
-                let Ok(mut it) = ctx.find_frames(svma).skip_all_loads() else {
-                    return;
-                };
-                while let Ok(Some(f)) = it.next() {
-                    let name = f
-                        .function
-                        .as_ref()
-                        .and_then(|n| n.demangle().ok())
-                        .map(Cow::into_owned);
-                    let (file, line, column) = match f.location {
-                        Some(l) => (l.file.map(str::to_owned), l.line, l.column),
-                        None => (None, None, None),
-                    };
-                    frame.symbols.push(BacktraceSymbol {
-                        name,
-                        file,
-                        line,
-                        column,
-                        inlined: true,
-                    });
-                }
-            });
+        let Some((obj, bias)) = super::object_for(probe) else {
+            return frame;
+        };
+        let svma = probe.wrapping_sub(bias) as u64;
+        let key = (obj as *const ObjectSymbols as usize, svma);
+        let cache = cache.get_or_insert_with(|| FrameCache {
+            map: HashMap::default(),
+        });
+        if let Some(hit) = cache.map.get(&key) {
+            frame.symbols = hit.clone();
+            return frame;
         }
-        if let Some(last) = frame.symbols.last_mut() {
-            last.inlined = false;
-            if last.name.is_none() {
-                last.name = sym.name.map(demangle_string);
-            }
-        } else if let Some(name) = sym.name {
-            frame.symbols.push(BacktraceSymbol {
-                name: Some(demangle_string(name)),
-                file: None,
-                line: None,
-                column: None,
-                inlined: false,
-            });
+        let symbols = resolve_symbols(obj, svma, sym.name);
+        if cache.map.len() >= FRAME_CACHE_MAX {
+            cache.map.clear();
         }
+        cache.map.insert(key, symbols.clone());
+        frame.symbols = symbols;
         frame
     }
 
-    /// The physical function's name, if known.
+    /// Functions at this frame, innermost (most deeply inlined) first; the last one is the
+    /// physical function. Empty when nothing is known.
+    pub fn symbols(&self) -> &[BacktraceSymbol] {
+        &self.symbols
+    }
+
+    /// The physical function's demangled name, if known.
     pub fn name(&self) -> Option<&str> {
         self.symbols.last().and_then(|s| s.name.as_deref())
     }
 
-    fn any_name_contains(&self, pat: &str) -> bool {
-        self.symbols
-            .iter()
-            .any(|s| s.name.as_deref().is_some_and(|n| n.contains(pat)))
+    fn raw_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.symbols.iter().filter_map(|s| s.raw_name)
     }
 }
 
@@ -239,15 +338,15 @@ impl Backtrace {
         let rest = self.frames.get(self.own..).unwrap_or(&[]);
         let mut end = rest.len();
         for (i, f) in rest.iter().enumerate() {
-            if f.any_name_contains("__rust_begin_short_backtrace")
-                || f.any_name_contains("std::rt::lang_start")
-            {
-                end = i;
-                break;
-            }
-            let startup = matches!(
-                f.name(),
-                Some(
+            // Raw names: plain C names, or Rust ones that contain these words when mangled.
+            let runtime = f.raw_names().any(|n| {
+                n.contains("__rust_begin_short_backtrace")
+                    || n.contains("3std2rt10lang_start")
+                    || n.starts_with("std::rt::lang_start")
+            });
+            let startup = f.raw_names().last().is_some_and(|n| {
+                matches!(
+                    n,
                     "__libc_start_call_main"
                         | "__libc_start_main"
                         | "__libc_start_main_impl"
@@ -258,12 +357,12 @@ impl Backtrace {
                         | "__clone"
                         | "__clone3"
                 )
-            );
-            if startup {
+            });
+            if runtime || startup {
                 end = i;
                 break;
             }
-            if f.name() == Some("main") {
+            if f.raw_names().last() == Some("main") {
                 end = i + 1;
                 break;
             }
@@ -316,7 +415,7 @@ impl fmt::Display for Backtrace {
                     }
                 }
                 writeln!(f)?;
-                if let Some(file) = &s.file {
+                if let Some(file) = s.file {
                     write!(f, "             at {file}")?;
                     if let Some(l) = s.line {
                         write!(f, ":{l}")?;
@@ -329,5 +428,28 @@ impl fmt::Display for Backtrace {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demangles_cpp_and_rust_outside_signal_context() {
+        let mut b = [0u8; 128];
+        let mut w = FixedBuf::new(&mut b);
+        demangle_any_to(b"_ZN3foo3barEv", &mut w);
+        assert_eq!(w.as_str(), "foo::bar()");
+        w.clear();
+        demangle_any_to(b"_ZN4core3fmt5write17h0123456789abcdefE", &mut w);
+        assert_eq!(w.as_str(), "core::fmt::write");
+        w.clear();
+        demangle_any_to(b"memcpy", &mut w);
+        assert_eq!(w.as_str(), "memcpy");
+        assert_eq!(
+            demangle_owned("_ZNSt6vectorIiSaIiEE9push_backERKi"),
+            "std::vector<int, std::allocator<int> >::push_back(int const&)"
+        );
     }
 }

@@ -23,6 +23,34 @@
 //!
 //! A file mapping of a library that is later truncated on disk would fault when read; files
 //! replaced by a package manager (a new inode) are not affected.
+//!
+//! # In a signal handler (crash reports)
+//! Everything below is async-signal-safe (no allocation, no lock, no panic) once the index
+//! exists (`init()`, [`prepare`], or any normal-context call of this module):
+//!
+//! * [`symbolize`] / [`symbolize_exported`]: a [`Symbol`] (object path, bias, build-id, raw
+//!   name bytes, start, offset, size) by value;
+//! * [`frame_kind`] / [`FrameKind::lookup_address`]: which captured addresses are return
+//!   addresses (look up at `addr - 1`) and which are exact pcs (frame 0 of a ucontext capture,
+//!   the frame after a signal trampoline);
+//! * [`write_kernel_frame`]: one `0x... : name+0x1d/0x80 [obj]` line into a caller's buffer,
+//!   Rust names demangled (C++ names stay mangled: demangling them allocates), optionally with
+//!   `[obj+0xoffset]` and the build-id;
+//! * [`demangle_into`] / [`demangle_to`] and [`FixedBuf`]: Rust demangling into a fixed buffer;
+//! * [`backtrace_symbols_fd`] / [`backtrace_symbols_fd_with`].
+//!
+//! ```
+//! selftrace::symbolize::prepare().expect("init");
+//! let mut frames = [0usize; 32];
+//! let n = selftrace::capture(&mut frames);
+//! let mut line = [0u8; 256];
+//! for (i, &pc) in frames[..n].iter().enumerate() {
+//!     let kind = selftrace::symbolize::frame_kind(&frames[..n], i, false);
+//!     let len = selftrace::symbolize::write_kernel_frame(&mut line, pc, kind, Default::default());
+//!     // write(2) &line[..len] to stderr ...
+//!     assert!(len > 0);
+//! }
+//! ```
 
 mod format;
 mod index;
@@ -217,7 +245,7 @@ pub(crate) fn ensure_covers(addrs: &[usize]) {
 ///
 /// # Signal Safe
 /// Async-signal-safe: a lock-free read of the published index and two binary searches; no
-/// allocation, no lock, no panic, no system call. About 20 ns.
+/// allocation, no lock, no panic, no system call. About 40 ns.
 pub fn symbolize(addr: usize) -> Option<Symbol> {
     lookup(addr, Mode::All)
 }
@@ -229,26 +257,70 @@ pub fn symbolize_exported(addr: usize) -> Option<Symbol> {
 }
 
 pub(crate) fn lookup(addr: usize, mode: Mode) -> Option<Symbol> {
-    INDEX.read(|i| {
-        let e = i?.find(addr)?;
-        let svma = addr.wrapping_sub(e.bias) as u64;
-        let table = match mode {
-            Mode::All => &e.syms.all,
-            Mode::Exported => &e.syms.exported,
-        };
-        let found = table.lookup(svma, mode == Mode::Exported);
-        Some(Symbol {
-            addr,
-            path: &e.syms.path,
-            glibc_path: &e.syms.glibc_path,
-            bias: e.bias,
-            build_id: &e.syms.build_id,
-            name: found.map(|f| f.name),
-            start: found.map_or(0, |f| (f.start as usize).wrapping_add(e.bias)),
-            size: found.map_or(0, |f| f.size as usize),
-            source: e.syms.source,
-        })
+    INDEX.read(|i| lookup_in(i?, addr, mode))
+}
+
+fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
+    let e = i.find(addr)?;
+    let svma = addr.wrapping_sub(e.bias) as u64;
+    let table = match mode {
+        Mode::All => e.syms.all(),
+        Mode::Exported => &e.syms.exported,
+    };
+    let found = table.lookup(svma, mode == Mode::Exported);
+    Some(Symbol {
+        addr,
+        path: &e.syms.path,
+        glibc_path: &e.syms.glibc_path,
+        bias: e.bias,
+        build_id: &e.syms.build_id,
+        name: found.map(|f| f.name),
+        start: found.map_or(0, |f| (f.start as usize).wrapping_add(e.bias)),
+        size: found.map_or(0, |f| f.size as usize),
+        source: e.syms.source,
     })
+}
+
+/// A held view of the symbol index for many lookups: [`symbolize`] pins the index with two
+/// atomic read-modify-writes per call; a `Symbolizer` pins it once for all the frames of a
+/// stack, and every lookup sees the same index. Obtained from [`with_symbolizer`].
+pub struct Symbolizer<'a> {
+    index: Option<&'a Index>,
+}
+
+impl Symbolizer<'_> {
+    /// Like [`symbolize`]. Async-signal-safe.
+    pub fn symbolize(&self, addr: usize) -> Option<Symbol> {
+        lookup_in(self.index?, addr, Mode::All)
+    }
+
+    /// Like [`symbolize_exported`]. Async-signal-safe.
+    pub fn symbolize_exported(&self, addr: usize) -> Option<Symbol> {
+        lookup_in(self.index?, addr, Mode::Exported)
+    }
+
+    pub(crate) fn lookup(&self, addr: usize, mode: Mode) -> Option<Symbol> {
+        lookup_in(self.index?, addr, mode)
+    }
+}
+
+/// Runs `f` with a [`Symbolizer`] that holds the current index until `f` returns (a refresh
+/// meanwhile publishes a new index and waits for `f` before freeing the old object list).
+///
+/// ```
+/// selftrace::symbolize::prepare().expect("init");
+/// let mut frames = [0usize; 32];
+/// let n = selftrace::capture(&mut frames);
+/// let named = selftrace::symbolize::with_symbolizer(|s| {
+///     frames[..n].iter().filter(|&&a| s.symbolize(a - 1).is_some_and(|s| s.name.is_some())).count()
+/// });
+/// assert!(named > 0);
+/// ```
+///
+/// # Signal Safe
+/// Async-signal-safe; keep `f` short (a refresh in another thread waits for it).
+pub fn with_symbolizer<R>(f: impl FnOnce(&Symbolizer<'_>) -> R) -> R {
+    INDEX.read(|i| f(&Symbolizer { index: i }))
 }
 
 /// Whether `addr` is the start of the kernel's signal return trampoline (glibc's `__restore_rt`,
@@ -270,8 +342,15 @@ pub fn is_signal_trampoline(addr: usize) -> bool {
         if !e.exec.iter().any(|r| r.start <= addr && end <= r.end) {
             return false;
         }
-        // SAFETY: [addr, end) lies inside an executable PT_LOAD segment of a loaded object,
-        // which is mapped and readable while the object is loaded.
+        // The index may predate a dlclose: ask the loader (lock-free) that an object is still
+        // mapped there. Without _dl_find_object (old glibc, musl), trust the index.
+        match crate::sys::dl_find_object(addr) {
+            Ok(Some(f)) if f.map_start <= addr && end <= f.map_end => {}
+            Ok(_) => return false,
+            Err(()) => {}
+        }
+        // SAFETY: [addr, end) lies inside an executable PT_LOAD segment of an object that the
+        // loader reports as mapped there, readable while it stays loaded.
         let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, TRAMPOLINE.len()) };
         bytes == TRAMPOLINE
     })
@@ -344,10 +423,12 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
         Mode::All
     };
     let mut buf = vec![0u8; 4096];
+    let syms: Vec<Option<Symbol>> =
+        with_symbolizer(|s| addrs.iter().map(|&a| s.lookup(a, mode)).collect());
     addrs
         .iter()
-        .map(|&a| {
-            let sym = lookup(a, mode);
+        .zip(syms)
+        .map(|(&a, sym)| {
             let mut out = FixedBuf::new(&mut buf);
             format::glibc_line_for(
                 &mut out,
@@ -368,8 +449,8 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
 ///
 /// # Signal Safe
 /// Async-signal-safe: formats each line into a 1 KiB stack buffer and writes it with one
-/// `write(2)` (a longer line takes several); no allocation, no lock, no panic. Write errors are
-/// ignored, as in glibc.
+/// `write(2)` (a longer line is cut, and still ends with a newline); no allocation, no lock, no
+/// panic. Write errors are ignored, as in glibc.
 pub fn backtrace_symbols_fd(addrs: &[usize], fd: i32) {
     backtrace_symbols_fd_with(addrs, fd, SymbolsOptions::default())
 }
@@ -381,13 +462,21 @@ pub fn backtrace_symbols_fd_with(addrs: &[usize], fd: i32, opts: SymbolsOptions)
     let mut buf = [0u8; 1024];
     for &a in addrs {
         let mut out = FixedBuf::new(&mut buf);
+        // One lookup per line, outside the index pin: writes can block.
         format::glibc_line(&mut out, a, line, opts);
-        let _ = crate::sys::write_all(fd, out.as_bytes());
+        if out.truncated() {
+            let _ = crate::sys::write_all(fd, out.as_bytes());
+            let _ = crate::sys::write_all(fd, b"\n");
+        } else {
+            let _ = crate::sys::write_all(fd, out.as_bytes());
+        }
     }
 }
 
-/// Memory used by the symbol index: `(symbols, heap bytes of the tables)`. The string tables
-/// stay in the file mappings and are not counted. Normal context.
+/// Memory used by the symbol index: `(entries, heap bytes of the tables)`. An entry is one
+/// symbol of one table: an object's full table (`.symtab`) and its exported table (`.dynsym`,
+/// for glibc's naming) each count. The string tables stay in the file mappings and are not
+/// counted. Normal context.
 pub fn index_stats() -> (usize, usize) {
     ensure();
     INDEX.read(|i| {
@@ -400,8 +489,9 @@ pub fn index_stats() -> (usize, usize) {
                 continue;
             }
             seen.push(p);
-            n += e.syms.all.len();
-            bytes += e.syms.all.heap_bytes() + e.syms.exported.heap_bytes();
+            let (syms, heap) = e.syms.stats();
+            n += syms;
+            bytes += heap;
         }
         (n, bytes)
     })

@@ -428,6 +428,18 @@ extern "C" {
     fn gnu_get_libc_version() -> *const libc::c_char;
 }
 
+/// `strnlen(3)`: the length of the NUL-terminated string at the start of `bytes` (all of
+/// `bytes` if it holds no NUL). glibc's vectorised scan; async-signal-safe (glibc documents
+/// `strnlen` as AS-Safe).
+///
+/// # References
+/// strnlen(3)
+pub(crate) fn strnlen(bytes: &[u8]) -> usize {
+    // SAFETY: strnlen reads at most bytes.len() bytes from a valid slice.
+    let n = unsafe { libc::strnlen(bytes.as_ptr().cast(), bytes.len()) };
+    n.min(bytes.len())
+}
+
 /// `open(2)` of a NUL-terminated path with `O_CLOEXEC` added to `flags`, retrying on `EINTR`.
 /// Returns the fd or the `errno`.
 ///
