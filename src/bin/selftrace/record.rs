@@ -1,0 +1,294 @@
+//! `selftrace record`: set up a [`Session`], run the command, read the trace back, clean up,
+//! write the text and JSON traces and the summary.
+//!
+//! Everything created in tracefs belongs to the [`Session`], which removes it on drop. SIGINT,
+//! SIGTERM and SIGHUP do not kill the recorder: a handler forwards them to the command (a
+//! second one sends SIGKILL), the recorder waits for the command to end, and then cleans up
+//! and writes what was recorded.
+
+use crate::analyze;
+use crate::chrome;
+use crate::RecordOptions;
+use selftrace::tracefs::{self, EventKind, Session};
+use selftrace::usdt::{read_probes, ProbeNote};
+use selftrace::Error;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The command's pid once it runs (0 before).
+static CHILD: AtomicI32 = AtomicI32::new(0);
+/// The first stop signal received (0: none).
+static STOP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    // Only atomics and kill(2): async-signal-safe.
+    let previous = STOP.swap(sig, Ordering::SeqCst);
+    let child = CHILD.load(Ordering::SeqCst);
+    if child > 0 {
+        let forward = if previous != 0 { libc::SIGKILL } else { sig };
+        // SAFETY: kill has no memory-safety preconditions; `child` is our child's pid, which
+        // stays reserved (a zombie) until we wait for it.
+        unsafe {
+            libc::kill(child, forward);
+        }
+    }
+}
+
+fn install_stop_handlers() -> Result<(), String> {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler only
+        // touches atomics and calls kill(2), which are async-signal-safe.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(format!("sigaction: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+fn check_stop() -> Result<(), String> {
+    match STOP.load(Ordering::SeqCst) {
+        0 => Ok(()),
+        sig => Err(format!(
+            "interrupted by signal {sig} before the command started"
+        )),
+    }
+}
+
+/// A library error explained for a person at a terminal.
+pub fn explain(e: Error) -> String {
+    match e {
+        Error::PermissionDenied => {
+            "permission denied: recording needs root (write access to tracefs and uprobe_events)"
+                .into()
+        }
+        Error::NoTracefs => {
+            "tracefs is not mounted (try: mount -t tracefs nodev /sys/kernel/tracing)".into()
+        }
+        Error::Unsupported(w) => format!("this kernel cannot do it: {w}"),
+        Error::AlreadyExists(w) => format!("{w} already exists (left by a crashed recorder?)"),
+        other => other.to_string(),
+    }
+}
+
+/// `CMD` as an absolute path: as given when it contains a `/`, else looked up in `PATH`.
+fn resolve_command(cmd: &Path) -> Result<PathBuf, String> {
+    let found = if cmd.components().count() > 1 || cmd.is_absolute() {
+        Some(cmd.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(cmd))
+                .find(|p| p.is_file())
+        })
+    };
+    let p = found.ok_or_else(|| format!("command not found: {}", cmd.display()))?;
+    std::fs::canonicalize(&p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// The probe sites of `bin` that the options select.
+fn select_probes(o: &RecordOptions, bin: &Path) -> Result<Vec<ProbeNote>, String> {
+    if o.no_probes {
+        return Ok(Vec::new());
+    }
+    let notes = read_probes(bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    let live: Vec<ProbeNote> = notes
+        .into_iter()
+        .filter(|n| n.file_offset.is_some())
+        .collect();
+    if o.probes.is_empty() {
+        return Ok(live);
+    }
+    let mut out = Vec::new();
+    for want in &o.probes {
+        let (prov, name) = want
+            .split_once(':')
+            .ok_or_else(|| format!("--probe {want}: expected PROVIDER:NAME"))?;
+        let sel: Vec<&ProbeNote> = live
+            .iter()
+            .filter(|n| n.provider == prov && (name == "*" || n.name == name))
+            .collect();
+        if sel.is_empty() {
+            return Err(format!(
+                "probe {want} not found in {} (see: selftrace list {})",
+                bin.display(),
+                bin.display()
+            ));
+        }
+        out.extend(sel.into_iter().cloned());
+    }
+    Ok(out)
+}
+
+/// Adds the event of one `--uprobe` spec: `[PATH:]SYMBOL[%return] [FETCHARGS]` or
+/// `[PATH:]0xOFFSET[%return] [FETCHARGS]`.
+fn add_uprobe(s: &mut Session, spec: &str, bin: &Path) -> Result<(), String> {
+    let (target, args) = match spec.trim().split_once(char::is_whitespace) {
+        Some((t, a)) => (t, a.trim()),
+        None => (spec.trim(), ""),
+    };
+    let (path, what) = if target.starts_with('/') || target.starts_with('.') {
+        let (p, w) = target
+            .split_once(':')
+            .ok_or_else(|| format!("--uprobe {spec}: expected PATH:SYMBOL"))?;
+        (PathBuf::from(p), w)
+    } else {
+        (bin.to_path_buf(), target)
+    };
+    let (what, ret) = match what.strip_suffix("%return") {
+        Some(w) => (w, true),
+        None => (what, false),
+    };
+    let r = match what.strip_prefix("0x") {
+        Some(hex) => {
+            let off =
+                u64::from_str_radix(hex, 16).map_err(|_| format!("--uprobe {spec}: bad offset"))?;
+            s.add_offset(&path, off, ret, args).map(|_| ())
+        }
+        None => s.add_function(&path, what, ret, args).map(|_| ()),
+    };
+    r.map_err(|e| match e {
+        Error::NotFound("symbol") => {
+            format!(
+                "--uprobe {spec}: symbol {what} not found in {}",
+                path.display()
+            )
+        }
+        Error::InvalidInput(w) if w.starts_with("symbol name matches several") => {
+            let names = tracefs::find_functions(&path, what)
+                .map(|v| {
+                    v.into_iter()
+                        .map(|f| f.demangled)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default();
+            format!("--uprobe {spec}: {what} matches several functions: {names}")
+        }
+        other => format!("--uprobe {spec}: {}", explain(other)),
+    })
+}
+
+/// Runs `selftrace record`; returns the exit code (the command's, or 128 + its signal).
+pub fn record(o: RecordOptions) -> Result<i32, String> {
+    install_stop_handlers()?;
+    let bin = resolve_command(Path::new(&o.command[0]))?;
+    let probes = select_probes(&o, &bin)?;
+
+    let mut session = Session::with_markers("selftrace-record").map_err(explain)?;
+    for note in &probes {
+        session
+            .add_probe(&bin, note)
+            .map_err(|e| format!("probe {}:{}: {}", note.provider, note.name, explain(e)))?;
+    }
+    for spec in &o.uprobes {
+        add_uprobe(&mut session, spec, &bin)?;
+    }
+    let inst = session.instance();
+    if !inst.copies_markers() {
+        eprintln!("selftrace: this kernel cannot copy trace markers into an instance (6.17+); markers are not recorded");
+    }
+    inst.set_buffer_size_kb(o.buffer_kb).map_err(explain)?;
+    inst.set_event_enabled("sched", "sched_process_fork", true)
+        .map_err(explain)?;
+    if o.sched {
+        inst.set_event_enabled("sched", "sched_switch", true)
+            .map_err(explain)?;
+    }
+    // Events of this process and of every task it creates from now on: the command and its
+    // children and threads.
+    session
+        .filter_pids(&[std::process::id()], true)
+        .map_err(explain)?;
+    session.enable().map_err(explain)?;
+    check_stop()?;
+
+    let mut child = std::process::Command::new(&o.command[0])
+        .args(&o.command[1..])
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    let pid = child.id();
+    CHILD.store(pid as i32, Ordering::SeqCst);
+    if STOP.load(Ordering::SeqCst) != 0 {
+        let _ = child.kill();
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for the command: {e}"))?;
+    CHILD.store(0, Ordering::SeqCst);
+
+    // Stop copying markers before reading, then read everything and clean up tracefs before
+    // writing any file.
+    let _ = session.disable();
+    let _ = session
+        .instance()
+        .write_file("options/copy_trace_marker", "0");
+    let raw = session.instance().read_trace().map_err(explain)?;
+    let events = session.events().to_vec();
+    let group = session.group().to_string();
+    drop(session);
+    if let Ok(root) = tracefs::root() {
+        let left = std::fs::read_to_string(root.join("uprobe_events")).unwrap_or_default();
+        if left.contains(&format!(":{group}/")) {
+            eprintln!("selftrace: warning: could not remove every uprobe event of {group}");
+        }
+    }
+
+    let tree = analyze::process_tree(&raw, pid);
+    let text = analyze::filter_trace(&raw, &tree);
+    std::fs::write(&o.output, &text)
+        .map_err(|e| format!("cannot write {}: {e}", o.output.display()))?;
+    let mut json_path = o.output.clone().into_os_string();
+    json_path.push(".json");
+    let json_path = PathBuf::from(json_path);
+    std::fs::write(&json_path, chrome::chrome_json(&text, &events))
+        .map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
+
+    let code = match (
+        status.code(),
+        std::os::unix::process::ExitStatusExt::signal(&status),
+    ) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        _ => 1,
+    };
+    if !o.quiet {
+        let markers = tracefs::markers(&text);
+        let sections = analyze::sections(&markers);
+        let mut hits: BTreeMap<String, usize> = BTreeMap::new();
+        for e in &events {
+            hits.entry(e.label.clone()).or_insert(0);
+        }
+        for r in tracefs::records(&text) {
+            if let Some(e) = events.iter().find(|e| e.event == r.event) {
+                *hits.entry(e.label.clone()).or_insert(0) += 1;
+            }
+        }
+        let lines = tracefs::records(&text).count();
+        let how = match (status.code(), STOP.load(Ordering::SeqCst)) {
+            (_, s) if s != 0 => format!("recorder interrupted by signal {s}; command {status}"),
+            (Some(0), _) => "command exited with status 0".to_string(),
+            _ => format!("command {status}"),
+        };
+        eprintln!(
+            "selftrace record: {how}; {lines} events from {} tasks; {} probe events, {} function uprobes",
+            tree.len(),
+            events.iter().filter(|e| e.kind == EventKind::Probe).count(),
+            events.iter().filter(|e| e.kind != EventKind::Probe).count(),
+        );
+        eprintln!(
+            "wrote {} (ftrace text: ui.perfetto.dev) and {} (Chrome JSON)\n",
+            o.output.display(),
+            json_path.display()
+        );
+        eprint!("{}", analyze::summary(&sections, &hits));
+    }
+    Ok(code)
+}
