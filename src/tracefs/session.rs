@@ -172,10 +172,14 @@ impl Session {
     fn create(prefix: &str, markers: bool) -> Result<Session, Error> {
         let root = root()?;
         let uprobe_events = root.join("uprobe_events");
-        if !uprobe_events.exists() {
-            return Err(Error::Unsupported(
-                "kernel without uprobe events (CONFIG_UPROBE_EVENTS)",
-            ));
+        match std::fs::metadata(&uprobe_events) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Unsupported(
+                    "kernel without uprobe events (CONFIG_UPROBE_EVENTS)",
+                ))
+            }
+            Err(e) => return Err(io_error("stat", e, "uprobe_events")),
         }
         let existing = std::fs::read_to_string(&uprobe_events)
             .map_err(|e| io_error("read", e, "uprobe_events"))?;
@@ -235,6 +239,16 @@ impl Session {
         name
     }
 
+    /// [`Error::AlreadyExists`] if somebody else created `name` in this session's group: the
+    /// kernel would silently add our probe to theirs.
+    fn check_free(&self, name: &str) -> Result<(), Error> {
+        let dir = root()?.join("events").join(&self.group).join(name);
+        if dir.exists() {
+            return Err(Error::AlreadyExists("uprobe event"));
+        }
+        Ok(())
+    }
+
     fn push(
         &mut self,
         event: UprobeEvent,
@@ -262,6 +276,7 @@ impl Session {
     pub fn add_probe(&mut self, path: &Path, note: &ProbeNote) -> Result<&EventInfo, Error> {
         let path = canonical(path)?;
         let name = self.unique_event_name(&format!("{}_{}", note.provider, note.name));
+        self.check_free(&name)?;
         let event = UprobeEvent::for_probe(&self.group, &name, &path, note)?;
         let offset = note.file_offset.unwrap_or(0);
         let label = format!("{}:{}", note.provider, note.name);
@@ -333,6 +348,7 @@ impl Session {
         kind: EventKind,
     ) -> Result<&EventInfo, Error> {
         let name = self.unique_event_name(name);
+        self.check_free(&name)?;
         let event = if ret {
             let args = if args.trim().is_empty() {
                 "ret=$retval:u64"
@@ -363,9 +379,11 @@ impl Session {
         Ok(())
     }
 
-    /// Records events (uprobes and kernel events enabled in the instance) only for the
-    /// processes/threads `pids` (`set_event_pid`), and, with `follow_forks`, for the tasks they
-    /// create from then on (`options/event-fork`). Trace markers are not filtered by this.
+    /// Records events (uprobes and kernel events enabled in the instance) only for the tasks
+    /// `pids` (`set_event_pid`), and, with `follow_forks`, for the tasks (processes and threads)
+    /// they create from then on (`options/event-fork`). The kernel filters by task, that is by
+    /// thread id: to follow the processes a thread spawns, give that thread's id (`gettid`),
+    /// not only the process id. Trace markers are not filtered by this.
     pub fn filter_pids(&self, pids: &[u32], follow_forks: bool) -> Result<(), Error> {
         let list: Vec<String> = pids.iter().map(u32::to_string).collect();
         self.instance
