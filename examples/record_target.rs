@@ -69,10 +69,15 @@ fn main() {
         }
         "crash" => {
             round(0);
-            // SAFETY: raising a signal has no memory-safety preconditions; it kills the process.
+            // std's SIGSEGV handler ignores a raised (not faulting) SIGSEGV: restore the
+            // default action first, so that the signal kills the process as a crash would.
+            // SAFETY: setting the default action and raising a signal have no memory-safety
+            // preconditions.
             unsafe {
+                libc::signal(libc::SIGSEGV, libc::SIG_DFL);
                 libc::raise(libc::SIGSEGV);
             }
+            std::process::abort();
         }
         "wait" => {
             round(0);

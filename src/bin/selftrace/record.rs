@@ -13,6 +13,7 @@ use selftrace::tracefs::{self, EventKind, Session};
 use selftrace::usdt::{read_probes, ProbeNote};
 use selftrace::Error;
 use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -272,10 +273,14 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
             }
         }
         let lines = tracefs::records(&text).count();
-        let how = match (status.code(), STOP.load(Ordering::SeqCst)) {
-            (_, s) if s != 0 => format!("recorder interrupted by signal {s}; command {status}"),
-            (Some(0), _) => "command exited with status 0".to_string(),
-            _ => format!("command {status}"),
+        let ended = match (status.code(), ExitStatusExt::signal(&status)) {
+            (Some(c), _) => format!("command exited with status {c}"),
+            (None, Some(sig)) => format!("command killed by signal {sig}"),
+            _ => format!("command ended: {status}"),
+        };
+        let how = match STOP.load(Ordering::SeqCst) {
+            0 => ended,
+            s => format!("recorder interrupted by signal {s} (forwarded); {ended}"),
         };
         eprintln!(
             "selftrace record: {how}; {lines} events from {} tasks; {} probe events, {} function uprobes",

@@ -1,0 +1,391 @@
+//! `selftrace list` and `selftrace record` end to end: a demo program with known probe values,
+//! sections, async sections, counters, instants, a thread and a child process is recorded; the
+//! text trace and the Chrome JSON hold exactly those; nothing of the recorder's is left in
+//! `uprobe_events` or `instances/`, also when the command crashes, when the recorder is
+//! interrupted, and when it fails with an error.
+
+mod record_support;
+
+use record_support::*;
+use selftrace::tracefs::{self, MarkerKind};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn selftrace() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_selftrace"))
+}
+
+fn out_file(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("record-cli-out")
+        .join(format!("{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("out.trace")
+}
+
+fn json_of(trace: &PathBuf) -> serde_json::Value {
+    let mut p = trace.clone().into_os_string();
+    p.push(".json");
+    let text = std::fs::read_to_string(PathBuf::from(p)).expect("FILE.json written");
+    serde_json::from_str(&text).expect("FILE.json is valid JSON")
+}
+
+/// Asserts that the recorder `pid` left nothing in tracefs.
+fn assert_clean(pid: u32) {
+    let left = leftovers(
+        &format!("selftrace_{pid}_"),
+        &format!("selftrace-record-{pid}-"),
+    );
+    assert_eq!(left, Vec::<String>::new(), "left behind by recorder {pid}");
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `selftrace record ARGS`, returning its output and pid.
+fn record(args: &[&str]) -> (Output, u32) {
+    let child = selftrace()
+        .arg("record")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    (child.wait_with_output().unwrap(), pid)
+}
+
+#[test]
+fn list_shows_probes_and_arguments() {
+    let bin = record_target();
+    let o = selftrace().arg("list").arg(&bin).output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("rt:step  [a0: u64 %"), "{s}");
+    assert!(s.contains(", a1: i32 %"), "{s}");
+    assert!(s.contains("rt:child  [a0: u32"), "{s}");
+    assert!(s.contains("semaphore 0x"), "{s}");
+}
+
+#[test]
+fn record_writes_text_json_and_summary() {
+    if !usable("record_writes_text_json_and_summary") {
+        return;
+    }
+    let bin = record_target();
+    let file = out_file("full");
+    let (o, rec) = record(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--sched",
+        "--uprobe",
+        "record_target_compute",
+        "--uprobe",
+        "record_target_compute%return",
+        "--",
+        bin.to_str().unwrap(),
+        "run",
+        "4",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_clean(rec);
+
+    // The text trace: exact probe values, and nothing from other processes.
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.starts_with("# tracer: nop"), "{text}");
+    let recs: Vec<_> = tracefs::records(&text).collect();
+    let body = |ev: &str| -> Vec<String> {
+        recs.iter()
+            .filter(|r| r.event == ev)
+            .map(|r| tracefs::parse_hit_body(r.body).1)
+            .map(|a| {
+                a.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    };
+    assert_eq!(
+        body("rt_step"),
+        ["a0=0 a1=-2", "a0=1 a1=-1", "a0=2 a1=0", "a0=3 a1=1"]
+    );
+    assert_eq!(body("rt_result"), ["a0=1", "a0=4", "a0=7", "a0=10"]);
+    assert_eq!(
+        body("record_target_compute__return"),
+        ["ret=1", "ret=4", "ret=7", "ret=10"]
+    );
+    assert_eq!(body("record_target_compute").len(), 4);
+    assert_eq!(body("rt_thread"), ["a0=77"]);
+    assert_eq!(body("rt_child"), ["a0=99"]);
+    let main = recs
+        .iter()
+        .find(|r| r.event == "rt_step")
+        .unwrap()
+        .tgid
+        .unwrap();
+    let child = recs
+        .iter()
+        .find(|r| r.event == "rt_child")
+        .unwrap()
+        .tgid
+        .unwrap();
+    assert_ne!(main, child);
+    for r in &recs {
+        if r.event != "sched_switch" {
+            assert!(
+                r.tgid == Some(main) || r.tgid == Some(child),
+                "foreign line {r:?}"
+            );
+        }
+    }
+    assert!(
+        recs.iter().any(|r| r.event == "sched_switch"),
+        "--sched records sched_switch"
+    );
+
+    // Sections with durations: every B has its E, later, on the same thread.
+    let markers = tracefs::markers(&text);
+    let mut open: BTreeMap<u32, Vec<(String, u64)>> = BTreeMap::new();
+    let mut done: Vec<(String, u64)> = Vec::new();
+    for m in &markers {
+        match m.kind {
+            MarkerKind::Begin => open
+                .entry(m.tid)
+                .or_default()
+                .push((m.name.clone(), m.timestamp_ns)),
+            MarkerKind::End => {
+                let (n, t) = open.get_mut(&m.tid).and_then(Vec::pop).expect("E after B");
+                assert!(m.timestamp_ns >= t);
+                done.push((n, m.timestamp_ns - t));
+            }
+            _ => {}
+        }
+    }
+    assert!(open.values().all(Vec::is_empty), "{open:?}");
+    let count = |n: &str| done.iter().filter(|(d, _)| d == n).count();
+    assert_eq!((count("round"), count("work")), (4, 4));
+    assert_eq!((count("thread work"), count("child work")), (1, 1));
+    let counters: Vec<i64> = markers
+        .iter()
+        .filter(|m| m.kind == MarkerKind::Counter && m.name == "queue")
+        .map(|m| m.value.unwrap())
+        .collect();
+    assert_eq!(counters, [0, 1, 2, 3]);
+
+    // The summary table.
+    let line = |name: &str| {
+        err.lines()
+            .find(|l| l.split("  ").next() == Some(name))
+            .unwrap_or_else(|| panic!("no summary line for {name}:\n{err}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(line("round").starts_with("round 4 "), "{err}");
+    assert!(line("load").starts_with("load 4 "), "{err}");
+    assert!(line("child work").starts_with("child work 1 "), "{err}");
+    assert_eq!(line("rt:step"), "rt:step 4");
+    assert_eq!(
+        line("record_target_compute%return"),
+        "record_target_compute%return 4"
+    );
+    assert!(err.contains("section") && err.contains("p99"), "{err}");
+
+    // The Chrome JSON.
+    let json = json_of(&file);
+    let events = json["traceEvents"].as_array().expect("traceEvents");
+    let n = |ph: &str, name: &str| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == ph && (name.is_empty() || e["name"] == name))
+            .count()
+    };
+    assert_eq!(n("B", "round"), 4);
+    assert_eq!(n("B", ""), n("E", ""));
+    assert_eq!(n("B", ""), 10);
+    assert_eq!((n("b", "load"), n("e", "load")), (4, 4));
+    assert_eq!(n("i", "tick"), 4);
+    let queue: Vec<i64> = events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "queue")
+        .map(|e| e["args"]["value"].as_i64().unwrap())
+        .collect();
+    assert_eq!(queue, [0, 1, 2, 3]);
+    let steps: Vec<(i64, i64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "i" && e["name"] == "rt:step")
+        .map(|e| {
+            (
+                e["args"]["a0"].as_i64().unwrap(),
+                e["args"]["a1"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(steps, [(0, -2), (1, -1), (2, 0), (3, 1)]);
+    let child_hit = events.iter().find(|e| e["name"] == "rt:child").unwrap();
+    assert_eq!(child_hit["args"]["a0"], 99);
+    assert_eq!(child_hit["pid"], child);
+    for e in events {
+        assert!(e["pid"].is_u64() && e["ph"].is_string(), "{e}");
+        if e["ph"] != "M" {
+            assert!(e["ts"].is_f64() || e["ts"].is_u64(), "{e}");
+        }
+    }
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "M" && e["name"] == "process_name"));
+}
+
+#[test]
+fn crashing_command_is_recorded_and_cleaned_up() {
+    if !usable("crashing_command_is_recorded_and_cleaned_up") {
+        return;
+    }
+    let bin = record_target();
+    let file = out_file("crash");
+    let (o, rec) = record(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "crash",
+    ]);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGSEGV), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("command killed by signal 11"),
+        "{}",
+        stderr(&o)
+    );
+    assert_clean(rec);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains(" rt_step: (") && text.contains("a0=0 a1=-2"),
+        "{text}"
+    );
+    assert!(text.contains("|round"), "{text}");
+    json_of(&file);
+}
+
+fn interrupt(sig: i32, test: &str) {
+    let bin = record_target();
+    let file = out_file(test);
+    let mut rec = selftrace()
+        .args(["record", "-o", file.to_str().unwrap(), "--"])
+        .arg(&bin)
+        .arg("wait")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = rec.id();
+    // The command prints "ready" once it has done one round and sleeps until killed.
+    let mut stdout = BufReader::new(rec.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "ready" {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let o = rec.wait_with_output().unwrap();
+            panic!(
+                "recorder ended before the command was ready: {}",
+                stderr(&o)
+            );
+        }
+    }
+    // SAFETY: kill has no memory-safety preconditions; `pid` is our child, not yet waited for.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = rec.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = rec.kill();
+            panic!("recorder did not end after signal {sig}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let o = rec.wait_with_output().unwrap();
+    let err = stderr(&o);
+    // The command got the forwarded signal; the recorder wrote what it had and cleaned up.
+    assert_eq!(status.code(), Some(128 + sig), "{err}");
+    assert!(
+        err.contains(&format!("recorder interrupted by signal {sig}")),
+        "{err}"
+    );
+    assert_clean(pid);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("a0=0 a1=-2") && text.contains("|round"),
+        "{text}"
+    );
+    json_of(&file);
+}
+
+#[test]
+fn sigint_to_the_recorder_cleans_up() {
+    if usable("sigint_to_the_recorder_cleans_up") {
+        interrupt(libc::SIGINT, "sigint");
+    }
+}
+
+#[test]
+fn sigterm_to_the_recorder_cleans_up() {
+    if usable("sigterm_to_the_recorder_cleans_up") {
+        interrupt(libc::SIGTERM, "sigterm");
+    }
+}
+
+#[test]
+fn errors_are_clear_and_leave_nothing() {
+    if !usable("errors_are_clear_and_leave_nothing") {
+        return;
+    }
+    let bin = record_target();
+    let bin = bin.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--uprobe", "no_such_function_xyz", "--", bin, "run", "1"],
+            "symbol no_such_function_xyz not found",
+        ),
+        (
+            &["--probe", "rt:nope", "--", bin, "run", "1"],
+            "probe rt:nope not found",
+        ),
+        (&["--", "/nonexistent/program"], "/nonexistent/program"),
+        (
+            &["--uprobe", "/nonexistent/lib.so:f", "--", bin],
+            "not found: elf file",
+        ),
+    ];
+    for (args, want) in cases {
+        let (o, rec) = record(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+        assert_clean(rec);
+    }
+
+    // Not root: a clear message, nothing created.
+    let o = selftrace()
+        .args(["record", "--", bin, "run", "1"])
+        .process_group(0)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("permission denied: recording needs root"),
+        "{}",
+        stderr(&o)
+    );
+}
