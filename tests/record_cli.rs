@@ -28,8 +28,8 @@ fn out_file(test: &str) -> PathBuf {
     dir.join("out.trace")
 }
 
-fn json_of(trace: &PathBuf) -> serde_json::Value {
-    let mut p = trace.clone().into_os_string();
+fn json_of(trace: &std::path::Path) -> serde_json::Value {
+    let mut p = trace.as_os_str().to_owned();
     p.push(".json");
     let text = std::fs::read_to_string(PathBuf::from(p)).expect("FILE.json written");
     serde_json::from_str(&text).expect("FILE.json is valid JSON")
@@ -193,6 +193,10 @@ fn record_writes_text_json_and_summary() {
     assert!(line("round").starts_with("round 4 "), "{err}");
     assert!(line("load").starts_with("load 4 "), "{err}");
     assert!(line("child work").starts_with("child work 1 "), "{err}");
+    assert!(
+        line("record_target_compute()").starts_with("record_target_compute() 4 "),
+        "{err}"
+    );
     assert_eq!(line("rt:step"), "rt:step 4");
     assert_eq!(
         line("record_target_compute%return"),
@@ -211,7 +215,21 @@ fn record_writes_text_json_and_summary() {
     };
     assert_eq!(n("B", "round"), 4);
     assert_eq!(n("B", ""), n("E", ""));
-    assert_eq!(n("B", ""), 10);
+    // 4 rounds, 4 works, 1 thread work, 1 child work, and 4 calls of the function recorded at
+    // entry and return.
+    assert_eq!(n("B", ""), 14);
+    let calls: Vec<&serde_json::Value> = events.iter().filter(|e| e["cat"] == "function").collect();
+    assert_eq!(calls.len(), 8);
+    for pair in calls.chunks(2) {
+        assert_eq!((&pair[0]["ph"], &pair[1]["ph"]), (&"B".into(), &"E".into()));
+        assert_eq!(pair[0]["name"], "record_target_compute");
+        assert!(pair[1]["ts"].as_f64() >= pair[0]["ts"].as_f64());
+    }
+    let rets: Vec<i64> = calls
+        .iter()
+        .filter_map(|e| e["args"]["ret"].as_i64())
+        .collect();
+    assert_eq!(rets, [1, 4, 7, 10]);
     assert_eq!((n("b", "load"), n("e", "load")), (4, 4));
     assert_eq!(n("i", "tick"), 4);
     let queue: Vec<i64> = events

@@ -1,7 +1,7 @@
 //! What a recording holds: the recorded process tree, the trace lines that belong to it, the
 //! sections (with durations) and the probe hits, and the summary table.
 
-use selftrace::tracefs::{parse_record, MarkerEvent, MarkerKind, Record};
+use selftrace::tracefs::{parse_record, EventInfo, EventKind, MarkerEvent, MarkerKind, Record};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The value of `key=` in an event body such as sched_switch's
@@ -150,6 +150,55 @@ pub fn sections(markers: &[MarkerEvent]) -> Vec<Section> {
     out
 }
 
+/// The functions recorded at entry and at return: entry event name -> return event name.
+pub fn function_pairs(events: &[EventInfo]) -> HashMap<String, String> {
+    let mut pairs = HashMap::new();
+    for entry in events.iter().filter(|e| e.kind == EventKind::Entry) {
+        if let Some(ret) = events.iter().find(|r| {
+            r.kind == EventKind::Return && r.path == entry.path && r.offset == entry.offset
+        }) {
+            pairs.insert(entry.event.clone(), ret.event.clone());
+        }
+    }
+    pairs
+}
+
+/// The calls of the functions recorded at entry and return (see [`function_pairs`]): per
+/// thread, each return closes the innermost open call. Named `label()`.
+pub fn function_calls(text: &str, events: &[EventInfo]) -> Vec<Section> {
+    let pairs = function_pairs(events);
+    let returns: HashMap<&str, &str> = pairs
+        .iter()
+        .map(|(e, r)| (r.as_str(), e.as_str()))
+        .collect();
+    let label = |ev: &str| {
+        events
+            .iter()
+            .find(|e| e.event == ev)
+            .map(|e| e.label.clone())
+    };
+    let mut out: Vec<Section> = Vec::new();
+    let mut stacks: HashMap<(u32, &str), Vec<usize>> = HashMap::new();
+    for r in text.lines().filter_map(parse_record) {
+        if let Some(entry) = pairs.get_key_value(r.event).map(|(k, _)| k.as_str()) {
+            stacks.entry((r.tid, entry)).or_default().push(out.len());
+            out.push(Section {
+                name: format!("{}()", label(entry).unwrap_or_default()),
+                pid: r.tgid.unwrap_or(r.tid),
+                tid: r.tid,
+                start_ns: r.timestamp_ns,
+                dur_ns: None,
+                is_async: false,
+            });
+        } else if let Some(entry) = returns.get(r.event) {
+            if let Some(i) = stacks.get_mut(&(r.tid, *entry)).and_then(Vec::pop) {
+                out[i].dur_ns = Some(r.timestamp_ns.saturating_sub(out[i].start_ns));
+            }
+        }
+    }
+    out
+}
+
 /// Count, total, mean, p50 and p99 of a set of durations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stats {
@@ -199,11 +248,11 @@ pub fn section_stats(sections: &[Section]) -> BTreeMap<String, (Option<Stats>, u
         .collect()
 }
 
-/// `1.234 ms`, `56.7 us`, `890 ns`, `2.500 s`.
+/// `890 ns`, `56.7 us`, `1.234 ms`, `2.500 s`.
 pub fn duration(ns: u64) -> String {
     match ns {
-        0..=9_999 => format!("{ns} ns"),
-        10_000..=999_999 => format!("{:.1} us", ns as f64 / 1e3),
+        0..=999 => format!("{ns} ns"),
+        1_000..=999_999 => format!("{:.1} us", ns as f64 / 1e3),
         1_000_000..=9_999_999_999 => format!("{:.3} ms", ns as f64 / 1e6),
         _ => format!("{:.3} s", ns as f64 / 1e9),
     }
@@ -309,7 +358,8 @@ mod tests {
         let s = stats(&mut [7]).unwrap();
         assert_eq!((s.p50, s.p99), (7, 7));
         assert!(stats(&mut []).is_none());
-        assert_eq!(duration(1500), "1500 ns");
+        assert_eq!(duration(999), "999 ns");
+        assert_eq!(duration(1500), "1.5 us");
         assert_eq!(duration(2_500_000), "2.500 ms");
         assert_eq!(duration(56_700), "56.7 us");
         assert_eq!(duration(25_000_000), "25.000 ms");

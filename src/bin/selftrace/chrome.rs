@@ -53,6 +53,10 @@ fn ts(ns: u64) -> String {
 pub fn chrome_json(text: &str, events: &[EventInfo]) -> String {
     let by_event: HashMap<&str, &EventInfo> =
         events.iter().map(|e| (e.event.as_str(), e)).collect();
+    // Functions recorded at entry and return become slices (B at entry, E at return).
+    let pairs = crate::analyze::function_pairs(events);
+    let paired_returns: std::collections::HashSet<&str> =
+        pairs.values().map(String::as_str).collect();
     let mut out = String::from("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
     let mut first = true;
     let mut push = |out: &mut String, ev: String| {
@@ -143,10 +147,19 @@ pub fn chrome_json(text: &str, events: &[EventInfo]) -> String {
                 }
                 let _ = write!(a, "{}:{}", json_string(k), json_value(v));
             }
-            let ev = format!(
-                "{},\"cat\":\"{cat}\",\"s\":\"t\",\"args\":{{{a}}}}}",
-                head("i", &info.label)
-            );
+            let ev = if pairs.contains_key(r.event) {
+                format!(
+                    "{},\"cat\":\"function\",\"args\":{{{a}}}}}",
+                    head("B", &info.label)
+                )
+            } else if paired_returns.contains(r.event) {
+                format!("{},\"cat\":\"function\",\"args\":{{{a}}}}}", head("E", ""))
+            } else {
+                format!(
+                    "{},\"cat\":\"{cat}\",\"s\":\"t\",\"args\":{{{a}}}}}",
+                    head("i", &info.label)
+                )
+            };
             push(&mut out, ev);
         }
     }

@@ -262,7 +262,8 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
     };
     if !o.quiet {
         let markers = tracefs::markers(&text);
-        let sections = analyze::sections(&markers);
+        let mut sections = analyze::sections(&markers);
+        sections.extend(analyze::function_calls(&text, &events));
         let mut hits: BTreeMap<String, usize> = BTreeMap::new();
         for e in &events {
             hits.entry(e.label.clone()).or_insert(0);
