@@ -10,7 +10,7 @@
 //!
 //! Usage: `record_target run N` (N rounds, then a thread and a child process), `record_target
 //! child` (what the child does), `record_target crash` (one round, then SIGSEGV), `record_target
-//! wait` (one round, prints `ready`, then sleeps until killed).
+//! wait` (one round, prints `ready PID`, then sleeps until killed).
 
 use selftrace::trace;
 use std::time::Duration;
@@ -81,7 +81,7 @@ fn main() {
         }
         "wait" => {
             round(0);
-            println!("ready");
+            println!("ready {}", std::process::id());
             loop {
                 std::thread::sleep(Duration::from_millis(50));
             }

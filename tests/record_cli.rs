@@ -309,7 +309,7 @@ fn interrupt(sig: i32, test: &str) {
     // The command prints "ready" once it has done one round and sleeps until killed.
     let mut stdout = BufReader::new(rec.stdout.take().unwrap());
     let mut line = String::new();
-    while line.trim() != "ready" {
+    while !line.starts_with("ready ") {
         line.clear();
         if stdout.read_line(&mut line).unwrap() == 0 {
             let o = rec.wait_with_output().unwrap();
@@ -406,4 +406,54 @@ fn errors_are_clear_and_leave_nothing() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn clean_removes_what_a_killed_recorder_left() {
+    if !usable("clean_removes_what_a_killed_recorder_left") {
+        return;
+    }
+    let bin = record_target();
+    let file = out_file("killed");
+    let mut rec = selftrace()
+        .args(["record", "-o", file.to_str().unwrap(), "--"])
+        .arg(&bin)
+        .arg("wait")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = rec.id();
+    let mut stdout = BufReader::new(rec.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("ready ") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "recorder ended early"
+        );
+    }
+    let command: i32 = line["ready ".len()..].trim().parse().unwrap();
+    // SIGKILL: the recorder cannot clean up.
+    rec.kill().unwrap();
+    rec.wait().unwrap();
+    // SAFETY: kill has no memory-safety preconditions; `command` is the orphaned program.
+    unsafe {
+        libc::kill(command, libc::SIGKILL);
+    }
+    let left = leftovers(
+        &format!("selftrace_{pid}_"),
+        &format!("selftrace-record-{pid}-"),
+    );
+    assert!(left.len() >= 2, "{left:?}");
+    let o = selftrace().arg("clean").output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        out.contains(&format!("removed instances/selftrace-record-{pid}-")),
+        "{out}"
+    );
+    assert!(out.contains(&format!("removed selftrace_{pid}_")), "{out}");
+    assert_clean(pid);
 }

@@ -42,7 +42,7 @@ pub use instance::{Instance, OwnedRecord};
 pub use parse::{
     markers, parse_marker, parse_record, records, MarkerEvent, MarkerKind, MarkerParts, Record,
 };
-pub use session::{parse_hit_body, EventInfo, EventKind, Hit, Session};
+pub use session::{parse_hit_body, remove_stale_sessions, EventInfo, EventKind, Hit, Session};
 pub use symbols::{find_functions, function_offset, function_symbols, FunctionSymbol};
 
 use crate::{sys, Error};

@@ -418,6 +418,72 @@ impl Session {
     }
 }
 
+/// Removes what sessions of processes that no longer exist left behind (a process killed with
+/// SIGKILL cannot clean up): instances named `<instance_prefix>-<pid>-<n>-<nanos>` and uprobe
+/// groups `selftrace_<pid>_<n>` whose `pid` is not running. Returns what was removed
+/// (`instances/NAME`, `GROUP/EVENT`).
+pub fn remove_stale_sessions(instance_prefix: &str) -> Result<Vec<String>, Error> {
+    let root = root()?;
+    let dead = |pid: &str| {
+        pid.parse::<u32>()
+            .is_ok_and(|p| p > 0 && !Path::new(&format!("/proc/{p}")).exists())
+    };
+    let mut removed = Vec::new();
+    let instances = root.join("instances");
+    let start = format!("{instance_prefix}-");
+    for entry in std::fs::read_dir(&instances).map_err(|e| io_error("readdir", e, "instances"))? {
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&start) else {
+            continue;
+        };
+        let parts: Vec<&str> = rest.split('-').collect();
+        if parts.len() != 3 || !parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        if dead(parts[0]) {
+            let dir = instances.join(&name);
+            let _ = std::fs::write(dir.join("options/copy_trace_marker"), "0");
+            if std::fs::remove_dir(&dir).is_ok() {
+                removed.push(format!("instances/{name}"));
+            }
+        }
+    }
+    let list = std::fs::read_to_string(root.join("uprobe_events"))
+        .map_err(|e| io_error("read", e, "uprobe_events"))?;
+    for line in list.lines() {
+        // p:GROUP/EVENT PATH:OFFSET ...
+        let Some(id) = line.split_whitespace().next().and_then(|h| h.get(2..)) else {
+            continue;
+        };
+        let Some((group, event)) = id.split_once('/') else {
+            continue;
+        };
+        let Some(rest) = group.strip_prefix("selftrace_") else {
+            continue;
+        };
+        let Some((pid, n)) = rest.split_once('_') else {
+            continue;
+        };
+        if !n.bytes().all(|b| b.is_ascii_digit()) || !dead(pid) {
+            continue;
+        }
+        let _ = std::fs::write(
+            root.join("events").join(group).join(event).join("enable"),
+            "0",
+        );
+        use std::io::Write;
+        let ok = std::fs::OpenOptions::new()
+            .append(true)
+            .open(root.join("uprobe_events"))
+            .and_then(|mut f| f.write_all(format!("-:{group}/{event}\n").as_bytes()));
+        if ok.is_ok() {
+            removed.push(format!("{group}/{event}"));
+        }
+    }
+    Ok(removed)
+}
+
 fn canonical(path: &Path) -> Result<PathBuf, Error> {
     std::fs::canonicalize(path).map_err(|e| io_error("realpath", e, "elf file"))
 }

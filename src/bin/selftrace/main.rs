@@ -5,6 +5,7 @@
 //! selftrace list BIN
 //! selftrace record [-o FILE] [--probe PROVIDER:NAME ...|--all-probes] [--uprobe SPEC ...]
 //!                  [--sched] [--buffer-kb N] -- CMD ARGS...
+//! selftrace clean
 //! ```
 //!
 //! See `selftrace help` and the README's "Recording a program" section.
@@ -34,6 +35,8 @@ usage:
     --sched               also record sched_switch of the recorded tasks
     --buffer-kb N         ring buffer size per CPU in KiB (default 8192)
     --quiet               no summary
+  selftrace clean
+      removes the uprobe events and instances that recorders killed with SIGKILL left behind
   needs root (tracefs, uprobe_events)";
 
 fn main() {
@@ -57,6 +60,15 @@ fn run(args: Vec<OsString>) -> Result<i32, String> {
             list(&PathBuf::from(bin))
         }
         Some("record") => record::record(parse_record(it.collect())?),
+        Some("clean") => {
+            let removed = selftrace::tracefs::remove_stale_sessions("selftrace-record")
+                .map_err(record::explain)?;
+            for r in &removed {
+                println!("removed {r}");
+            }
+            println!("{} left-overs of dead recorders removed", removed.len());
+            Ok(0)
+        }
         Some("help") | Some("-h") | Some("--help") => {
             println!("{USAGE}");
             Ok(0)
