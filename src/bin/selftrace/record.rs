@@ -2,9 +2,9 @@
 //! write the text and JSON traces and the summary.
 //!
 //! Everything created in tracefs belongs to the [`Session`], which removes it on drop. SIGINT,
-//! SIGTERM and SIGHUP do not kill the recorder: a handler forwards them to the command (a
-//! second one sends SIGKILL), the recorder waits for the command to end, and then cleans up
-//! and writes what was recorded.
+//! SIGTERM, SIGHUP and SIGQUIT do not kill the recorder: a handler forwards them to the command
+//! (unless the terminal sent them to the whole process group; a second one sends SIGKILL), the
+//! recorder waits for the command to end, and then cleans up and writes what was recorded.
 
 use crate::analyze;
 use crate::chrome;
@@ -22,11 +22,16 @@ static CHILD: AtomicI32 = AtomicI32::new(0);
 /// The first stop signal received (0: none).
 static STOP: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_stop_signal(sig: libc::c_int) {
-    // Only atomics and kill(2): async-signal-safe.
+extern "C" fn on_stop_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Only atomics, a read of `info` and kill(2): async-signal-safe.
     let previous = STOP.swap(sig, Ordering::SeqCst);
     let child = CHILD.load(Ordering::SeqCst);
-    if child > 0 {
+    // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t (or null, checked).
+    let from_terminal = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
+    if child > 0 && (previous != 0 || !from_terminal) {
+        // A signal from the terminal (Ctrl-C) reached the command already, as it is in the
+        // same foreground process group: forward only signals sent to the recorder alone, and
+        // turn any second signal into SIGKILL.
         let forward = if previous != 0 { libc::SIGKILL } else { sig };
         // SAFETY: kill has no memory-safety preconditions; `child` is our child's pid, which
         // stays reserved (a zombie) until we wait for it.
@@ -37,13 +42,14 @@ extern "C" fn on_stop_signal(sig: libc::c_int) {
 }
 
 fn install_stop_handlers() -> Result<(), String> {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler only
-        // touches atomics and calls kill(2), which are async-signal-safe.
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler has
+        // the SA_SIGINFO signature, only touches atomics and calls kill(2), which are
+        // async-signal-safe.
         let rc = unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
-            sa.sa_flags = libc::SA_RESTART;
+            sa.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(sig, &sa, std::ptr::null_mut())
         };
@@ -99,7 +105,15 @@ fn select_probes(o: &RecordOptions, bin: &Path) -> Result<Vec<ProbeNote>, String
     if o.no_probes {
         return Ok(Vec::new());
     }
-    let notes = read_probes(bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    let notes = match read_probes(bin) {
+        Ok(n) => n,
+        // A script or another non-ELF command: record its markers (and children) anyway.
+        Err(e) if o.probes.is_empty() => {
+            eprintln!("selftrace: no USDT probes read from {}: {e}", bin.display());
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(format!("{}: {e}", bin.display())),
+    };
     let live: Vec<ProbeNote> = notes
         .into_iter()
         .filter(|n| n.file_offset.is_some())
@@ -185,9 +199,15 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
 
     let mut session = Session::with_markers("selftrace-record").map_err(explain)?;
     for note in &probes {
-        session
-            .add_probe(&bin, note)
-            .map_err(|e| format!("probe {}:{}: {}", note.provider, note.name, explain(e)))?;
+        if let Err(e) = session.add_probe(&bin, note) {
+            let msg = format!("probe {}:{}: {}", note.provider, note.name, explain(e));
+            if o.probes.is_empty() && matches!(e, Error::Unsupported(_)) {
+                // Recording every probe: one the kernel cannot fetch is skipped, not fatal.
+                eprintln!("selftrace: skipping {msg}");
+            } else {
+                return Err(msg);
+            }
+        }
     }
     for spec in &o.uprobes {
         add_uprobe(&mut session, spec, &bin)?;
@@ -281,7 +301,7 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
         };
         let how = match STOP.load(Ordering::SeqCst) {
             0 => ended,
-            s => format!("recorder interrupted by signal {s} (forwarded); {ended}"),
+            s => format!("recorder interrupted by signal {s}; {ended}"),
         };
         eprintln!(
             "selftrace record: {how}; {lines} events from {} tasks; {} probe events, {} function uprobes",
