@@ -457,3 +457,82 @@ fn clean_removes_what_a_killed_recorder_left() {
     assert!(out.contains(&format!("removed selftrace_{pid}_")), "{out}");
     assert_clean(pid);
 }
+
+/// Ctrl-C in a terminal reaches the whole foreground process group (the recorder and the
+/// command, `si_code` SI_KERNEL): the command is not signalled twice, the recorder cleans up.
+#[test]
+fn ctrl_c_in_a_terminal_cleans_up() {
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
+    if !usable("ctrl_c_in_a_terminal_cleans_up") {
+        return;
+    }
+    let bin = record_target();
+    let file = out_file("ctrlc");
+    // SAFETY: plain libc calls on a new pseudo-terminal; the name buffer is large enough and
+    // ptsname_r nul-terminates it.
+    let (master, slave) = unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(m >= 0);
+        assert_eq!(libc::fcntl(m, libc::F_SETFD, libc::FD_CLOEXEC), 0);
+        assert_eq!(libc::grantpt(m), 0);
+        assert_eq!(libc::unlockpt(m), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
+        (m, std::ffi::CStr::from_ptr(name.as_ptr()).to_owned())
+    };
+    let mut cmd = selftrace();
+    cmd.args(["record", "-o", file.to_str().unwrap(), "--"])
+        .arg(&bin)
+        .arg("wait");
+    // SAFETY: between fork and exec the closure only makes async-signal-safe calls (setsid,
+    // open, ioctl, dup2) on memory it owns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let fd = libc::open(slave.as_ptr(), libc::O_RDWR);
+            if fd < 0 || libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for target in 0..3 {
+                libc::dup2(fd, target);
+            }
+            Ok(())
+        });
+    }
+    let mut rec = cmd.spawn().unwrap();
+    let pid = rec.id();
+    // SAFETY: `master` is an open descriptor owned by nobody else from here on.
+    let mut term = unsafe { std::fs::File::from_raw_fd(master) };
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("ready ") {
+        match term.read(&mut buf) {
+            Ok(0) | Err(_) => panic!("terminal closed: {}", String::from_utf8_lossy(&seen)),
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    term.write_all(b"\x03").unwrap();
+    // Until the recorder and the command close the terminal (EIO on the master).
+    while let Ok(n) = term.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let status = rec.wait().unwrap();
+    let out = String::from_utf8_lossy(&seen);
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{out}");
+    assert!(
+        out.contains("recorder interrupted by signal 2; command killed by signal 2"),
+        "{out}"
+    );
+    assert_clean(pid);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("a0=0 a1=-2") && text.contains("|round"),
+        "{text}"
+    );
+}
