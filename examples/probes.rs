@@ -28,17 +28,23 @@ fn main() {
             .iter()
             .map(|a| format!("{}{}", if a.signed { "i" } else { "u" }, a.size * 8))
             .collect();
-        println!("  {}:{} ({}) enabled={}", p.provider, p.name, args.join(", "), p.enabled);
+        println!(
+            "  {}:{} ({}) enabled={}",
+            p.provider,
+            p.name,
+            args.join(", "),
+            p.enabled
+        );
     }
     let start = Instant::now();
     let mut i: u64 = 0;
     while start.elapsed() < Duration::from_secs(seconds) {
-        let label = if i % 2 == 0 { "even" } else { "odd" };
+        let label = if i.is_multiple_of(2) { "even" } else { "odd" };
         selftrace::probe!(demo, tick, i, label);
         // The formatting runs only while a tracer is attached to demo:detail.
         selftrace::probe_lazy!(demo, detail, format!("tick {i} at {:?}", start.elapsed()));
         let r = handle(i, "/index.html");
-        if selftrace::probe_enabled!(demo, tick) && i % 10 == 0 {
+        if selftrace::probe_enabled!(demo, tick) && i.is_multiple_of(10) {
             println!("traced: tick {i} handle={r}");
         }
         i += 1;

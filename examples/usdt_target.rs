@@ -39,7 +39,22 @@ mod first {
         selftrace::probe!(selftrace_test, values, a, b, c, d, e, p);
         selftrace::probe!(selftrace_test, text, s, i);
         // Twelve arguments, the most a note may carry.
-        selftrace::probe!(selftrace_test, twelve, 1u8, -2i8, 3u16, -4i16, 5u32, -6i32, 7u64, -8i64, true, 'x', 1.5f64, i);
+        selftrace::probe!(
+            selftrace_test,
+            twelve,
+            1u8,
+            -2i8,
+            3u16,
+            -4i16,
+            5u32,
+            -6i32,
+            7u64,
+            -8i64,
+            true,
+            'x',
+            1.5f64,
+            i
+        );
     }
 }
 
@@ -102,6 +117,9 @@ fn fire_values(n: u64) {
         "enabled={}",
         selftrace::probe_enabled!(selftrace_test, values) as u8
     );
+    // The same probe from two crates (this one and selftrace): one semaphore.
+    selftrace::probe!(selftrace_test, cross_crate, n as u32);
+    selftrace::usdt::__private::cross_crate(n as u32);
     // Tells a tracer that the run is over.
     selftrace::probe!(selftrace_test, done, n);
 }

@@ -38,12 +38,24 @@ fn check_notes(path: &Path) -> HashMap<String, Vec<ProbeNote>> {
             n.semaphore >= probes_start && n.semaphore + 2 <= probes_end,
             "semaphore outside .probes: {what}"
         );
-        let off = n.file_offset.unwrap_or_else(|| panic!("no file offset: {what}"));
-        assert_eq!(data[off as usize], 0x90, "no nop at the probe's file offset: {what}");
+        let off = n
+            .file_offset
+            .unwrap_or_else(|| panic!("no file offset: {what}"));
+        assert_eq!(
+            data[off as usize], 0x90,
+            "no nop at the probe's file offset: {what}"
+        );
         let sem_off = n.semaphore_offset.unwrap() as usize;
-        assert_eq!(&data[sem_off..sem_off + 2], &[0, 0], "semaphore not zero in the file: {what}");
+        assert_eq!(
+            &data[sem_off..sem_off + 2],
+            &[0, 0],
+            "semaphore not zero in the file: {what}"
+        );
         assert!(n.arguments.len() <= 12, "{what}");
-        by_name.entry(format!("{}:{}", n.provider, n.name)).or_default().push(n);
+        by_name
+            .entry(format!("{}:{}", n.provider, n.name))
+            .or_default()
+            .push(n);
     }
     assert!(
         !by_name.contains_key("selftrace:gc_canary"),
@@ -53,7 +65,10 @@ fn check_notes(path: &Path) -> HashMap<String, Vec<ProbeNote>> {
     let mut sems: HashMap<u64, String> = HashMap::new();
     for (name, sites) in &by_name {
         for s in sites {
-            assert_eq!(s.semaphore, sites[0].semaphore, "{name}: sites with different semaphores");
+            assert_eq!(
+                s.semaphore, sites[0].semaphore,
+                "{name}: sites with different semaphores"
+            );
         }
         if let Some(other) = sems.insert(sites[0].semaphore, name.clone()) {
             panic!("{name} and {other} share a semaphore");
@@ -75,11 +90,24 @@ fn check_target(profile: &str) {
     let dir = build_fixtures(profile);
     let notes = check_notes(&dir.join("usdt_target"));
     let sizes = |name: &str| -> Vec<(u8, bool)> {
-        let sites = notes.get(name).unwrap_or_else(|| panic!("{name} missing in {profile}"));
-        sites[0].arguments.iter().map(|a| (a.size, a.signed)).collect()
+        let sites = notes
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing in {profile}"));
+        sites[0]
+            .arguments
+            .iter()
+            .map(|a| (a.size, a.signed))
+            .collect()
     };
-    assert_eq!(notes["selftrace_test:values"].len(), 2, "two sites of values in {profile}");
-    assert_eq!(sizes("selftrace_test:values"), spec("-1@x 2@x -4@x -8@x 8@x 8@x"));
+    assert_eq!(
+        notes["selftrace_test:values"].len(),
+        2,
+        "two sites of values in {profile}"
+    );
+    assert_eq!(
+        sizes("selftrace_test:values"),
+        spec("-1@x 2@x -4@x -8@x 8@x 8@x")
+    );
     assert_eq!(sizes("selftrace_test:text"), spec("8@x 8@x 8@x"));
     assert_eq!(
         sizes("selftrace_test:twelve"),
@@ -92,7 +120,10 @@ fn check_target(profile: &str) {
     // Arguments are registers (%reg) or, for &str, memory through a register.
     for sites in notes.values() {
         for a in &sites[0].arguments {
-            assert!(a.location.starts_with('%') || a.location.contains("(%"), "{a:?}");
+            assert!(
+                a.location.starts_with('%') || a.location.contains("(%"),
+                "{a:?}"
+            );
         }
     }
     let lib = check_notes(&dir.join("libusdt_cdylib.so"));
@@ -119,6 +150,7 @@ fn notes_release_fat_lto() {
 const C_PROGRAM: &str = r#"
 #include <sys/sdt.h>
 unsigned short cprov_hello_semaphore __attribute__((unused, section(".probes")));
+unsigned short cprov_bare_semaphore __attribute__((unused, section(".probes")));
 int main(int argc, char **argv) {
     long big = -5000000000L;
     if (cprov_hello_semaphore)
@@ -131,7 +163,9 @@ int main(int argc, char **argv) {
 
 /// Builds the C program with gcc; `None` (after printing why) when gcc or sys/sdt.h is missing.
 fn c_program() -> Option<Vec<u8>> {
-    let dir = std::env::temp_dir().join(format!("selftrace-sdt-{}", std::process::id()));
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("selftrace-sdt-{}-{seq}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("prog.c");
     std::fs::write(&src, C_PROGRAM).unwrap();
@@ -167,10 +201,18 @@ fn c_program() -> Option<Vec<u8>> {
 fn reads_c_sdt_program() {
     let Some(data) = c_program() else { return };
     let notes = parse_probes(&data).unwrap();
-    let hello = notes.iter().find(|n| n.name == "hello").expect("cprov:hello");
+    let hello = notes
+        .iter()
+        .find(|n| n.name == "hello")
+        .expect("cprov:hello");
     assert_eq!(hello.provider, "cprov");
     let sizes: Vec<(u8, bool)> = hello.arguments.iter().map(|a| (a.size, a.signed)).collect();
-    assert_eq!(sizes, vec![(4, true), (8, true), (8, false)], "{}", hello.args);
+    assert_eq!(
+        sizes,
+        vec![(4, true), (8, true), (8, false)],
+        "{}",
+        hello.args
+    );
     assert_ne!(hello.semaphore, 0);
     let off = hello.file_offset.unwrap() as usize;
     assert_eq!(data[off], 0x90);

@@ -23,10 +23,46 @@ fn every_argument_type() {
     let p: *const i32 = &x;
     let m: *mut u64 = &mut y;
     selftrace::probe!(selftrace_it, none);
-    selftrace::probe!(selftrace_it, ints, 1i8, 2i16, 3i32, 4i64, 5isize, 6u8, 7u16, 8u32, 9u64, 10usize, 11i128, 12u128);
-    selftrace::probe!(selftrace_it, misc, true, 'é', 1.5f32, 2.5f64, p, m, &x, &mut y);
+    selftrace::probe!(
+        selftrace_it,
+        ints,
+        1i8,
+        2i16,
+        3i32,
+        4i64,
+        5isize,
+        6u8,
+        7u16,
+        8u32,
+        9u64,
+        10usize,
+        11i128,
+        12u128
+    );
+    selftrace::probe!(
+        selftrace_it,
+        misc,
+        true,
+        'é',
+        1.5f32,
+        2.5f64,
+        p,
+        m,
+        &x,
+        &mut y
+    );
     selftrace::probe!(selftrace_it, bytes, "str", &b"bytes"[..], s, v);
     selftrace::probe!(selftrace_it, user, UserId(9));
+    // Any expression: casts and operators bind as written.
+    selftrace::probe!(
+        selftrace_it,
+        exprs,
+        x as u64,
+        x + 1,
+        -x,
+        *&x,
+        if x > 0 { 1u8 } else { 2 }
+    );
     selftrace::probe!("selftrace_it", "string_names", x);
     // Expressions are evaluated once and borrowed, not moved.
     let count = Cell::new(0);
@@ -164,7 +200,14 @@ fn registry_lists_probes() {
     );
     assert_eq!(find("selftrace_it", "bytes").arguments.len(), 8);
     assert_eq!(find("selftrace_it", "none").arguments.len(), 0);
-    for n in ["add", "add__return", "deposit", "deposit__return", "early", "early__return"] {
+    for n in [
+        "add",
+        "add__return",
+        "deposit",
+        "deposit__return",
+        "early",
+        "early__return",
+    ] {
         find("selftrace_it", n);
     }
     // The default provider is the crate's name.
@@ -182,5 +225,7 @@ fn registry_leaves_out_probes_removed_with_dead_code() {
     assert!(!probes().iter().any(|p| p.name == "gc_canary"));
     // A probe only ever asked about is listed.
     let _ = selftrace::probe_enabled!(selftrace_it, asked_only);
-    assert!(probes().iter().any(|p| p.name == "asked_only" && p.arguments.is_empty()));
+    assert!(probes()
+        .iter()
+        .any(|p| p.name == "asked_only" && p.arguments.is_empty()));
 }

@@ -21,7 +21,10 @@ usdt:{bin}:selftrace_test:lazy {{ printf("L %d\n", arg0); }}"#
 }
 
 fn check_bpftrace_output(stdout: &str, stderr: &str) {
-    let values: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("V ")).collect();
+    let values: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("V "))
+        .collect();
     assert_eq!(values.len(), N, "stdout:\n{stdout}\nstderr:\n{stderr}");
     for v in &values {
         assert_eq!(*v, VALUES_LINE, "stdout:\n{stdout}");
@@ -38,7 +41,11 @@ fn check_bpftrace_output(stdout: &str, stderr: &str) {
     assert_eq!(lazy, N, "stdout:\n{stdout}");
     // The program saw the semaphore raised, and evaluated the lazy arguments.
     assert!(stdout.contains("enabled=1"), "stdout:\n{stdout}");
-    assert_eq!(stdout.matches("lazy evaluated").count(), N, "stdout:\n{stdout}");
+    assert_eq!(
+        stdout.matches("lazy evaluated").count(),
+        N,
+        "stdout:\n{stdout}"
+    );
 }
 
 fn bpftrace_exec(profile: &str) {
@@ -98,7 +105,10 @@ fn bpftrace_running_process() {
     let target_out = target.wait_with_output().expect("target");
     let (mut stdout, stderr) = text(&out);
     stdout.push_str(&String::from_utf8_lossy(&target_out.stdout));
-    assert!(target_out.status.success(), "target failed; bpftrace:\n{stdout}\n{stderr}");
+    assert!(
+        target_out.status.success(),
+        "target failed; bpftrace:\n{stdout}\n{stderr}"
+    );
     check_bpftrace_output(&stdout, &stderr);
 }
 
@@ -135,11 +145,23 @@ usdt:{lib}:selftrace_cdylib:add__return {{ printf("R %d\n", arg0); if (arg0 == -
     let (stdout, stderr) = text(&out);
     let target_stdout = String::from_utf8_lossy(&target_out.stdout);
     for i in 0..3 {
-        assert!(stdout.contains(&format!("A {i} -100\n")), "stdout:\n{stdout}\nstderr:\n{stderr}");
-        assert!(stdout.contains(&format!("I {i} -100\n")), "stdout:\n{stdout}");
-        assert!(stdout.contains(&format!("R {}\n", i - 100)), "stdout:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("A {i} -100\n")),
+            "stdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert!(
+            stdout.contains(&format!("I {i} -100\n")),
+            "stdout:\n{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("R {}\n", i - 100)),
+            "stdout:\n{stdout}"
+        );
     }
-    assert!(target_stdout.contains("sum=-297"), "target:\n{target_stdout}");
+    assert!(
+        target_stdout.contains("sum=-297"),
+        "target:\n{target_stdout}"
+    );
 }
 
 #[test]
@@ -156,24 +178,43 @@ fn gdb_probes() {
     );
     let (stdout, stderr) = text(&out);
     for name in [
-        "values", "text", "twelve", "lazy", "done", "add", "add__return", "bump",
-        "bump__return", "generic", "generic__return",
+        "values",
+        "text",
+        "twelve",
+        "lazy",
+        "done",
+        "add",
+        "add__return",
+        "bump",
+        "bump__return",
+        "generic",
+        "generic__return",
     ] {
         assert!(
             stdout
                 .lines()
-                .any(|l| l.split_whitespace().take(3).collect::<Vec<_>>() == ["stap", "selftrace_test", name]),
+                .any(|l| l.split_whitespace().take(3).collect::<Vec<_>>()
+                    == ["stap", "selftrace_test", name]),
             "gdb does not list selftrace_test:{name}:\n{stdout}\n{stderr}"
         );
     }
 
     let mut cmd = Command::new("gdb");
-    cmd.args(["-nx", "-batch", "-ex", "break -probe-stap selftrace_test:values", "-ex", "run"]);
+    cmd.args([
+        "-nx",
+        "-batch",
+        "-ex",
+        "break -probe-stap selftrace_test:values",
+        "-ex",
+        "run",
+    ]);
     for i in 0..6 {
         cmd.args(["-ex", &format!("printf \"ARG{i} %ld\\n\", $_probe_arg{i}")]);
     }
     cmd.args(["-ex", "printf \"ARGC %d\\n\", $_probe_argc"]);
-    cmd.args(["-ex", "kill", "--args"]).arg(&bin).args(["values", "1"]);
+    cmd.args(["-ex", "kill", "--args"])
+        .arg(&bin)
+        .args(["values", "1"]);
     let out = run_with_timeout(&mut cmd, Duration::from_secs(120));
     let (stdout, stderr) = text(&out);
     let want = [
@@ -187,14 +228,27 @@ fn gdb_probes() {
         "ARGC 6",
     ];
     for w in want {
-        assert!(stdout.lines().any(|l| l == w), "missing {w:?}:\n{stdout}\n{stderr}");
+        assert!(
+            stdout.lines().any(|l| l == w),
+            "missing {w:?}:\n{stdout}\n{stderr}"
+        );
     }
 
     // The &str probe: pointer and length read through memory operands.
     let out = run_with_timeout(
         Command::new("gdb")
-            .args(["-nx", "-batch", "-ex", "break -probe-stap selftrace_test:text", "-ex", "run"])
-            .args(["-ex", "printf \"L %ld I %ld\\n\", $_probe_arg1, $_probe_arg2"])
+            .args([
+                "-nx",
+                "-batch",
+                "-ex",
+                "break -probe-stap selftrace_test:text",
+                "-ex",
+                "run",
+            ])
+            .args([
+                "-ex",
+                "printf \"L %ld I %ld\\n\", $_probe_arg1, $_probe_arg2",
+            ])
             .args(["-ex", "x/s $_probe_arg0"])
             .args(["-ex", "kill", "--args"])
             .arg(&bin)
@@ -207,7 +261,10 @@ fn gdb_probes() {
         "{stdout}\n{stderr}"
     );
     // The string is not NUL-terminated: x/s shows it and what follows.
-    assert!(stdout.contains(&format!(":\t\"{TEXT}")), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(":\t\"{TEXT}")),
+        "{stdout}\n{stderr}"
+    );
 }
 
 /// Deletes perf's probe events on drop, also when the test fails.
@@ -215,7 +272,9 @@ struct PerfProbe(&'static str);
 
 impl Drop for PerfProbe {
     fn drop(&mut self) {
-        let _ = Command::new("perf").args(["probe", "-q", "-d", self.0]).output();
+        let _ = Command::new("perf")
+            .args(["probe", "-q", "-d", self.0])
+            .output();
     }
 }
 
@@ -227,8 +286,14 @@ fn perf_counts_hits() {
     let bin = target_bin("dev");
     let dir = std::env::temp_dir().join(format!("selftrace-perf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let _ = Command::new("perf").args(["probe", "-q", "-d", "sdt_selftrace_test:*"]).output();
-    let out = Command::new("perf").args(["buildid-cache", "--add"]).arg(&bin).output().unwrap();
+    let _ = Command::new("perf")
+        .args(["probe", "-q", "-d", "sdt_selftrace_test:*"])
+        .output();
+    let out = Command::new("perf")
+        .args(["buildid-cache", "--add"])
+        .arg(&bin)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{:?}", text(&out));
     let out = Command::new("perf")
         .args(["probe", "-x"])
@@ -249,9 +314,16 @@ fn perf_counts_hits() {
         Duration::from_secs(120),
     );
     assert!(out.status.success(), "perf record: {:?}", text(&out));
-    let out = Command::new("perf").args(["script", "-i"]).arg(&data).output().unwrap();
+    let out = Command::new("perf")
+        .args(["script", "-i"])
+        .arg(&data)
+        .output()
+        .unwrap();
     let (stdout, stderr) = text(&out);
-    let hits = stdout.lines().filter(|l| l.contains("sdt_selftrace_test:values")).count();
+    let hits = stdout
+        .lines()
+        .filter(|l| l.contains("sdt_selftrace_test:values"))
+        .count();
     assert_eq!(hits, 7, "perf script:\n{stdout}\n{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -17,8 +17,14 @@ fn type_dependent_errors() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
     let cases = [
-        ("bad_size", "ProbeArg::SIZE must be one of 1, 2, 4, 8, -1, -2, -4, -8"),
-        ("too_many_words", "a USDT probe has at most 12 arguments (&str and &[u8] count as 2)"),
+        (
+            "bad_size",
+            "ProbeArg::SIZE must be one of 1, 2, 4, 8, -1, -2, -4, -8",
+        ),
+        (
+            "too_many_words",
+            "a USDT probe has at most 12 arguments (&str and &[u8] count as 2)",
+        ),
     ];
     let mut manifest = format!(
         "[package]\nname = \"usdt-ui-build\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\n\
@@ -28,7 +34,10 @@ fn type_dependent_errors() {
     for (name, _) in cases {
         manifest.push_str(&format!(
             "\n[[bin]]\nname = \"{name}\"\npath = {:?}\n",
-            root.join("tests/ui-build").join(format!("{name}.rs")).display().to_string()
+            root.join("tests/ui-build")
+                .join(format!("{name}.rs"))
+                .display()
+                .to_string()
         ));
     }
     std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
@@ -37,12 +46,18 @@ fn type_dependent_errors() {
         let out = std::process::Command::new(&cargo)
             .current_dir(&dir)
             .args(["build", "--quiet", "--bin", name])
-            .env("CARGO_TARGET_DIR", root.join("target").join("usdt-fixtures"))
+            .env(
+                "CARGO_TARGET_DIR",
+                root.join("target").join("usdt-fixtures"),
+            )
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name} compiled");
         assert!(stderr.contains(message), "{name}:\n{stderr}");
-        assert!(stderr.contains(&format!("tests/ui-build/{name}.rs")), "{name}: no span in the file:\n{stderr}");
+        assert!(
+            stderr.contains(&format!("tests/ui-build/{name}.rs")),
+            "{name}: no span in the file:\n{stderr}"
+        );
     }
 }

@@ -114,7 +114,8 @@ fn own_uprobe_raises_own_semaphore() {
     let group = format!("selftrace_self_{}", std::process::id());
     let event = UprobeEvent::for_probe(&group, "ping", &exe, &note).unwrap();
     let inst = Instance::create("selftrace-self").unwrap();
-    inst.set_event_enabled(event.group(), event.event(), true).unwrap();
+    inst.set_event_enabled(event.group(), event.event(), true)
+        .unwrap();
     // The kernel raised the semaphore of this running process.
     assert!(selftrace::probe_enabled!(selftrace_self, ping));
     let listed = selftrace::usdt::probes()

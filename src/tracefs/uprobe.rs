@@ -83,7 +83,11 @@ fn kernel_register(reg: &str) -> Option<String> {
 
 /// The `uprobe_events` fetch argument for one note argument: `%di:s32`, `+8(%r9):u64`.
 pub fn fetch_arg(arg: &ArgSpec) -> Result<String, Error> {
-    let ty = format!("{}{}", if arg.signed { 's' } else { 'u' }, arg.size as u32 * 8);
+    let ty = format!(
+        "{}{}",
+        if arg.signed { 's' } else { 'u' },
+        arg.size as u32 * 8
+    );
     let loc = arg.location.as_str();
     let unsupported = Error::Unsupported("probe argument location");
     if loc.starts_with('%') {
@@ -141,8 +145,14 @@ impl UprobeEvent {
         ref_ctr_offset: Option<u64>,
         args: &str,
     ) -> Result<UprobeEvent, Error> {
-        check_name(group, "uprobe group must be 1-64 ascii letters, digits or '_'")?;
-        check_name(event, "uprobe event must be 1-64 ascii letters, digits or '_'")?;
+        check_name(
+            group,
+            "uprobe group must be 1-64 ascii letters, digits or '_'",
+        )?;
+        check_name(
+            event,
+            "uprobe event must be 1-64 ascii letters, digits or '_'",
+        )?;
         let path = path
             .to_str()
             .filter(|p| p.starts_with('/') && !p.contains([' ', '\n', ':', '\t']))
@@ -152,7 +162,9 @@ impl UprobeEvent {
         if args.contains('\n') {
             return Err(Error::InvalidInput("uprobe arguments contain a newline"));
         }
-        let refctr = ref_ctr_offset.map(|r| format!("(0x{r:x})")).unwrap_or_default();
+        let refctr = ref_ctr_offset
+            .map(|r| format!("(0x{r:x})"))
+            .unwrap_or_default();
         write_uprobe_events(&format!(
             "{kind}:{group}/{event} {path}:0x{offset:x}{refctr} {args}\n"
         ))?;

@@ -143,6 +143,14 @@ pub mod __private {
     pub fn gc_canary(x: u64) {
         crate::probe!(selftrace, gc_canary, x);
     }
+
+    /// A site of `selftrace_test:cross_crate` in this crate; the test program fires the same
+    /// probe from its own crate, and both sites must share one semaphore
+    /// (tests/usdt_notes.rs).
+    #[inline(never)]
+    pub fn cross_crate(x: u32) {
+        crate::probe!(selftrace_test, cross_crate, x);
+    }
 }
 
 /// A probe compiled into the running program, as [`probes()`] lists it.
@@ -208,7 +216,10 @@ pub fn probes() -> Vec<Probe> {
     let noted = fill_arguments(&mut out);
     // The registry keeps entries of sites whose code the linker removed (their notes are gone
     // with the code); a probe whose firing sites all went is not in the program.
-    let mut keep = fires.iter().zip(&noted).map(|(&f, &n)| !f || n != Some(false));
+    let mut keep = fires
+        .iter()
+        .zip(&noted)
+        .map(|(&f, &n)| !f || n != Some(false));
     out.retain(|_| keep.next().unwrap_or(true));
     out.sort_by(|a, b| (a.provider, a.name, a.semaphore).cmp(&(b.provider, b.name, b.semaphore)));
     out
@@ -219,7 +230,9 @@ pub fn probes() -> Vec<Probe> {
 fn fill_arguments(probes: &mut [Probe]) -> Vec<Option<bool>> {
     let mut noted = vec![None; probes.len()];
     use findshlibs::{Segment, SharedLibrary, TargetSharedLibrary};
-    let mut objects: Vec<(String, u64, Vec<(u64, u64)>)> = Vec::new();
+    /// A loaded object: file name, load bias, mapped address ranges.
+    type Object = (String, u64, Vec<(u64, u64)>);
+    let mut objects: Vec<Object> = Vec::new();
     TargetSharedLibrary::each(|lib| {
         let bias = lib.virtual_memory_bias().0 as u64;
         let ranges = lib

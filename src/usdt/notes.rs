@@ -253,7 +253,10 @@ mod tests {
 
     #[test]
     fn not_elf() {
-        assert_eq!(parse_probes(b"hello"), Err(Error::BadElf("not an elf file")));
+        assert_eq!(
+            parse_probes(b"hello"),
+            Err(Error::BadElf("not an elf file"))
+        );
         assert!(parse_probes(&[]).is_err());
     }
 }

@@ -8,8 +8,8 @@ use syn::{parse_quote, Expr, FnArg, ItemFn, LitStr, Pat, ReturnType, Type};
 
 /// Return types whose value the `__return` probe carries.
 const SCALARS: &[&str] = &[
-    "i8", "i16", "i32", "i64", "isize", "u8", "u16", "u32", "u64", "usize", "bool", "char",
-    "f32", "f64",
+    "i8", "i16", "i32", "i64", "isize", "u8", "u16", "u32", "u64", "usize", "bool", "char", "f32",
+    "f64",
 ];
 
 fn supported_return(ty: &Type) -> bool {
@@ -107,7 +107,10 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
     }
     if args.len() > site::MAX_ARGS {
         return Err(syn::Error::new(
-            sig.inputs.iter().nth(site::MAX_ARGS).map_or(sig.span(), |a| a.span()),
+            sig.inputs
+                .iter()
+                .nth(site::MAX_ARGS)
+                .map_or(sig.span(), |a| a.span()),
             format!(
                 "a USDT probe has at most {} arguments, this function has {}",
                 site::MAX_ARGS,

@@ -30,7 +30,10 @@ impl Parse for Name {
             })
         } else {
             let id: Ident = input.call(syn::ext::IdentExt::parse_any).map_err(|e| {
-                syn::Error::new(e.span(), "expected a probe provider or name (an identifier or a string literal)")
+                syn::Error::new(
+                    e.span(),
+                    "expected a probe provider or name (an identifier or a string literal)",
+                )
             })?;
             Ok(Name {
                 value: id.to_string().trim_start_matches("r#").to_string(),
@@ -104,14 +107,7 @@ impl Parse for SiteInput {
 #[proc_macro]
 pub fn __probe_site(input: TokenStream) -> TokenStream {
     match syn::parse::<SiteInput>(input) {
-        Ok(s) => site::generate(
-            &s.krate,
-            &s.provider.value,
-            &s.name.value,
-            &s.args,
-            s.mode,
-        )
-        .into(),
+        Ok(s) => site::generate(&s.krate, &s.provider.value, &s.name.value, &s.args, s.mode).into(),
         Err(e) => e.to_compile_error().into(),
     }
 }

@@ -264,9 +264,7 @@ pub fn generate(
     } else {
         quote!(#(<#tys as #usdt::ProbeArg>::__WORDS)+*)
     };
-    let call_args = args.iter().map(|e| {
-        quote_spanned!(e.span()=> &#e)
-    });
+    let call_args = args.iter().map(|e| quote_spanned!(e.span()=> &(#e)));
     let fire = quote! {
         #[inline(always)]
         #[allow(non_snake_case, clippy::too_many_arguments, clippy::needless_borrow)]
