@@ -46,6 +46,14 @@ fn main() {
     match mode {
         "run" => {
             let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
+            // Raised by the kernel when a tracer attached to rt:step before this process
+            // started (the recorder enables its events first).
+            println!("rt:step enabled={}", selftrace::probe_enabled!(rt, step));
+            // Evaluated only while rt:lazy is traced.
+            selftrace::probe_lazy!(rt, lazy, {
+                println!("rt:lazy evaluated");
+                n
+            });
             for i in 0..n {
                 round(i);
             }

@@ -97,6 +97,10 @@ fn record_writes_text_json_and_summary() {
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert_clean(rec);
+    // The kernel raised the semaphores of a process started after the events were enabled.
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("rt:step enabled=true"), "{stdout}");
+    assert!(stdout.contains("rt:lazy evaluated"), "{stdout}");
 
     // The text trace: exact probe values, and nothing from other processes.
     let text = std::fs::read_to_string(&file).unwrap();
@@ -126,6 +130,7 @@ fn record_writes_text_json_and_summary() {
     assert_eq!(body("record_target_compute").len(), 4);
     assert_eq!(body("rt_thread"), ["a0=77"]);
     assert_eq!(body("rt_child"), ["a0=99"]);
+    assert_eq!(body("rt_lazy"), ["a0=4"]);
     let main = recs
         .iter()
         .find(|r| r.event == "rt_step")
@@ -533,6 +538,35 @@ fn ctrl_c_in_a_terminal_cleans_up() {
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(
         text.contains("a0=0 a1=-2") && text.contains("|round"),
+        "{text}"
+    );
+}
+
+#[test]
+fn without_probes_the_semaphores_stay_down() {
+    if !usable("without_probes_the_semaphores_stay_down") {
+        return;
+    }
+    let bin = record_target();
+    let file = out_file("noprobes");
+    let (o, rec) = record(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--no-probes",
+        "--",
+        bin.to_str().unwrap(),
+        "run",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean(rec);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("rt:step enabled=false"), "{stdout}");
+    assert!(!stdout.contains("rt:lazy evaluated"), "{stdout}");
+    // Markers are recorded all the same.
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("|round") && !text.contains(" rt_step: ("),
         "{text}"
     );
 }
