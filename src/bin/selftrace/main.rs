@@ -12,6 +12,7 @@
 
 mod analyze;
 mod chrome;
+mod pipe;
 mod record;
 
 use std::ffi::OsString;

@@ -8,6 +8,7 @@
 
 use crate::analyze;
 use crate::chrome;
+use crate::pipe::{self, PipeReader};
 use crate::RecordOptions;
 use selftrace::tracefs::{self, EventKind, Session};
 use selftrace::usdt::{read_probes, ProbeNote};
@@ -228,6 +229,10 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
     session
         .filter_pids(&[std::process::id()], true)
         .map_err(explain)?;
+    // Consumed while the command runs; declared after the session, so dropped (stopped,
+    // closed) before it on every path.
+    let reader = PipeReader::start(&session.instance().file("trace_pipe"))
+        .map_err(|e| format!("cannot read the instance's trace_pipe: {e}"))?;
     session.enable().map_err(explain)?;
     check_stop()?;
 
@@ -245,13 +250,17 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
         .map_err(|e| format!("waiting for the command: {e}"))?;
     CHILD.store(0, Ordering::SeqCst);
 
-    // Stop copying markers before reading, then read everything and clean up tracefs before
-    // writing any file.
+    // Stop copying markers, read what is left, and clean up tracefs before writing any file.
     let _ = session.disable();
     let _ = session
         .instance()
         .write_file("options/copy_trace_marker", "0");
-    let raw = session.instance().read_trace().map_err(explain)?;
+    let streamed = reader.finish();
+    let header = session.instance().read_trace().unwrap_or_default();
+    let (raw, lost) = pipe::assemble(&header, &String::from_utf8_lossy(&streamed));
+    if lost > 0 {
+        eprintln!("selftrace: warning: the kernel dropped {lost} events (raise --buffer-kb)");
+    }
     let events = session.events().to_vec();
     let group = session.group().to_string();
     drop(session);
