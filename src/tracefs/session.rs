@@ -160,16 +160,24 @@ impl Session {
     /// [`Error::AlreadyExists`] if the group name is taken (left over by a crashed process
     /// that had the same pid).
     pub fn new(prefix: &str) -> Result<Session, Error> {
-        Self::create(prefix, false)
+        Self::create(prefix, false, None)
     }
 
     /// Like [`new`](Self::new), and the instance also records the trace markers written to the
     /// top-level `trace_marker` (see [`Instance::for_markers`]).
     pub fn with_markers(prefix: &str) -> Result<Session, Error> {
-        Self::create(prefix, true)
+        Self::create(prefix, true, None)
     }
 
-    fn create(prefix: &str, markers: bool) -> Result<Session, Error> {
+    /// A session with a ring buffer of `buffer_kb` KiB per CPU, recording trace markers when
+    /// `markers` is true. Use this rather than resizing the instance afterwards: resizing an
+    /// instance that copies markers loses every process's markers while it lasts (see
+    /// [`Instance::for_markers_with_buffer`]).
+    pub fn with_options(prefix: &str, markers: bool, buffer_kb: u32) -> Result<Session, Error> {
+        Self::create(prefix, markers, Some(buffer_kb))
+    }
+
+    fn create(prefix: &str, markers: bool, buffer_kb: Option<u32>) -> Result<Session, Error> {
         let root = root()?;
         let uprobe_events = root.join("uprobe_events");
         match std::fs::metadata(&uprobe_events) {
@@ -191,10 +199,16 @@ impl Session {
         if existing.contains(&format!(":{group}/")) {
             return Err(Error::AlreadyExists("uprobe event group"));
         }
-        let instance = if markers {
-            Instance::for_markers(prefix)?
-        } else {
-            Instance::create(prefix)?
+        let instance = match (markers, buffer_kb) {
+            (true, Some(kib)) => Instance::for_markers_with_buffer(prefix, kib)?,
+            (true, None) => Instance::for_markers(prefix)?,
+            (false, kib) => {
+                let inst = Instance::create(prefix)?;
+                if let Some(kib) = kib {
+                    inst.set_buffer_size_kb(kib)?;
+                }
+                inst
+            }
         };
         // The process id on every line: Perfetto groups threads into processes with it.
         let _ = instance.write_file("options/record-tgid", "1");

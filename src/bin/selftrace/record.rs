@@ -198,7 +198,8 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
     let bin = resolve_command(Path::new(&o.command[0]))?;
     let probes = select_probes(&o, &bin)?;
 
-    let mut session = Session::with_markers("selftrace-record").map_err(explain)?;
+    let mut session =
+        Session::with_options("selftrace-record", true, o.buffer_kb).map_err(explain)?;
     for note in &probes {
         if let Err(e) = session.add_probe(&bin, note) {
             let msg = format!("probe {}:{}: {}", note.provider, note.name, explain(e));
@@ -217,7 +218,6 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
     if !inst.copies_markers() {
         eprintln!("selftrace: this kernel cannot copy trace markers into an instance (6.17+); markers are not recorded");
     }
-    inst.set_buffer_size_kb(o.buffer_kb).map_err(explain)?;
     inst.set_event_enabled("sched", "sched_process_fork", true)
         .map_err(explain)?;
     if o.sched {
