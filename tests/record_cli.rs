@@ -574,3 +574,29 @@ fn without_probes_the_semaphores_stay_down() {
         "{text}"
     );
 }
+
+#[test]
+fn list_and_usage_errors() {
+    let o = selftrace()
+        .args(["list", "/etc/hostname"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not an elf file"), "{}", stderr(&o));
+    let o = selftrace()
+        .args(["record", "--bogus", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown option --bogus"),
+        "{}",
+        stderr(&o)
+    );
+    let o = selftrace().args(["record", "--sched"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("needs a command"), "{}", stderr(&o));
+    let o = selftrace().arg("help").output().unwrap();
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("selftrace record [OPTIONS] -- CMD"));
+}

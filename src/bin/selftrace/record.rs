@@ -143,31 +143,71 @@ fn select_probes(o: &RecordOptions, bin: &Path) -> Result<Vec<ProbeNote>, String
     Ok(out)
 }
 
-/// Adds the event of one `--uprobe` spec: `[PATH:]SYMBOL[%return] [FETCHARGS]` or
-/// `[PATH:]0xOFFSET[%return] [FETCHARGS]`.
-fn add_uprobe(s: &mut Session, spec: &str, bin: &Path) -> Result<(), String> {
-    let (target, args) = match spec.trim().split_once(char::is_whitespace) {
+/// What one `--uprobe` spec names.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UprobeSpec<'a> {
+    /// The ELF file; `None`: the command.
+    pub path: Option<PathBuf>,
+    /// A symbol, or an offset when `offset` is set.
+    pub what: &'a str,
+    /// The raw file offset of `0xOFFSET`.
+    pub offset: Option<u64>,
+    /// `%return`.
+    pub ret: bool,
+    /// Extra fetch arguments.
+    pub args: &'a str,
+}
+
+/// Parses `[PATH:]SYMBOL[%return] [FETCHARGS]` or `[PATH:]0xOFFSET[%return] [FETCHARGS]`
+/// (PATH starts with `/` or `.`).
+pub fn parse_uprobe_spec(spec: &str) -> Result<UprobeSpec<'_>, String> {
+    let spec = spec.trim();
+    let (target, args) = match spec.split_once(char::is_whitespace) {
         Some((t, a)) => (t, a.trim()),
-        None => (spec.trim(), ""),
+        None => (spec, ""),
     };
     let (path, what) = if target.starts_with('/') || target.starts_with('.') {
         let (p, w) = target
             .split_once(':')
             .ok_or_else(|| format!("--uprobe {spec}: expected PATH:SYMBOL"))?;
-        (PathBuf::from(p), w)
+        (Some(PathBuf::from(p)), w)
     } else {
-        (bin.to_path_buf(), target)
+        (None, target)
     };
     let (what, ret) = match what.strip_suffix("%return") {
         Some(w) => (w, true),
         None => (what, false),
     };
-    let r = match what.strip_prefix("0x") {
+    if what.is_empty() {
+        return Err(format!("--uprobe {spec}: no symbol"));
+    }
+    let offset = match what.strip_prefix("0x") {
         Some(hex) => {
-            let off =
-                u64::from_str_radix(hex, 16).map_err(|_| format!("--uprobe {spec}: bad offset"))?;
-            s.add_offset(&path, off, ret, args).map(|_| ())
+            Some(u64::from_str_radix(hex, 16).map_err(|_| format!("--uprobe {spec}: bad offset"))?)
         }
+        None => None,
+    };
+    Ok(UprobeSpec {
+        path,
+        what,
+        offset,
+        ret,
+        args,
+    })
+}
+
+/// Adds the event of one `--uprobe` spec (see [`parse_uprobe_spec`]).
+fn add_uprobe(s: &mut Session, spec: &str, bin: &Path) -> Result<(), String> {
+    let UprobeSpec {
+        path,
+        what,
+        offset,
+        ret,
+        args,
+    } = parse_uprobe_spec(spec)?;
+    let path = path.unwrap_or_else(|| bin.to_path_buf());
+    let r = match offset {
+        Some(off) => s.add_offset(&path, off, ret, args).map(|_| ()),
         None => s.add_function(&path, what, ret, args).map(|_| ()),
     };
     r.map_err(|e| match e {
@@ -326,4 +366,28 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
         eprint!("{}", analyze::summary(&sections, &hits));
     }
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uprobe_specs() {
+        let s = parse_uprobe_spec("compute").unwrap();
+        assert_eq!(
+            (s.path, s.what, s.offset, s.ret, s.args),
+            (None, "compute", None, false, "")
+        );
+        let s = parse_uprobe_spec("app::parse%return").unwrap();
+        assert_eq!((s.what, s.ret), ("app::parse", true));
+        let s = parse_uprobe_spec("/lib/libc.so.6:free p=%di:x64 q=%si:u64").unwrap();
+        assert_eq!(s.path, Some(PathBuf::from("/lib/libc.so.6")));
+        assert_eq!((s.what, s.args), ("free", "p=%di:x64 q=%si:u64"));
+        let s = parse_uprobe_spec("./app:0x1f40%return").unwrap();
+        assert_eq!((s.what, s.offset, s.ret), ("0x1f40", Some(0x1f40), true));
+        assert!(parse_uprobe_spec("/lib/libc.so.6").is_err());
+        assert!(parse_uprobe_spec("0xzz").is_err());
+        assert!(parse_uprobe_spec("%return").is_err());
+    }
 }
