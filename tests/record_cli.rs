@@ -5,6 +5,9 @@
 //! interrupted, and when it fails with an error.
 
 mod record_support;
+// The USDT tests' fixtures: a program that dlopens a cdylib with probes.
+#[path = "usdt_support/mod.rs"]
+mod usdt_support;
 
 use record_support::*;
 use selftrace::tracefs::{self, MarkerKind};
@@ -599,4 +602,58 @@ fn list_and_usage_errors() {
     let o = selftrace().arg("help").output().unwrap();
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stdout).contains("selftrace record [OPTIONS] -- CMD"));
+}
+
+/// `--lib`: the probes of a shared library the command loads with dlopen after the recording
+/// started; the kernel raises the library's semaphore when it is mapped.
+#[test]
+fn probes_of_a_dlopened_library() {
+    if !usable("probes_of_a_dlopened_library") {
+        return;
+    }
+    let lib = usdt_support::cdylib("dev");
+    let target = usdt_support::target_bin("dev");
+    let file = out_file("lib");
+    let (o, rec) = record(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--lib",
+        lib.to_str().unwrap(),
+        "--probe",
+        "selftrace_cdylib:*",
+        "--",
+        target.to_str().unwrap(),
+        "dlopen",
+        lib.to_str().unwrap(),
+        "3",
+    ]);
+    let err = stderr(&o);
+    // usdt_target exits with 2 unless the library's semaphore rises within 20 s.
+    assert!(o.status.success(), "{err}");
+    assert_clean(rec);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let args = |ev: &str| -> Vec<String> {
+        tracefs::records(&text)
+            .filter(|r| r.event == ev)
+            .map(|r| {
+                let (_, a) = tracefs::parse_hit_body(r.body);
+                a.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    };
+    assert_eq!(
+        args("selftrace_cdylib_add"),
+        ["a0=0 a1=-100", "a0=1 a1=-100", "a0=2 a1=-100"],
+        "{text}"
+    );
+    assert_eq!(
+        args("selftrace_cdylib_add__return"),
+        ["a0=-100", "a0=-99", "a0=-98"]
+    );
+    assert!(err.contains("selftrace_cdylib:inside"), "{err}");
+    // Only the selected provider: none of the command's own probes.
+    assert!(!text.contains("selftrace_test_"), "{text}");
 }

@@ -30,6 +30,8 @@ usage:
     --probe PROV:NAME     record this USDT probe of CMD (repeatable; PROV:* for a provider)
     --all-probes          record every USDT probe of CMD (the default without --probe)
     --no-probes           record no USDT probe
+    --lib PATH            also the USDT probes of this shared library (repeatable; --probe
+                          selects among the command's and the libraries' probes)
     --uprobe SPEC         a function uprobe (repeatable): [PATH:]SYMBOL[%return] [FETCHARGS]
                           or [PATH:]0xOFFSET[%return]; PATH defaults to CMD; SYMBOL is a
                           symbol name, a demangled Rust path (app::parse) or its last segment
@@ -126,6 +128,8 @@ pub struct RecordOptions {
     pub all_probes: bool,
     /// Record no probe.
     pub no_probes: bool,
+    /// Shared libraries whose probes are recorded too.
+    pub libs: Vec<String>,
     /// `--uprobe` specs.
     pub uprobes: Vec<String>,
     /// Record sched_switch.
@@ -162,6 +166,7 @@ fn parse_record(args: Vec<OsString>) -> Result<RecordOptions, String> {
             "--all-probes" => o.all_probes = true,
             "--no-probes" => o.no_probes = true,
             "--uprobe" => o.uprobes.push(value(&s)?),
+            "--lib" => o.libs.push(value(&s)?),
             "--sched" => o.sched = true,
             "--quiet" => o.quiet = true,
             "--buffer-kb" => {

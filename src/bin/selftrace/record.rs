@@ -101,24 +101,32 @@ fn resolve_command(cmd: &Path) -> Result<PathBuf, String> {
     std::fs::canonicalize(&p).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-/// The probe sites of `bin` that the options select.
-fn select_probes(o: &RecordOptions, bin: &Path) -> Result<Vec<ProbeNote>, String> {
+/// The probe sites that the options select, with their files: the command's, and those of
+/// every `--lib`.
+fn select_probes(o: &RecordOptions, bin: &Path) -> Result<Vec<(PathBuf, ProbeNote)>, String> {
     if o.no_probes {
         return Ok(Vec::new());
     }
-    let notes = match read_probes(bin) {
-        Ok(n) => n,
-        // A script or another non-ELF command: record its markers (and children) anyway.
-        Err(e) if o.probes.is_empty() => {
-            eprintln!("selftrace: no USDT probes read from {}: {e}", bin.display());
-            return Ok(Vec::new());
+    let mut live: Vec<(PathBuf, ProbeNote)> = Vec::new();
+    let libs = o.libs.iter().map(PathBuf::from);
+    for (i, file) in std::iter::once(bin.to_path_buf()).chain(libs).enumerate() {
+        let notes = match read_probes(&file) {
+            Ok(n) => n,
+            // A script or another non-ELF command: record its markers (and children) anyway.
+            Err(e) if i == 0 && o.probes.is_empty() => {
+                eprintln!(
+                    "selftrace: no USDT probes read from {}: {e}",
+                    file.display()
+                );
+                continue;
+            }
+            Err(e) => return Err(format!("{}: {e}", file.display())),
+        };
+        let file = std::fs::canonicalize(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        for n in notes.into_iter().filter(|n| n.file_offset.is_some()) {
+            live.push((file.clone(), n));
         }
-        Err(e) => return Err(format!("{}: {e}", bin.display())),
-    };
-    let live: Vec<ProbeNote> = notes
-        .into_iter()
-        .filter(|n| n.file_offset.is_some())
-        .collect();
+    }
     if o.probes.is_empty() {
         return Ok(live);
     }
@@ -127,18 +135,23 @@ fn select_probes(o: &RecordOptions, bin: &Path) -> Result<Vec<ProbeNote>, String
         let (prov, name) = want
             .split_once(':')
             .ok_or_else(|| format!("--probe {want}: expected PROVIDER:NAME"))?;
-        let sel: Vec<&ProbeNote> = live
-            .iter()
-            .filter(|n| n.provider == prov && (name == "*" || n.name == name))
-            .collect();
-        if sel.is_empty() {
+        let before = out.len();
+        out.extend(
+            live.iter()
+                .filter(|(_, n)| n.provider == prov && (name == "*" || n.name == name))
+                .cloned(),
+        );
+        if out.len() == before {
             return Err(format!(
-                "probe {want} not found in {} (see: selftrace list {})",
+                "probe {want} not found in {}{} (see: selftrace list FILE)",
                 bin.display(),
-                bin.display()
+                if o.libs.is_empty() {
+                    ""
+                } else {
+                    " or the --lib files"
+                },
             ));
         }
-        out.extend(sel.into_iter().cloned());
     }
     Ok(out)
 }
@@ -240,8 +253,8 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
 
     let mut session =
         Session::with_options("selftrace-record", true, o.buffer_kb).map_err(explain)?;
-    for note in &probes {
-        if let Err(e) = session.add_probe(&bin, note) {
+    for (file, note) in &probes {
+        if let Err(e) = session.add_probe(file, note) {
             let msg = format!("probe {}:{}: {}", note.provider, note.name, explain(e));
             if o.probes.is_empty() && matches!(e, Error::Unsupported(_)) {
                 // Recording every probe: one the kernel cannot fetch is skipped, not fatal.
