@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
 /// Whether root and tracefs with uprobe events are here; otherwise prints why and returns false,
@@ -75,4 +75,55 @@ pub fn leftovers(group: &str, instance_prefix: &str) -> Vec<String> {
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as u32 }
+}
+
+/// The `selftrace` binary cargo built for the tests.
+pub fn selftrace() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_selftrace"))
+}
+
+/// `target/record-cli-out/<test>-<pid>/out.trace` (the directory created).
+pub fn out_file(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("record-cli-out")
+        .join(format!("{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("out.trace")
+}
+
+/// `FILE.json` of the trace `FILE`, parsed (the test fails if it is not valid JSON).
+pub fn json_of(trace: &std::path::Path) -> serde_json::Value {
+    let mut p = trace.as_os_str().to_owned();
+    p.push(".json");
+    let text = std::fs::read_to_string(PathBuf::from(p)).expect("FILE.json written");
+    serde_json::from_str(&text).expect("FILE.json is valid JSON")
+}
+
+/// Asserts that the recorder `pid` left nothing in tracefs.
+pub fn assert_clean(pid: u32) {
+    let left = leftovers(
+        &format!("selftrace_{pid}_"),
+        &format!("selftrace-record-{pid}-"),
+    );
+    assert_eq!(left, Vec::<String>::new(), "left behind by recorder {pid}");
+}
+
+/// Standard error as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `selftrace record ARGS`, returning its output and pid.
+pub fn record(args: &[&str]) -> (Output, u32) {
+    let child = selftrace()
+        .arg("record")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    (child.wait_with_output().unwrap(), pid)
 }
