@@ -156,9 +156,8 @@ impl Session {
     /// Creates a session with an instance named after `prefix` (see [`Instance::create`]).
     ///
     /// Errors: [`Error::NoTracefs`] without tracefs, [`Error::Unsupported`] for a kernel
-    /// without uprobe events, [`Error::PermissionDenied`] when not root, and
-    /// [`Error::AlreadyExists`] if the group name is taken (left over by a crashed process
-    /// that had the same pid).
+    /// without uprobe events, [`Error::PermissionDenied`] when not root. The group name is
+    /// `selftrace_<pid>_<n>`, with the first `n` that no event in `uprobe_events` uses.
     pub fn new(prefix: &str) -> Result<Session, Error> {
         Self::create(prefix, false, None)
     }
@@ -191,14 +190,23 @@ impl Session {
         }
         let existing = std::fs::read_to_string(&uprobe_events)
             .map_err(|e| io_error("read", e, "uprobe_events"))?;
-        let group = format!(
-            "selftrace_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        if existing.contains(&format!(":{group}/")) {
-            return Err(Error::AlreadyExists("uprobe event group"));
-        }
+        // A group of this name can only be left over by a dead process that had this pid: skip
+        // it (`remove_stale_sessions` cannot tell it from ours).
+        let mut tries = 0;
+        let group = loop {
+            let g = format!(
+                "selftrace_{}_{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            );
+            if !existing.contains(&format!(":{g}/")) {
+                break g;
+            }
+            tries += 1;
+            if tries == 100 {
+                return Err(Error::AlreadyExists("uprobe event group"));
+            }
+        };
         let instance = match (markers, buffer_kb) {
             (true, Some(kib)) => Instance::for_markers_with_buffer(prefix, kib)?,
             (true, None) => Instance::for_markers(prefix)?,
