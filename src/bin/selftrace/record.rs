@@ -16,28 +16,49 @@ use selftrace::Error;
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// The command's pid once it runs (0 before).
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// The first stop signal received (0: none).
 static STOP: AtomicI32 = AtomicI32::new(0);
+/// Whether the first stop signal was sent on to the command (by the handler or by `record`).
+static FORWARDED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_stop_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // Only atomics, a read of `info` and kill(2): async-signal-safe.
     let previous = STOP.swap(sig, Ordering::SeqCst);
     let child = CHILD.load(Ordering::SeqCst);
+    if child <= 0 {
+        // Not started yet (or already waited for): `record` forwards STOP once it has a child.
+        return;
+    }
     // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t (or null, checked).
     let from_terminal = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
-    if child > 0 && (previous != 0 || !from_terminal) {
-        // A signal from the terminal (Ctrl-C) reached the command already, as it is in the
-        // same foreground process group: forward only signals sent to the recorder alone, and
-        // turn any second signal into SIGKILL.
-        let forward = if previous != 0 { libc::SIGKILL } else { sig };
-        // SAFETY: kill has no memory-safety preconditions; `child` is our child's pid, which
-        // stays reserved (a zombie) until we wait for it.
+    // A second signal forces the command down. A signal from the terminal (Ctrl-C) reached
+    // the command already, as it is in the same foreground process group; any other one is
+    // sent on, once.
+    let forward = if previous != 0 {
+        libc::SIGKILL
+    } else if !from_terminal && !FORWARDED.swap(true, Ordering::SeqCst) {
+        sig
+    } else {
+        return;
+    };
+    // SAFETY: kill has no memory-safety preconditions; `child` is our child's pid, which stays
+    // reserved (a zombie) until we wait for it.
+    unsafe {
+        libc::kill(child, forward);
+    }
+}
+
+/// Sends the stop signal received before the command's pid was known on to the command (once).
+fn forward_early_stop(child: u32) {
+    let sig = STOP.load(Ordering::SeqCst);
+    if sig != 0 && !FORWARDED.swap(true, Ordering::SeqCst) {
+        // SAFETY: kill has no memory-safety preconditions; `child` is our unwaited child.
         unsafe {
-            libc::kill(child, forward);
+            libc::kill(child as i32, sig);
         }
     }
 }
@@ -295,9 +316,8 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
         .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
     let pid = child.id();
     CHILD.store(pid as i32, Ordering::SeqCst);
-    if STOP.load(Ordering::SeqCst) != 0 {
-        let _ = child.kill();
-    }
+    // A signal that came while spawning (the handler did not know the pid yet).
+    forward_early_stop(pid);
     let status = child
         .wait()
         .map_err(|e| format!("waiting for the command: {e}"))?;
