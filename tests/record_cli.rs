@@ -13,6 +13,7 @@ use record_support::*;
 use selftrace::tracefs::{self, MarkerKind};
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
+use std::process::Command;
 
 #[test]
 fn list_shows_probes_and_arguments() {
@@ -376,4 +377,31 @@ fn probes_of_a_dlopened_library() {
     assert!(err.contains("selftrace_cdylib:inside"), "{err}");
     // Only the selected provider: none of the command's own probes.
     assert!(!text.contains("selftrace_test_"), "{text}");
+}
+
+/// Without tracefs (every tracefs mount removed in a private mount namespace): a clear error.
+#[test]
+fn missing_tracefs_is_a_clear_error() {
+    if !usable("missing_tracefs_is_a_clear_error") {
+        return;
+    }
+    if Command::new("unshare").arg("--version").output().is_err() {
+        eprintln!("SKIP missing_tracefs_is_a_clear_error: no unshare(1)");
+        return;
+    }
+    let script = format!(
+        "for m in $(grep ' - tracefs ' /proc/self/mountinfo | cut -d' ' -f5 | sort -r); do \
+         umount -l $m || exit 9; done; exec {} record -- /bin/true",
+        env!("CARGO_BIN_EXE_selftrace")
+    );
+    let o = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("tracefs is not mounted"),
+        "{}",
+        stderr(&o)
+    );
 }
