@@ -98,8 +98,13 @@ fn each_call_writes_the_expected_line() {
     assert_eq!(g.value, Some(-9));
     assert_eq!(evs[8].kind, MarkerKind::Counter);
     assert_eq!(evs[8].value, Some(-42));
-    assert!(evs.windows(2).all(|w| w[0].timestamp_ns <= w[1].timestamp_ns));
-    assert_eq!(trace::marker_path().unwrap().file_name().unwrap(), "trace_marker");
+    assert!(evs
+        .windows(2)
+        .all(|w| w[0].timestamp_ns <= w[1].timestamp_ns));
+    assert_eq!(
+        trace::marker_path().unwrap().file_name().unwrap(),
+        "trace_marker"
+    );
 }
 
 #[test]
@@ -178,7 +183,7 @@ fn forked_child_writes_its_own_pid() {
     let parent_name = format!("{t} parent");
     let child_name = format!("{t} child");
     trace::instant(&parent_name); // caches the parent's pid
-    // SAFETY: the child only calls async-signal-safe functions (the marker API and _exit).
+                                  // SAFETY: the child only calls async-signal-safe functions (the marker API and _exit).
     let child = unsafe { libc::fork() };
     assert!(child >= 0, "fork failed");
     if child == 0 {
@@ -198,7 +203,10 @@ fn forked_child_writes_its_own_pid() {
     );
     assert_eq!(
         texts_of(&inst, tid()),
-        [format!("I|{p}|{parent_name}"), format!("I|{p}|{parent_name}")],
+        [
+            format!("I|{p}|{parent_name}"),
+            format!("I|{p}|{parent_name}")
+        ],
         "the parent keeps its pid"
     );
 }
@@ -244,7 +252,10 @@ fn names_are_sanitised_and_truncated_at_a_char_boundary() {
     assert_eq!(texts[1], format!("S|{p}|{kept}|{cookie}"));
     assert_eq!(texts[1].len(), MAX_EVENT - 1);
     assert_eq!(evs[1].value, Some(cookie));
-    let c = format!("C|{p}|{}|-1", &long[..MAX_EVENT - format!("C|{p}||-1").len()]);
+    let c = format!(
+        "C|{p}|{}|-1",
+        &long[..MAX_EVENT - format!("C|{p}||-1").len()]
+    );
     assert_eq!(texts[2], c);
     assert_eq!(texts[2].len(), MAX_EVENT);
     assert!(texts[3].starts_with(&format!("I|{p}|{t} 日本")));
@@ -288,7 +299,11 @@ fn eight_threads_ten_thousand_events_each_all_intact() {
             .collect();
         assert_eq!(mine.len(), EVENTS, "thread {i}");
         for (n, text) in mine.iter().enumerate() {
-            assert_eq!(*text, format!("I|{p}|{t} w{i} e{n}"), "thread {i} event {n}");
+            assert_eq!(
+                *text,
+                format!("I|{p}|{t} w{i} e{n}"),
+                "thread {i} event {n}"
+            );
         }
     }
 }
@@ -306,11 +321,25 @@ fn disabled_tags_write_nothing() {
     trace::disable_tags(1 << 40);
     assert!(!MINE.is_enabled());
     MINE.instant(&format!("{t} hidden"));
-    let _ = trace::section!(MINE => "{t} hidden {}", 1);
+    // The formatting forms do not even evaluate their arguments when disabled.
+    let evaluated = std::cell::Cell::new(0);
+    let count = || {
+        evaluated.set(evaluated.get() + 1);
+        1
+    };
+    let _ = trace::section!(MINE => "{t} hidden {}", count());
+    trace::instant!(MINE => "{t} hidden {}", count());
+    trace::begin_async_section!(MINE => 1, "{t} hidden {}", count());
+    assert_eq!(evaluated.get(), 0);
     trace::enable_tags(1 << 40);
     assert!(MINE.is_enabled());
     MINE.instant(&format!("{t} shown"));
-    assert_eq!(texts_of(&inst, tid()), [format!("I|{p}|{t} shown")]);
+    trace::instant!(MINE => "{t} shown {}", count());
+    assert_eq!(evaluated.get(), 1);
+    assert_eq!(
+        texts_of(&inst, tid()),
+        [format!("I|{p}|{t} shown"), format!("I|{p}|{t} shown 1")]
+    );
 }
 
 #[test]
@@ -335,7 +364,11 @@ fn tags_come_from_the_environment_at_start() {
     };
     let t = token("env");
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "tags_come_from_the_environment_at_start", "--nocapture"])
+        .args([
+            "--exact",
+            "tags_come_from_the_environment_at_start",
+            "--nocapture",
+        ])
         .env("SELFTRACE_TAGS", "io,bit41")
         .env("SELFTRACE_MARKERS_TEST_CHILD", &t)
         .output()
@@ -347,8 +380,100 @@ fn tags_come_from_the_environment_at_start() {
         .into_iter()
         .filter(|e| e.name.starts_with(&t))
         .collect();
-    let cpid = child.first().and_then(|e| e.pid).expect("child wrote markers");
+    let cpid = child
+        .first()
+        .and_then(|e| e.pid)
+        .expect("child wrote markers");
     assert_ne!(cpid, pid());
     let texts: Vec<_> = child.iter().map(|e| e.text.as_str()).collect();
-    assert_eq!(texts, [format!("I|{cpid}|{t} io"), format!("I|{cpid}|{t} bit41")]);
+    assert_eq!(
+        texts,
+        [format!("I|{cpid}|{t} io"), format!("I|{cpid}|{t} bit41")]
+    );
+}
+
+#[test]
+fn marker_fd_is_close_on_exec() {
+    let _g = shared();
+    if setup("marker_fd_is_close_on_exec").is_none() {
+        return;
+    }
+    let marker = trace::marker_path().expect("marker path");
+    let mut found = 0;
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if std::fs::read_link(entry.path()).ok().as_deref() != Some(marker.as_path()) {
+            continue;
+        }
+        let fd = entry.file_name().into_string().unwrap();
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        assert_ne!(flags & libc::O_CLOEXEC as u32, 0, "fd {fd} lacks O_CLOEXEC");
+        assert_eq!(flags & libc::O_ACCMODE as u32, libc::O_WRONLY as u32);
+        found += 1;
+    }
+    assert!(found >= 1, "the writer's fd to {marker:?} was not found");
+}
+
+#[test]
+fn tracefs_root_is_found_and_real_kernel_lines_parse() {
+    let _g = shared();
+    let Some(inst) = setup("tracefs_root_is_found_and_real_kernel_lines_parse") else {
+        return;
+    };
+    let root = selftrace::tracefs::root().unwrap();
+    assert!(root.join("trace_marker").exists());
+    assert_eq!(selftrace::tracefs::discover().unwrap(), root);
+    // Kernel events of another kind next to the markers: every line parses.
+    inst.set_event_enabled("sched", "sched_switch", true)
+        .unwrap();
+    let t = token("records");
+    for i in 0..20 {
+        trace::instant(&format!("{t} {i}"));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    inst.set_event_enabled("sched", "sched_switch", false)
+        .unwrap();
+    let text = inst.read_trace().unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    let records: Vec<_> = lines
+        .iter()
+        .map(|l| selftrace::tracefs::parse_record(l).unwrap_or_else(|| panic!("unparsed: {l}")))
+        .collect();
+    assert!(records
+        .iter()
+        .any(|r| r.event == "sched_switch" && r.body.contains("prev_comm=") && r.timestamp_ns > 0));
+    let mine: Vec<_> = records
+        .iter()
+        .filter(|r| r.event == "tracing_mark_write" && r.body.contains(&t))
+        .collect();
+    assert_eq!(mine.len(), 20);
+    assert!(mine.iter().all(|r| r.tid == tid() && r.flags.is_some()));
+}
+
+#[test]
+fn without_copy_trace_marker_the_top_level_buffer_is_read_without_consuming_it() {
+    let _g = shared();
+    if setup("without_copy_trace_marker_the_top_level_buffer_is_read").is_none() {
+        return;
+    }
+    // An instance that does not copy markers: what older kernels give.
+    let inst = selftrace::tracefs::Instance::create("selftrace-markers-nocopy").unwrap();
+    assert!(!inst.copies_markers());
+    let t = token("nocopy");
+    trace::instant(&format!("{t} top"));
+    let expected = [format!("I|{}|{t} top", pid())];
+    for _ in 0..2 {
+        let texts: Vec<String> = inst
+            .read_markers()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.tid == tid() && e.name.starts_with(&t))
+            .map(|e| e.text)
+            .collect();
+        assert_eq!(texts, expected);
+    }
 }

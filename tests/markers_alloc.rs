@@ -104,7 +104,11 @@ fn marker_calls_never_allocate() {
         assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
         assert_eq!(libc::raise(libc::SIGUSR1), 0);
     }
-    assert_eq!(IN_HANDLER_ALLOCS.load(SeqCst), 0, "allocations inside the signal handler");
+    assert_eq!(
+        IN_HANDLER_ALLOCS.load(SeqCst),
+        0,
+        "allocations inside the signal handler"
+    );
 
     let long = LONG.get().unwrap();
     let before = allocs();
@@ -114,7 +118,10 @@ fn marker_calls_never_allocate() {
 
     let Some(inst) = inst else { return };
     if trace::status() != trace::Status::Enabled {
-        skip::<()>(test, format_args!("markers unavailable: {}", trace::status()));
+        skip::<()>(
+            test,
+            format_args!("markers unavailable: {}", trace::status()),
+        );
         return;
     }
     let p = pid();

@@ -25,11 +25,17 @@ fn tracing_off_is_a_transient_ebadf() {
     let test = "tracing_off_is_a_transient_ebadf";
     let inst = match Instance::create("selftrace-markers-off") {
         Ok(i) => i,
-        Err(e) => return skip(test, format_args!("cannot create a tracefs instance: {e}")).unwrap_or(()),
+        Err(e) => {
+            return skip(test, format_args!("cannot create a tracefs instance: {e}")).unwrap_or(())
+        }
     };
     inst.set_tracing_on(false).unwrap();
     if let Err(e) = trace::set_marker_path(inst.marker_path()) {
-        return skip(test, format_args!("cannot open the instance's trace_marker: {e}")).unwrap_or(());
+        return skip(
+            test,
+            format_args!("cannot open the instance's trace_marker: {e}"),
+        )
+        .unwrap_or(());
     }
     let _detach = DetachOnDrop;
     assert_eq!(trace::status(), trace::Status::Enabled);

@@ -57,7 +57,9 @@ fn unavailable_marker_file_is_a_noop_and_status_says_why() {
         assert!(libc::WIFEXITED(st));
         match libc::WEXITSTATUS(st) {
             0 => {}
-            2 => eprintln!("note: trace_marker is writable by nobody here; permission case not checked"),
+            2 => eprintln!(
+                "note: trace_marker is writable by nobody here; permission case not checked"
+            ),
             3 => eprintln!("note: no tracefs here; permission case not checked"),
             c => panic!("unprivileged child: unexpected status code {c}"),
         }
@@ -69,7 +71,10 @@ fn unavailable_marker_file_is_a_noop_and_status_says_why() {
     let st = trace::status();
     assert_eq!(st, Status::Unavailable(Error::NotFound("trace_marker")));
     let why = st.to_string();
-    assert!(why.contains("disabled") && why.contains("not found"), "{why}");
+    assert!(
+        why.contains("disabled") && why.contains("not found"),
+        "{why}"
+    );
     assert_eq!(trace::marker_path(), None);
     every_call();
     // Nothing was attempted, so nothing failed.
@@ -78,8 +83,19 @@ fn unavailable_marker_file_is_a_noop_and_status_says_why() {
     // Permission denied is reported as such (root bypasses file modes, so use a file that
     // cannot be opened for writing by anyone: a directory).
     let err = trace::set_marker_path("/").unwrap_err();
-    assert!(matches!(err, Error::Sys { call: "open", errno: libc::EISDIR }), "{err:?}");
-    assert!(trace::status().to_string().contains("cannot open trace_marker"));
+    assert!(
+        matches!(
+            err,
+            Error::Sys {
+                call: "open",
+                errno: libc::EISDIR
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(trace::status()
+        .to_string()
+        .contains("cannot open trace_marker"));
     every_call();
     assert_eq!(trace::stats(), before);
 }

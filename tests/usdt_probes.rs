@@ -1,6 +1,7 @@
 //! In-process behaviour of the probe macros: every argument type compiles and runs, arguments
 //! are evaluated when documented, `#[probe]` keeps the function's behaviour, and `probes()`
-//! lists what the binary carries.
+//! lists what the binary carries. The crate denies unsafe code: the macros must still work.
+#![deny(unsafe_code)]
 
 use selftrace::usdt::{probes, ProbeArg};
 use std::cell::Cell;
@@ -20,6 +21,7 @@ fn every_argument_type() {
     let v = vec![1u8, 2, 3];
     let x = 5i32;
     let mut y = 6u64;
+    let rx = &x;
     let p: *const i32 = &x;
     let m: *mut u64 = &mut y;
     selftrace::probe!(selftrace_it, none);
@@ -60,7 +62,7 @@ fn every_argument_type() {
         x as u64,
         x + 1,
         -x,
-        *&x,
+        *rx,
         if x > 0 { 1u8 } else { 2 }
     );
     selftrace::probe!("selftrace_it", "string_names", x);
@@ -123,6 +125,11 @@ impl Account {
     }
 
     #[selftrace::usdt::probe(provider = "selftrace_it")]
+    fn balance_mut(&mut self) -> &mut i64 {
+        &mut self.balance
+    }
+
+    #[selftrace::usdt::probe(provider = "selftrace_it")]
     fn into_balance(self) -> i64 {
         self.balance
     }
@@ -130,6 +137,32 @@ impl Account {
     #[selftrace::usdt::probe(provider = "selftrace_it")]
     fn new(balance: i64) -> Account {
         Account { balance }
+    }
+}
+
+#[selftrace::usdt::probe(provider = "selftrace_it")]
+#[must_use]
+pub(crate) fn mutates(mut x: u32, s: String) -> usize {
+    x += 1;
+    x as usize + s.len()
+}
+
+#[selftrace::usdt::probe(provider = "selftrace_it")]
+extern "C" fn c_abi(x: i16) -> i16 {
+    -x
+}
+
+#[selftrace::usdt::probe(provider = "selftrace_it")]
+fn iter(n: u8) -> impl Iterator<Item = u8> {
+    0..n
+}
+
+#[selftrace::usdt::probe(provider = "selftrace_it")]
+fn recursive(n: u32) -> u32 {
+    if n == 0 {
+        0
+    } else {
+        n + recursive(n - 1)
     }
 }
 
@@ -160,8 +193,14 @@ fn attribute_keeps_behaviour() {
     assert_eq!(returns_str("xyz"), "yz");
     let mut a = Account::new(10);
     assert_eq!(a.deposit(5), 15);
+    *a.balance_mut() += 1;
+    assert_eq!(a.deposit(-1), 15);
     assert_eq!(a.into_balance(), 15);
     assert_eq!(block_on(async_double(21)), 42);
+    assert_eq!(mutates(1, "ab".into()), 4);
+    assert_eq!(c_abi(5), -5);
+    assert_eq!(iter(3).sum::<u8>(), 3);
+    assert_eq!(recursive(4), 10);
 }
 
 #[test]

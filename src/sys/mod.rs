@@ -61,6 +61,7 @@ pub(crate) fn open_cloexec(path: &core::ffi::CStr, flags: i32) -> Result<i32, i3
 ///
 /// # References
 /// write(2)
+#[inline]
 pub(crate) fn write_once(fd: i32, buf: &[u8]) -> Result<usize, i32> {
     loop {
         // SAFETY: buf is a valid readable slice for its length.

@@ -5,6 +5,7 @@
 //! would exceed [`MAX_EVENT`] bytes, truncated at a UTF-8 character boundary.
 
 use core::fmt;
+use core::mem::MaybeUninit;
 
 /// The largest marker line written, in bytes, prefix included (Android's limit).
 pub const MAX_EVENT: usize = 1024;
@@ -34,28 +35,43 @@ pub(crate) fn floor_char_boundary(s: &str, max: usize) -> usize {
     n
 }
 
-/// A line under construction in a stack buffer.
-pub(crate) struct Line {
-    buf: [u8; MAX_EVENT],
+/// A line under construction in a caller's stack buffer. The buffer is not zeroed first (that
+/// would cost a 1 KiB memset per event): only `buf[..len]` is initialised.
+pub(crate) struct Line<'b> {
+    buf: &'b mut [MaybeUninit<u8>; MAX_EVENT],
     len: usize,
     /// Set when a user string was cut short.
     pub(crate) truncated: bool,
 }
 
-impl Line {
+/// Uninitialised storage for a [`Line`]; a plain `let` of it compiles to no code.
+pub(crate) type LineBuf = MaybeUninit<[u8; MAX_EVENT]>;
+
+impl<'b> Line<'b> {
     #[inline]
-    pub(crate) fn new() -> Line {
+    pub(crate) fn new(storage: &'b mut LineBuf) -> Line<'b> {
+        // SAFETY: MaybeUninit<[u8; N]> and [MaybeUninit<u8>; N] have the same size and
+        // alignment, and every state (including uninitialised) is valid for MaybeUninit<u8>.
+        let buf = unsafe { &mut *storage.as_mut_ptr().cast::<[MaybeUninit<u8>; MAX_EVENT]>() };
         Line {
-            buf: [0; MAX_EVENT],
+            buf,
             len: 0,
             truncated: false,
         }
     }
 
+    /// The buffer as byte slots, for writing.
+    #[inline]
+    fn slots(&mut self) -> &mut [MaybeUninit<u8>; MAX_EVENT] {
+        self.buf
+    }
+
     /// The bytes formatted so far.
     #[inline]
     pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        // SAFETY: every push writes buf[len..new_len] before advancing len, so buf[..len] is
+        // initialised; MaybeUninit<u8> has the layout of u8.
+        unsafe { core::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.len) }
     }
 
     /// Bytes still free.
@@ -68,7 +84,10 @@ impl Line {
     #[inline]
     pub(crate) fn push_raw(&mut self, bytes: &[u8]) {
         let n = bytes.len().min(self.remaining());
-        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        let len = self.len;
+        for (d, &b) in self.slots()[len..len + n].iter_mut().zip(bytes) {
+            d.write(b);
+        }
         self.len += n;
     }
 
@@ -76,17 +95,10 @@ impl Line {
     #[inline]
     pub(crate) fn push_byte(&mut self, b: u8) {
         if self.len < MAX_EVENT {
-            self.buf[self.len] = b;
+            let len = self.len;
+            self.slots()[len].write(b);
             self.len += 1;
         }
-    }
-
-    /// Appends a decimal integer.
-    #[inline]
-    pub(crate) fn push_i64(&mut self, v: i64) {
-        let mut tmp = [0u8; 20];
-        let digits = fmt_i64(v, &mut tmp);
-        self.push_raw(digits);
     }
 
     /// Appends `s` sanitised, at most `max` bytes, cut at a character boundary.
@@ -97,9 +109,10 @@ impl Line {
         if n < s.len() {
             self.truncated = true;
         }
-        let dst = &mut self.buf[self.len..self.len + n];
+        let len = self.len;
+        let dst = &mut self.slots()[len..len + n];
         for (d, &b) in dst.iter_mut().zip(s.as_bytes()) {
-            *d = sanitize(b);
+            d.write(sanitize(b));
         }
         self.len += n;
     }
@@ -120,13 +133,13 @@ impl Line {
 }
 
 /// `fmt::Write` into a [`Line`] up to `end`.
-struct Sink<'a> {
-    line: &'a mut Line,
+struct Sink<'a, 'b> {
+    line: &'a mut Line<'b>,
     end: usize,
     full: bool,
 }
 
-impl fmt::Write for Sink<'_> {
+impl fmt::Write for Sink<'_, '_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         if self.full {
             return Err(fmt::Error);
@@ -134,8 +147,11 @@ impl fmt::Write for Sink<'_> {
         let room = self.end - self.line.len;
         let n = floor_char_boundary(s, room);
         let start = self.line.len;
-        for (d, &b) in self.line.buf[start..start + n].iter_mut().zip(s.as_bytes()) {
-            *d = sanitize(b);
+        for (d, &b) in self.line.slots()[start..start + n]
+            .iter_mut()
+            .zip(s.as_bytes())
+        {
+            d.write(sanitize(b));
         }
         self.line.len += n;
         if n < s.len() {
@@ -185,7 +201,8 @@ impl Text<'_> {
         }
     }
 
-    fn push(&self, line: &mut Line, max: usize) {
+    #[inline]
+    fn push(&self, line: &mut Line<'_>, max: usize) {
         match *self {
             Text::Str(s) => line.push_str(s, max),
             Text::Fmt(a) => line.push_fmt(a, max),
@@ -201,14 +218,14 @@ impl Text<'_> {
 pub(crate) fn format_line(
     line: &mut Line,
     kind: u8,
-    pid: i32,
+    pid: &[u8],
     track: Option<&str>,
     name: Option<Text<'_>>,
     value: Option<i64>,
 ) {
     line.push_byte(kind);
     line.push_byte(b'|');
-    line.push_i64(pid as i64);
+    line.push_raw(pid);
     let mut tail = [0u8; 20];
     let tail_digits: &[u8] = match value {
         Some(v) => fmt_i64(v, &mut tail),
@@ -259,24 +276,40 @@ mod tests {
         name: Option<Text<'_>>,
         value: Option<i64>,
     ) -> (String, bool) {
-        let mut l = Line::new();
-        format_line(&mut l, kind, 42, track, name, value);
-        (String::from_utf8(l.as_bytes().to_vec()).unwrap(), l.truncated)
+        let mut storage = LineBuf::uninit();
+        let mut l = Line::new(&mut storage);
+        format_line(&mut l, kind, b"42", track, name, value);
+        (
+            String::from_utf8(l.as_bytes().to_vec()).unwrap(),
+            l.truncated,
+        )
     }
 
     #[test]
     fn grammar() {
         assert_eq!(line(b'B', None, Some(Text::Str("a b")), None).0, "B|42|a b");
         assert_eq!(line(b'E', None, None, None).0, "E|42");
-        assert_eq!(line(b'S', None, Some(Text::Str("x")), Some(-7)).0, "S|42|x|-7");
+        assert_eq!(
+            line(b'S', None, Some(Text::Str("x")), Some(-7)).0,
+            "S|42|x|-7"
+        );
         assert_eq!(
             line(b'G', Some("t"), Some(Text::Str("n")), Some(i64::MIN)).0,
             "G|42|t|n|-9223372036854775808"
         );
         assert_eq!(line(b'H', Some("t"), None, Some(3)).0, "H|42|t|3");
-        assert_eq!(line(b'N', Some("t"), Some(Text::Str("n")), None).0, "N|42|t|n");
         assert_eq!(
-            line(b'C', None, Some(Text::Fmt(format_args!("c{}", 1))), Some(i64::MAX)).0,
+            line(b'N', Some("t"), Some(Text::Str("n")), None).0,
+            "N|42|t|n"
+        );
+        assert_eq!(
+            line(
+                b'C',
+                None,
+                Some(Text::Fmt(format_args!("c{}", 1))),
+                Some(i64::MAX)
+            )
+            .0,
             "C|42|c1|9223372036854775807"
         );
     }

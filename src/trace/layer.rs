@@ -1,26 +1,4 @@
-//! A `tracing_subscriber::Layer` that writes spans and events as trace markers.
-//!
-//! * A span is a section. How it is written depends on where it is entered ([`SpanMode`]):
-//!   - **thread spans** (`B`/`E`): every enter writes `B|pid|name` and the matching exit writes
-//!     `E|pid`, on the entering thread. tracing's enter/exit always pair on one thread, so these
-//!     nest correctly. A span entered several times (a future polled on one thread) shows one
-//!     slice per enter.
-//!   - **async spans** (`S`/`F`): the first enter writes `S|pid|name|cookie` and the span's close
-//!     writes `F|pid|name|cookie`, with the span id as cookie. This is one slice from first poll to
-//!     drop for a task that hops between threads; individual enters are not written.
-//!   - [`SpanMode::Auto`] (the default) decides at a span's first enter: a span first entered on
-//!     the thread that created it is a thread span; one first entered on another thread (a task
-//!     spawned onto a runtime's worker) is an async span.
-//! * An event is an instant, `I|pid|message field=value ...` (the metadata name when there is no
-//!   message), on the thread that emits it.
-//! * A span's name is its metadata name followed by its fields (` key=value`, also those added
-//!   with `Span::record`), cut at a character boundary after
-//!   [`with_max_name_len`](MarkerLayer::with_max_name_len) bytes (256 by default); the same bound
-//!   applies to events.
-//!
-//! Spans created while the layer's tag is disabled are never written (so sections stay balanced
-//! when the tag is switched on later). This layer allocates (span names) and is not
-//! async-signal-safe, like tracing itself.
+//! The `tracing` layer: spans as sections, events as instants (feature `tracing`).
 
 use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
@@ -35,7 +13,7 @@ use super::format::floor_char_boundary;
 use super::{writer, Tracer, TAG_APP};
 use crate::sys;
 
-/// How the [`MarkerLayer`] writes spans; see the [module docs](self).
+/// How the [`MarkerLayer`] writes spans; see its docs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SpanMode {
     /// Thread spans when first entered on their creating thread, async spans otherwise.
@@ -48,7 +26,29 @@ pub enum SpanMode {
 }
 
 /// A `tracing_subscriber::Layer` that writes spans as sections and events as instants
-/// (feature `tracing`). See the [module docs](self) for the mapping.
+/// (feature `tracing`).
+///
+/// * A span is a section. How it is written depends on where it is entered ([`SpanMode`]):
+///   - **thread spans** (`B`/`E`): every enter writes `B|pid|name` and the matching exit writes
+///     `E|pid`, on the entering thread. tracing's enter/exit always pair on one thread, so these
+///     nest correctly. A span entered several times (a future polled on one thread) shows one
+///     slice per enter.
+///   - **async spans** (`S`/`F`): the first enter writes `S|pid|name|cookie` and the span's close
+///     writes `F|pid|name|cookie`, with the span id as cookie. This is one slice from first poll to
+///     drop for a task that hops between threads; individual enters are not written.
+///   - [`SpanMode::Auto`] (the default) decides at a span's first enter: a span first entered on
+///     the thread that created it is a thread span; one first entered on another thread (a task
+///     spawned onto a runtime's worker) is an async span.
+/// * An event is an instant, `I|pid|message field=value ...` (the metadata name when there is no
+///   message), on the thread that emits it.
+/// * A span's name is its metadata name followed by its fields (` key=value`, also those added
+///   with `Span::record`), cut at a character boundary after
+///   [`with_max_name_len`](MarkerLayer::with_max_name_len) bytes (256 by default); the same bound
+///   applies to events.
+///
+/// Spans created while the layer's tag is disabled are never written (so sections stay balanced
+/// when the tag is switched on later). This layer allocates (span names) and is not
+/// async-signal-safe, like tracing itself.
 ///
 /// ```no_run
 /// use tracing_subscriber::prelude::*;
@@ -234,13 +234,13 @@ where
         }
         match state {
             THREAD => writer::emit_always(b'B', None, Some(&m.name), None),
-            ASYNC => {
+            // Only the first enter of an async span writes its begin.
+            ASYNC
                 if m.state
                     .compare_exchange(ASYNC, ASYNC_BEGUN, Relaxed, Relaxed)
-                    .is_ok()
-                {
-                    writer::emit_always(b'S', None, Some(&m.name), Some(id.into_u64() as i64));
-                }
+                    .is_ok() =>
+            {
+                writer::emit_always(b'S', None, Some(&m.name), Some(id.into_u64() as i64));
             }
             _ => {}
         }

@@ -23,11 +23,11 @@
 //!
 //! | call | line |
 //! |---|---|
-//! | [`begin_section`], [`section`] | `B\|pid\|name` |
+//! | [`begin_section`](fn@begin_section), [`section`](fn@section) | `B\|pid\|name` |
 //! | [`end_section`], a [`Section`] dropped | `E\|pid` |
-//! | [`begin_async_section`] / [`end_async_section`] | `S\|pid\|name\|cookie` / `F\|pid\|name\|cookie` |
+//! | [`begin_async_section`](fn@begin_async_section) / [`end_async_section`](fn@end_async_section) | `S\|pid\|name\|cookie` / `F\|pid\|name\|cookie` |
 //! | [`begin_async_section_for_track`] / [`end_async_section_for_track`] | `G\|pid\|track\|name\|cookie` / `H\|pid\|track\|cookie` |
-//! | [`instant`] / [`instant_for_track`] | `I\|pid\|name` / `N\|pid\|track\|name` |
+//! | [`instant`](fn@instant) / [`instant_for_track`] | `I\|pid\|name` / `N\|pid\|track\|name` |
 //! | [`set_counter`] | `C\|pid\|name\|value` |
 //!
 //! In names and tracks `|` becomes `!`, and newline, carriage return and NUL become a space. A
@@ -82,8 +82,8 @@ use core::fmt;
 use core::marker::PhantomData;
 use std::path::Path;
 
-pub use format::MAX_EVENT;
 use format::Text;
+pub use format::MAX_EVENT;
 #[cfg(feature = "tracing")]
 pub use layer::{MarkerLayer, SpanMode};
 
@@ -443,7 +443,7 @@ impl Tracer {
 }
 
 /// A section that ends (`E|pid`) when dropped, also while a panic unwinds. Returned by
-/// [`section`] and [`section!`]. Not `Send`: a section must end on the thread that began it.
+/// [`section`](fn@section) and [`section!`]. Not `Send`: a section must end on the thread that began it.
 #[must_use = "the section ends when this guard is dropped"]
 #[derive(Debug)]
 pub struct Section {
@@ -549,7 +549,7 @@ pub fn set_counter(name: &str, value: i64) {
 }
 
 pub use crate::{
-    __trace_begin_async_section as begin_async_section,
-    __trace_begin_section as begin_section, __trace_end_async_section as end_async_section,
-    __trace_instant as instant, __trace_section as section,
+    __trace_begin_async_section as begin_async_section, __trace_begin_section as begin_section,
+    __trace_end_async_section as end_async_section, __trace_instant as instant,
+    __trace_section as section,
 };

@@ -7,7 +7,7 @@
 use core::ffi::CStr;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering::*};
 
-use super::format::{format_line, Line, Text};
+use super::format::{fmt_i64, format_line, Line, LineBuf, Text};
 use super::{Status, TAG_ALL};
 use crate::{sys, tracefs, Error};
 
@@ -23,8 +23,10 @@ static FD: AtomicI32 = AtomicI32::new(-1);
 static INIT: AtomicU8 = AtomicU8::new(0);
 /// Status code << 32 | errno.
 static STATUS: AtomicU64 = AtomicU64::new(0);
-/// The cached process id; 0 = unknown (reset in a fork child).
-static PID: AtomicI32 = AtomicI32::new(0);
+/// The process id as decimal text, cached: up to 7 ASCII digits in the low bytes, their count
+/// in the top byte (Linux pids have at most 7 digits: `PID_MAX_LIMIT` is 4194304); 0 = unknown
+/// (reset in a fork child). One atomic word, so a reader never sees half an update.
+static PID_TEXT: AtomicU64 = AtomicU64::new(0);
 /// Whether `SELFTRACE_TAGS` was read and the fork handler registered.
 static STARTED: AtomicBool = AtomicBool::new(false);
 /// Serialises configuration changes (normal context only).
@@ -72,19 +74,35 @@ pub(crate) fn startup() {
 
 /// Runs in the child of `fork()`: the cached pid is the parent's.
 unsafe extern "C" fn fork_child() {
-    PID.store(0, Relaxed);
+    PID_TEXT.store(0, Relaxed);
 }
 
-/// The process id, cached.
+/// The process id in decimal, from the cache (filled by one `getpid` after start or fork).
 #[inline]
-pub(crate) fn pid() -> i32 {
-    let p = PID.load(Relaxed);
-    if p != 0 {
-        return p;
+pub(crate) fn pid_digits(out: &mut [u8; 20]) -> &[u8] {
+    let v = PID_TEXT.load(Relaxed);
+    if v != 0 {
+        let n = (v >> 56) as usize;
+        out[..8].copy_from_slice(&v.to_le_bytes());
+        return &out[..n];
     }
-    let p = sys::getpid();
-    PID.store(p, Relaxed);
-    p
+    pid_digits_slow(out)
+}
+
+#[cold]
+#[inline(never)]
+fn pid_digits_slow(out: &mut [u8; 20]) -> &[u8] {
+    let mut tmp = [0u8; 20];
+    let digits = fmt_i64(sys::getpid() as i64, &mut tmp);
+    let n = digits.len();
+    out[..n].copy_from_slice(digits);
+    if n <= 7 {
+        let mut packed = [0u8; 8];
+        packed[..n].copy_from_slice(digits);
+        packed[7] = n as u8;
+        PID_TEXT.store(u64::from_le_bytes(packed), Relaxed);
+    }
+    &out[..n]
 }
 
 /// MASK = TAGS while attached, else 0; repeated until both inputs are stable, so that a racing
@@ -338,8 +356,10 @@ pub(crate) fn emit(kind: u8, track: Option<&str>, name: Option<Text<'_>>, value:
     if fd < 0 {
         return;
     }
-    let mut line = Line::new();
-    format_line(&mut line, kind, pid(), track, name, value);
+    let mut storage = LineBuf::uninit();
+    let mut line = Line::new(&mut storage);
+    let mut pid = [0u8; 20];
+    format_line(&mut line, kind, pid_digits(&mut pid), track, name, value);
     if line.truncated {
         TRUNCATED.fetch_add(1, Relaxed);
     }

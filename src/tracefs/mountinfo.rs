@@ -74,7 +74,9 @@ fn unescape(s: &[u8], out: &mut [u8]) -> Option<usize> {
             && i + 3 < s.len()
             && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
         {
-            let v = (s[i + 1] - b'0') as u32 * 64 + (s[i + 2] - b'0') as u32 * 8 + (s[i + 3] - b'0') as u32;
+            let v = (s[i + 1] - b'0') as u32 * 64
+                + (s[i + 2] - b'0') as u32 * 8
+                + (s[i + 3] - b'0') as u32;
             i += 4;
             v as u8
         } else {

@@ -44,7 +44,10 @@ pub fn parse_record(line: &str) -> Option<Record<'_>> {
     let mut i = 0;
     while let Some(off) = line[i..].find(" [") {
         let open = i + off + 1;
-        let digits = bytes[open + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+        let digits = bytes[open + 1..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
         if digits > 0 && bytes.get(open + 1 + digits) == Some(&b']') {
             cpu_at = Some((open, open + 1 + digits));
             break;
@@ -224,7 +227,13 @@ impl MarkerEvent {
 }
 
 /// The parts of a marker line: kind, pid, track, name, cookie or value.
-pub type MarkerParts<'a> = (MarkerKind, Option<u32>, Option<&'a str>, &'a str, Option<i64>);
+pub type MarkerParts<'a> = (
+    MarkerKind,
+    Option<u32>,
+    Option<&'a str>,
+    &'a str,
+    Option<i64>,
+);
 
 /// Parses marker text (`S|123|load|7`) into its parts; `None` if it is not in the grammar.
 pub fn parse_marker(text: &str) -> Option<MarkerParts<'_>> {
@@ -285,13 +294,19 @@ mod tests {
         assert_eq!((r.tid, r.tgid, r.cpu), (4878, None, 0));
         assert_eq!(r.flags, Some("...1."));
         assert_eq!(r.timestamp_ns, 214_802_179_000);
-        assert_eq!((r.event, r.body), ("tracing_mark_write", "B|123|hello world"));
+        assert_eq!(
+            (r.event, r.body),
+            ("tracing_mark_write", "B|123|hello world")
+        );
 
         let r = parse_record(
             "  my-task name-12 (    10) [001] d..2. 5.000000001: probe_x: (0x55d0c0a3d123) arg1=5",
         )
         .unwrap();
-        assert_eq!((r.task, r.tid, r.tgid, r.cpu), ("my-task name", 12, Some(10), 1));
+        assert_eq!(
+            (r.task, r.tid, r.tgid, r.cpu),
+            ("my-task name", 12, Some(10), 1)
+        );
         assert_eq!(r.timestamp_ns, 5_000_000_001);
         assert_eq!((r.event, r.body), ("probe_x", "(0x55d0c0a3d123) arg1=5"));
 
@@ -308,19 +323,40 @@ mod tests {
     #[test]
     fn marker_grammar() {
         use MarkerKind::*;
-        assert_eq!(parse_marker("B|1|a|b"), Some((Begin, Some(1), None, "a|b", None)));
+        assert_eq!(
+            parse_marker("B|1|a|b"),
+            Some((Begin, Some(1), None, "a|b", None))
+        );
         assert_eq!(parse_marker("E|1"), Some((End, Some(1), None, "", None)));
         assert_eq!(parse_marker("E"), Some((End, None, None, "", None)));
-        assert_eq!(parse_marker("S|1|n|-5"), Some((AsyncBegin, Some(1), None, "n", Some(-5))));
-        assert_eq!(parse_marker("F|1|n|5"), Some((AsyncEnd, Some(1), None, "n", Some(5))));
+        assert_eq!(
+            parse_marker("S|1|n|-5"),
+            Some((AsyncBegin, Some(1), None, "n", Some(-5)))
+        );
+        assert_eq!(
+            parse_marker("F|1|n|5"),
+            Some((AsyncEnd, Some(1), None, "n", Some(5)))
+        );
         assert_eq!(
             parse_marker("G|1|t|n|5"),
             Some((TrackBegin, Some(1), Some("t"), "n", Some(5)))
         );
-        assert_eq!(parse_marker("H|1|t|5"), Some((TrackEnd, Some(1), Some("t"), "", Some(5))));
-        assert_eq!(parse_marker("I|1|n"), Some((Instant, Some(1), None, "n", None)));
-        assert_eq!(parse_marker("N|1|t|n"), Some((TrackInstant, Some(1), Some("t"), "n", None)));
-        assert_eq!(parse_marker("C|1|c|99"), Some((Counter, Some(1), None, "c", Some(99))));
+        assert_eq!(
+            parse_marker("H|1|t|5"),
+            Some((TrackEnd, Some(1), Some("t"), "", Some(5)))
+        );
+        assert_eq!(
+            parse_marker("I|1|n"),
+            Some((Instant, Some(1), None, "n", None))
+        );
+        assert_eq!(
+            parse_marker("N|1|t|n"),
+            Some((TrackInstant, Some(1), Some("t"), "n", None))
+        );
+        assert_eq!(
+            parse_marker("C|1|c|99"),
+            Some((Counter, Some(1), None, "c", Some(99)))
+        );
         assert_eq!(parse_marker("C|1|c|1.5"), None);
         assert_eq!(parse_marker("X|1|c"), None);
         assert_eq!(parse_marker("B|x|c"), None);

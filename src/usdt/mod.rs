@@ -120,6 +120,13 @@ pub mod __private {
     pub use linkme;
     pub use selftrace_usdt_macros::__probe_site;
 
+    /// Runs the body of a `#[probe]` function: the `FnOnce` bound lets the closure return
+    /// borrows of what it captured.
+    #[inline(always)]
+    pub fn call_once<R>(f: impl FnOnce() -> R) -> R {
+        f()
+    }
+
     /// One probe site (or `probe_enabled!` use), registered at link time.
     pub struct Site {
         /// Provider.

@@ -166,7 +166,8 @@ fn parse<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Vec<ProbeN
             if note.name() != b"stapsdt" || note.n_type(endian) != 3 {
                 continue;
             }
-            probes.push(parse_note(note.desc(), word, base_addr, &loads)?);
+            let little = endian == Endianness::Little;
+            probes.push(parse_note(note.desc(), word, little, base_addr, &loads)?);
         }
     }
     Ok(probes)
@@ -175,6 +176,7 @@ fn parse<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Vec<ProbeN
 fn parse_note(
     desc: &[u8],
     word: usize,
+    little: bool,
     base_addr: Option<u64>,
     loads: &[Load],
 ) -> Result<ProbeNote, Error> {
@@ -182,16 +184,16 @@ fn parse_note(
         let b = desc
             .get(i * word..(i + 1) * word)
             .ok_or(Error::BadElf("stapsdt note too short"))?;
-        let mut v = [0u8; 8];
-        v[..word].copy_from_slice(b);
-        // Notes are written in the target's byte order; selftrace reads x86-64 and other
-        // little-endian targets.
-        Ok(u64::from_le_bytes(v))
+        // Notes are written in the file's byte order.
+        Ok(b.iter().enumerate().fold(0u64, |acc, (i, &x)| {
+            let shift = if little { 8 * i } else { 8 * (word - 1 - i) };
+            acc | (x as u64) << shift
+        }))
     };
     let pc = addr(0)?;
     let base = addr(1)?;
     let semaphore = addr(2)?;
-    let mut strings = desc[3 * word..].split(|&b| b == 0);
+    let mut strings = desc.get(3 * word..).unwrap_or_default().split(|&b| b == 0);
     let mut next = |what: &'static str| -> Result<String, Error> {
         let s = strings.next().ok_or(Error::BadElf(what))?;
         String::from_utf8(s.to_vec()).map_err(|_| Error::BadElf("stapsdt note string is not utf-8"))
@@ -249,6 +251,56 @@ mod tests {
         assert_eq!(ArgSpec::parse("8@8(%rax)").unwrap().location, "8(%rax)");
         assert!(ArgSpec::parse("3@%rax").is_err());
         assert!(ArgSpec::parse("4@").is_err());
+    }
+
+    fn desc(words: [u64; 3], big: bool, strings: &[u8]) -> Vec<u8> {
+        let mut d = Vec::new();
+        for w in words {
+            d.extend_from_slice(&if big {
+                w.to_be_bytes()
+            } else {
+                w.to_le_bytes()
+            });
+        }
+        d.extend_from_slice(strings);
+        d
+    }
+
+    #[test]
+    fn notes_and_offsets() {
+        let loads = [
+            Load {
+                vaddr: 0x1000,
+                offset: 0x800,
+                filesz: 0x1000,
+            },
+            Load {
+                vaddr: 0x5000,
+                offset: 0x2000,
+                filesz: 0x100,
+            },
+        ];
+        for big in [false, true] {
+            let d = desc(
+                [0x1234, 0x1000, 0x5010],
+                big,
+                b"prov\0name\0-4@%edi 8@8(%rax)\0",
+            );
+            // .stapsdt.base moved by 0x10 since the note was written: so did the probe.
+            let n = parse_note(&d, 8, !big, Some(0x1010), &loads).unwrap();
+            assert_eq!((n.provider.as_str(), n.name.as_str()), ("prov", "name"));
+            assert_eq!(n.address, 0x1244);
+            assert_eq!(n.file_offset, Some(0xa44));
+            assert_eq!(n.semaphore_offset, Some(0x2010));
+            assert_eq!(n.arguments.len(), 2);
+        }
+        // pc 0: a note left by removed code has no file offset.
+        let d = desc([0, 0x1000, 0], false, b"p\0n\0\0");
+        let n = parse_note(&d, 8, true, Some(0x1000), &loads).unwrap();
+        assert_eq!((n.file_offset, n.semaphore_offset), (None, None));
+        assert!(parse_note(&d[..20], 8, true, None, &loads).is_err());
+        let d = desc([1, 2, 3], false, b"\0n\0\0");
+        assert!(parse_note(&d, 8, true, None, &loads).is_err());
     }
 
     #[test]

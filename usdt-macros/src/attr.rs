@@ -150,8 +150,9 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
     } else {
         parse_quote!({
             #entry
-            #[allow(clippy::redundant_closure_call)]
-            let __selftrace_ret #let_ty = (move || #closure_ty #block)();
+            // Called through an `FnOnce` bound so that the body may return borrows of the
+            // arguments (`&mut self` -> `&mut T`), which an `FnMut` closure could not.
+            let __selftrace_ret #let_ty = ::selftrace::usdt::__private::call_once(move || #closure_ty #block);
             #ret
             __selftrace_ret
         })

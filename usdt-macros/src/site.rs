@@ -18,7 +18,8 @@
 //! padding to 4 bytes
 //! ```
 //!
-//! Three things make it survive rust-lld (see FACTS.md): `.stapsdt.base` is retained (`R`) and
+//! Three things make it survive rust-lld (each verified by the tests with bpftrace, perf and the
+//! kernel): `.stapsdt.base` is retained (`R`) and
 //! executable; `.probes` is page-aligned so that the kernel's semaphore increment hits the page
 //! the program reads; the note is `SHF_LINK_ORDER` to the site's code so that `--gc-sections`
 //! drops the note together with dead code instead of leaving a note with pc 0.
@@ -71,47 +72,31 @@ fn semaphore_symbol(provider: &str, name: &str) -> String {
 fn definitions(sem: &str) -> String {
     format!(
         r#"
-    // _.stapsdt.base: one byte whose address every note records, once per object.
-    .ifndef _.stapsdt.base
-    // Retained (R) against --gc-sections, executable (x) so that perf's file-offset arithmetic
-    // lands in the right segment under rust-lld, in a COMDAT group so that one copy survives.
-    .pushsection .stapsdt.base,"axGR",@progbits,.stapsdt.base,comdat
-    // Weak and hidden: every codegen unit and crate defines it, the linker keeps one per object.
-    .weak _.stapsdt.base
-    .hidden _.stapsdt.base
-    // The symbol itself, one byte long.
-_.stapsdt.base:
-    .space 1
-    .popsection
-    .endif
-    // Page-align `.probes`, once per object: rust-lld otherwise maps its page twice (RELRO and
-    // data) and a semaphore raised by the kernel before exec is invisible to the program.
-    .ifndef __selftrace_probes_align
-    // Zero-size, writable, retained, COMDAT: only its alignment matters.
-    .pushsection .probes,"awGR",@progbits,__selftrace_probes_align,comdat
-    // The alignment the output section inherits.
-    .balign 4096
-    // Weak hidden marker so that the .ifndef above sees it in later sites.
-    .weak __selftrace_probes_align
-    .hidden __selftrace_probes_align
-__selftrace_probes_align:
-    .popsection
-    .endif
-    // This probe's semaphore: a u16 in `.probes`, shared by every site of the probe in the
-    // object (sites in other crates define the same COMDAT group; the linker keeps one).
-    .ifndef {sem}
-    // Writable, file-backed (progbits, not bss), retained, COMDAT keyed by the symbol.
-    .pushsection .probes,"awGR",@progbits,{sem},comdat
-    // Weak and hidden: one definition per object, never exported to other objects.
-    .weak {sem}
-    .hidden {sem}
-    // The kernel increments it as a u16.
-    .balign 2
-{sem}:
-    // Zero: no tracer attached.
-    .2byte 0
-    .popsection
-    .endif
+    .ifndef _.stapsdt.base                 // once per codegen unit:
+    .pushsection .stapsdt.base,"axGR",@progbits,.stapsdt.base,comdat // retained (R, against --gc-sections), executable (x, so perf's offsets land right under rust-lld), one COMDAT copy per object
+    .weak _.stapsdt.base                   // every codegen unit and crate defines it...
+    .hidden _.stapsdt.base                 // ...and the linker keeps one per object, not exported
+_.stapsdt.base:                            // the address every note records as its base
+    .space 1                               // one byte long
+    .popsection                            // back to the code
+    .endif                                 // end of _.stapsdt.base
+    .ifndef __selftrace_probes_align       // once per codegen unit:
+    .pushsection .probes,"awGR",@progbits,__selftrace_probes_align,comdat // zero-size, writable, retained, one COMDAT copy per object
+    .balign 4096                           // page-aligns .probes: rust-lld otherwise maps its page twice (RELRO and data) and a semaphore raised before exec is invisible
+    .weak __selftrace_probes_align         // one definition per object...
+    .hidden __selftrace_probes_align       // ...not exported
+__selftrace_probes_align:                  // a marker for the .ifndef above
+    .popsection                            // back to the code
+    .endif                                 // end of the alignment
+    .ifndef {sem}                          // this probe's semaphore, once per codegen unit:
+    .pushsection .probes,"awGR",@progbits,{sem},comdat // writable, file-backed (not bss), retained, COMDAT keyed by the symbol: sites in every crate of the object share one
+    .weak {sem}                            // one definition per object...
+    .hidden {sem}                          // ...not exported to other objects
+    .balign 2                              // the kernel increments it as an aligned u16
+{sem}:                                     // the semaphore
+    .2byte 0                               // zero: no tracer attached
+    .popsection                            // back to the code
+    .endif                                 // end of the semaphore
 "#
     )
 }
@@ -122,74 +107,50 @@ fn site_asm(provider: &str, name: &str, sem: &str, nargs: usize) -> String {
     let mut args = String::new();
     for i in 0..nargs {
         if i > 0 {
-            // Arguments are separated by one space.
-            args.push_str("    .ascii \" \"\n");
+            args.push_str("    .ascii \" \"                          // arguments are separated by one space\n");
         }
         args.push_str(&format!(
-            r#"    // Argument {i}: one register ("[-]size@%reg"), or for &str/&[u8] two
-    // 8-byte words (pointer, length) in memory that register points to.
-    .if {{k{i}}} == 1
-    .ascii "{{z{i}}}@{{r{i}}}"
-    .else
-    .ascii "8@0({{r{i}}}) 8@8({{r{i}}})"
-    .endif
+            r#"    .if {{k{i}}} == 1                    // argument {i} is one word:
+    .ascii "{{z{i}}}@{{r{i}}}"                   // [-]size@%reg
+    .else                                  // or two (&str, &[u8]): pointer and length
+    .ascii "8@0({{r{i}}}) 8@8({{r{i}}})"     // in the 16 bytes the register points to
+    .endif                                 // end of argument {i}
 "#
         ));
     }
     format!(
         r#"
-    // A per-codegen-unit counter gives every site a unique label.
-    .ifndef __selftrace_site_counter
-    .set __selftrace_site_counter, 0
-    .endif
-    .set __selftrace_site_counter, __selftrace_site_counter + 1
-    // altmacro lets `%(expr)` pass the counter's value as text to the macro below.
-    .altmacro
-    // The site, parameterized by its unique number.
-    .macro __selftrace_site n
-    // The probe's address: the label the note and the section link-order name.
-.L__selftrace_site\n:
-    // The probe itself: a single one-byte nop, replaced by int3 when a tracer attaches.
-    nop
-    // The note, SHF_LINK_ORDER (o) to this site's code section and in its group (?), so that
-    // --gc-sections removes it with dead code.
-    .pushsection .note.stapsdt,"o?","note",.L__selftrace_site\n
-    // Notes are 4-byte aligned.
-    .balign 4
-    // namesz: length of "stapsdt\0".
-    .4byte 992f - 991f
-    // descsz: from pc to the end of the argument string.
-    .4byte 994f - 993f
-    // type: NT_STAPSDT.
-    .4byte 3
-    // The owner name.
-991:
-    .asciz "stapsdt"
-    // The descriptor starts 4-byte aligned.
-992:
-    .balign 4
-993:
-    // pc: the nop above.
-    .8byte .L__selftrace_site\n
-    // base: the address of _.stapsdt.base as linked.
-    .8byte _.stapsdt.base
-    // semaphore: this probe's shared u16.
-    .8byte {sem}
-    // provider and name.
-    .asciz "{provider}"
-    .asciz "{name}"
-{args}    // Terminates the argument string.
-    .byte 0
-994:
-    // The next note starts 4-byte aligned.
-    .balign 4
-    .popsection
-    .endm
-    // Expand the site with the counter's current value, then forget the macro so that the
-    // next site can define it again.
-    __selftrace_site %(__selftrace_site_counter)
-    .purgem __selftrace_site
-    .noaltmacro
+    .ifndef __selftrace_site_counter       // a per-codegen-unit counter...
+    .set __selftrace_site_counter, 0       // ...starting at 0...
+    .endif                                 // ...once
+    .set __selftrace_site_counter, __selftrace_site_counter + 1 // gives this site a unique number
+    .altmacro                              // lets %(expr) pass the counter's value as text
+    .macro __selftrace_site n              // the site, parameterized by its number
+.L__selftrace_site\n:                      // the probe's address, named by the note and the link order
+    nop                                    // the probe: one byte, replaced by int3 when a tracer attaches
+    .pushsection .note.stapsdt,"o?","note",.L__selftrace_site\n // the note: SHF_LINK_ORDER (o) to this code, in its group (?): --gc-sections drops it with dead code
+    .balign 4                              // notes are 4-byte aligned
+    .4byte 992f - 991f                     // namesz: length of "stapsdt\0"
+    .4byte 994f - 993f                     // descsz: from pc to the end of the argument string
+    .4byte 3                               // type: NT_STAPSDT
+991:                                       // start of the owner name
+    .asciz "stapsdt"                       // the owner name
+992:                                       // end of the owner name
+    .balign 4                              // the descriptor starts 4-byte aligned
+993:                                       // start of the descriptor
+    .8byte .L__selftrace_site\n            // pc: the nop above
+    .8byte _.stapsdt.base                  // base: the address of _.stapsdt.base as linked
+    .8byte {sem}                           // semaphore: this probe's shared u16
+    .asciz "{provider}"                    // provider
+    .asciz "{name}"                        // name
+{args}    .byte 0                                // terminates the argument string
+994:                                       // end of the descriptor
+    .balign 4                              // the next note starts 4-byte aligned
+    .popsection                            // back to the code
+    .endm                                  // end of the site macro
+    __selftrace_site %(__selftrace_site_counter) // expands the site with the counter's value
+    .purgem __selftrace_site               // forgets the macro: the next site defines it again
+    .noaltmacro                            // back to the default macro mode
 "#
     )
 }
@@ -209,14 +170,21 @@ pub fn generate(
     let enabled = {
         let load = format!("{defs}\n    // Read the semaphore.\n    movzwl {sem}(%rip), {{0:e}}\n");
         quote! {{
-            let __selftrace_sem: u32;
-            // SAFETY: the asm only defines data and reads the u16 semaphore it defines; it
-            // touches no other memory, no stack and no flags.
-            unsafe {
-                ::core::arch::asm!(#load, out(reg) __selftrace_sem,
-                    options(att_syntax, nostack, preserves_flags, readonly));
+            // In a function of its own so that `allow(unsafe_code)` covers the asm in crates
+            // that deny unsafe code.
+            #[inline(always)]
+            #[allow(unsafe_code)]
+            fn __selftrace_enabled() -> bool {
+                let sem: u32;
+                // SAFETY: the asm only defines data and reads the u16 semaphore it defines; it
+                // touches no other memory, no stack and no flags.
+                unsafe {
+                    ::core::arch::asm!(#load, out(reg) sem,
+                        options(att_syntax, nostack, preserves_flags, readonly));
+                }
+                sem != 0
             }
-            __selftrace_sem != 0
+            __selftrace_enabled()
         }}
     };
 
@@ -232,6 +200,7 @@ pub fn generate(
                 name: #name,
                 fires: #fires,
                 semaphore: {
+                    #[allow(unsafe_code)]
                     fn __selftrace_semaphore() -> *const u16 {
                         let p: *const u16;
                         // SAFETY: computes an address; reads no memory.
@@ -267,7 +236,7 @@ pub fn generate(
     let call_args = args.iter().map(|e| quote_spanned!(e.span()=> &(#e)));
     let fire = quote! {
         #[inline(always)]
-        #[allow(non_snake_case, clippy::too_many_arguments, clippy::needless_borrow)]
+        #[allow(non_snake_case, unsafe_code, clippy::too_many_arguments, clippy::needless_borrow)]
         fn __selftrace_fire<#(#tys: #usdt::ProbeArg + ?Sized),*>(#(#vals: &#tys),*) {
             const {
                 ::core::assert!(#total <= 12, "a USDT probe has at most 12 arguments (&str and &[u8] count as 2)");
@@ -292,19 +261,15 @@ pub fn generate(
             }
         }
     };
-    match mode {
-        Mode::Eager => quote! {{
-            #registry
-            #fire
-            __selftrace_fire(#(#call_args),*);
-        }},
-        Mode::Lazy => quote! {{
-            #registry
-            #fire
-            if #enabled {
-                __selftrace_fire(#(#call_args),*);
-            }
-        }},
-        Mode::Enabled => unreachable!(),
-    }
+    let call = quote!(__selftrace_fire(#(#call_args),*););
+    let call = if mode == Mode::Lazy {
+        quote!(if #enabled { #call })
+    } else {
+        call
+    };
+    quote! {{
+        #registry
+        #fire
+        #call
+    }}
 }
