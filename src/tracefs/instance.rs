@@ -80,12 +80,12 @@ impl Instance {
         Ok(inst)
     }
 
+    /// Sets `options/copy_trace_marker` when the kernel has it (6.17+).
     fn copy_markers(&mut self) -> Result<(), Error> {
-        let inst = self;
-        let opt = inst.dir.join("options/copy_trace_marker");
+        let opt = self.dir.join("options/copy_trace_marker");
         if opt.exists() {
             std::fs::write(&opt, "1").map_err(|e| io_error("write", e, "copy_trace_marker"))?;
-            inst.copies_markers = true;
+            self.copies_markers = true;
         }
         Ok(())
     }
