@@ -96,7 +96,9 @@ fn session_records_probes_functions_and_offsets() {
             .into_iter()
             .filter(|m| m.pid == Some(main_pid) && m.text.ends_with("|round"))
             .count();
-        assert_eq!(rounds, 3);
+        // (Markers of every process are lost while anybody resizes an instance that copies
+        // them: a concurrent test run elsewhere on the machine can make this fail.)
+        assert_eq!(rounds, 3, "trace markers lost");
     }
     assert_eq!(leftovers(&group, &inst_prefix), Vec::<String>::new());
 }
