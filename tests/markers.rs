@@ -267,11 +267,11 @@ fn names_are_sanitised_and_truncated_at_a_char_boundary() {
 #[test]
 fn eight_threads_ten_thousand_events_each_all_intact() {
     let _g = FLOOD.write().unwrap_or_else(|p| p.into_inner());
-    let Some(inst) = setup("eight_threads_ten_thousand_events_each") else {
+    // ~80,000 events of ~60 bytes on 2 CPUs: make room (before markers are copied).
+    let Some(inst) = setup_with_buffer("eight_threads_ten_thousand_events_each", Some(16 * 1024))
+    else {
         return;
     };
-    // ~80,000 events of ~60 bytes on 2 CPUs: make room.
-    inst.set_buffer_size_kb(16 * 1024).unwrap();
     let t = token("flood");
     let p = pid();
     const THREADS: usize = 8;

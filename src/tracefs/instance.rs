@@ -65,12 +65,29 @@ impl Instance {
     /// reads the top-level buffer instead (without consuming it).
     pub fn for_markers(prefix: &str) -> Result<Instance, Error> {
         let mut inst = Instance::create(prefix)?;
-        let opt = inst.dir.join("options/copy_trace_marker");
+        inst.copy_markers()?;
+        Ok(inst)
+    }
+
+    /// Like [`for_markers`](Self::for_markers), with a ring buffer of `kib` KiB per CPU, sized
+    /// *before* markers are copied: on Linux 6.18, resizing an instance that copies markers
+    /// makes every write to the top-level `trace_marker`, by any process, fail while the resize
+    /// lasts (those markers are lost).
+    pub fn for_markers_with_buffer(prefix: &str, kib: u32) -> Result<Instance, Error> {
+        let mut inst = Instance::create(prefix)?;
+        inst.set_buffer_size_kb(kib)?;
+        inst.copy_markers()?;
+        Ok(inst)
+    }
+
+    /// Sets `options/copy_trace_marker` when the kernel has it (6.17+).
+    fn copy_markers(&mut self) -> Result<(), Error> {
+        let opt = self.dir.join("options/copy_trace_marker");
         if opt.exists() {
             std::fs::write(&opt, "1").map_err(|e| io_error("write", e, "copy_trace_marker"))?;
-            inst.copies_markers = true;
+            self.copies_markers = true;
         }
-        Ok(inst)
+        Ok(())
     }
 
     /// The instance's name (its directory name under `instances/`).
@@ -125,6 +142,10 @@ impl Instance {
     }
 
     /// Sets the per-CPU ring buffer size in KiB (`buffer_size_kb`).
+    ///
+    /// On an instance that [copies markers](Self::copies_markers), every write to the top-level
+    /// `trace_marker` (by any process) fails while the resize lasts; size the buffer first with
+    /// [`for_markers_with_buffer`](Self::for_markers_with_buffer).
     pub fn set_buffer_size_kb(&self, kib: u32) -> Result<(), Error> {
         self.write_file("buffer_size_kb", &kib.to_string())
     }

@@ -9,6 +9,9 @@
 //! * [`parse_record`] / [`records`] parse any line of a `trace` file into a [`Record`] (task,
 //!   tid, CPU, timestamp, event, body); [`markers`] turns `tracing_mark_write` lines into
 //!   [`MarkerEvent`]s.
+//! * [`Session`] is a set of uprobe events (USDT probes, function entries and returns, raw
+//!   offsets) in a private group, enabled in a private instance, whose hits read back as
+//!   [`Hit`]s; [`function_offset`] finds where a function symbol sits in an ELF file.
 //!
 //! Everything here runs in normal context and may allocate. tracefs is global to the machine:
 //! write only into instances you created, with names nobody else uses.
@@ -26,6 +29,8 @@
 mod instance;
 pub(crate) mod mountinfo;
 mod parse;
+mod session;
+mod symbols;
 pub mod uprobe;
 
 use std::ffi::CString;
@@ -37,6 +42,8 @@ pub use instance::{Instance, OwnedRecord};
 pub use parse::{
     markers, parse_marker, parse_record, records, MarkerEvent, MarkerKind, MarkerParts, Record,
 };
+pub use session::{parse_hit_body, remove_stale_sessions, EventInfo, EventKind, Hit, Session};
+pub use symbols::{find_functions, function_offset, function_symbols, FunctionSymbol};
 
 use crate::{sys, Error};
 

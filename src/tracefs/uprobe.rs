@@ -121,6 +121,30 @@ impl UprobeEvent {
         ref_ctr_offset: Option<u64>,
         args: &str,
     ) -> Result<UprobeEvent, Error> {
+        Self::register('p', group, event, path, offset, ref_ctr_offset, args)
+    }
+
+    /// Registers a return probe `r:GROUP/EVENT PATH:0xOFFSET ARGS`: it fires when the function
+    /// that starts at `offset` returns (`args` may fetch `$retval`).
+    pub fn create_return(
+        group: &str,
+        event: &str,
+        path: &Path,
+        offset: u64,
+        args: &str,
+    ) -> Result<UprobeEvent, Error> {
+        Self::register('r', group, event, path, offset, None, args)
+    }
+
+    fn register(
+        kind: char,
+        group: &str,
+        event: &str,
+        path: &Path,
+        offset: u64,
+        ref_ctr_offset: Option<u64>,
+        args: &str,
+    ) -> Result<UprobeEvent, Error> {
         check_name(
             group,
             "uprobe group must be 1-64 ascii letters, digits or '_'",
@@ -142,7 +166,7 @@ impl UprobeEvent {
             .map(|r| format!("(0x{r:x})"))
             .unwrap_or_default();
         write_uprobe_events(&format!(
-            "p:{group}/{event} {path}:0x{offset:x}{refctr} {args}\n"
+            "{kind}:{group}/{event} {path}:0x{offset:x}{refctr} {args}\n"
         ))?;
         Ok(UprobeEvent {
             group: group.to_string(),

@@ -21,11 +21,22 @@ pub fn skip<T>(test: &str, why: impl std::fmt::Display) -> Option<T> {
 /// The global marker writer, attached to the default `trace_marker`, and a private instance
 /// that records its markers; or a skip.
 pub fn setup(test: &str) -> Option<Instance> {
+    setup_with_buffer(test, None)
+}
+
+/// Like [`setup`], with the instance's ring buffer sized before it starts copying markers
+/// (resizing a marker-copying instance makes every process's marker writes fail meanwhile).
+#[allow(dead_code)]
+pub fn setup_with_buffer(test: &str, kib: Option<u32>) -> Option<Instance> {
     let st = trace::init();
     if st != trace::Status::Enabled {
         return skip(test, format_args!("trace markers unavailable: {st}"));
     }
-    match Instance::for_markers("selftrace-markers-test") {
+    let inst = match kib {
+        Some(kib) => Instance::for_markers_with_buffer("selftrace-markers-test", kib),
+        None => Instance::for_markers("selftrace-markers-test"),
+    };
+    match inst {
         Ok(i) => Some(i),
         Err(e) => skip(test, format_args!("cannot create a tracefs instance: {e}")),
     }

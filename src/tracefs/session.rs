@@ -1,0 +1,536 @@
+//! A recording session: uprobe events in a private group, enabled in a private instance, and
+//! their hits read back as structs. Everything is removed on drop, also while a panic unwinds.
+//!
+//! ```no_run
+//! use selftrace::tracefs::Session;
+//! use selftrace::usdt::read_probes;
+//! let bin = std::path::Path::new("/usr/local/bin/app");
+//! let mut s = Session::with_markers("myrecorder")?;
+//! for note in read_probes(bin)? {
+//!     s.add_probe(bin, &note)?;
+//! }
+//! s.add_function(bin, "app::parse", false, "")?;
+//! s.add_function(bin, "app::parse", true, "")?;
+//! s.enable()?;
+//! // ... run the program ...
+//! for hit in s.read_hits()? {
+//!     println!("{} {} {:?}", hit.timestamp_ns, hit.label, hit.args);
+//! }
+//! # Ok::<(), selftrace::Error>(())
+//! ```
+
+use super::symbols::function_offset;
+use super::uprobe::UprobeEvent;
+use super::{io_error, parse, root, Instance};
+use crate::usdt::ProbeNote;
+use crate::Error;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What a session's event attaches to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A USDT probe site (its semaphore is the reference counter).
+    Probe,
+    /// A function's entry.
+    Entry,
+    /// A function's return (`%return`).
+    Return,
+    /// A raw file offset.
+    Offset,
+}
+
+/// One uprobe event of a [`Session`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventInfo {
+    /// The event's name in the session's group (what the `trace` file shows).
+    pub event: String,
+    /// What it stands for: `provider:name` for a probe, the symbol (with `%return` for a return
+    /// probe) for a function, `path:0xoffset` for an offset.
+    pub label: String,
+    /// What it attaches to.
+    pub kind: EventKind,
+    /// The file (canonical path).
+    pub path: PathBuf,
+    /// The file offset it attaches to.
+    pub offset: u64,
+}
+
+/// One hit of a session's event, parsed from the `trace` file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hit {
+    /// Timestamp in nanoseconds of the trace clock.
+    pub timestamp_ns: u64,
+    /// The process (thread group) id, when the kernel knew it.
+    pub pid: Option<u32>,
+    /// The thread id.
+    pub tid: u32,
+    /// The CPU.
+    pub cpu: u32,
+    /// The event's name.
+    pub event: String,
+    /// The event's [`EventInfo::label`].
+    pub label: String,
+    /// What the event attaches to.
+    pub kind: EventKind,
+    /// The address hit (for a return probe: the return address).
+    pub address: Option<u64>,
+    /// The fetched arguments, in order: (`a0`, `-5`); quoted strings keep their quotes.
+    pub args: Vec<(String, String)>,
+}
+
+impl Hit {
+    /// The value of the argument `name` as printed.
+    pub fn arg(&self, name: &str) -> Option<&str> {
+        self.args
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The argument `name` as a signed integer (decimal or `0x` hex).
+    pub fn arg_i64(&self, name: &str) -> Option<i64> {
+        let v = self.arg(name)?;
+        match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok().map(|u| u as i64),
+            None => v.parse().ok(),
+        }
+    }
+
+    /// The argument `name` as an unsigned integer (decimal or `0x` hex).
+    pub fn arg_u64(&self, name: &str) -> Option<u64> {
+        let v = self.arg(name)?;
+        match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok(),
+            None => v.parse().ok(),
+        }
+    }
+}
+
+/// Splits a uprobe record's body, `(0x55d0c0a3d123) a0=5 s="x y"` or
+/// `(0x5555 <- 0x5556) ret=3`, into the address and the arguments.
+pub fn parse_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
+    let mut rest = body.trim();
+    let mut address = None;
+    if let Some(inner) = rest.strip_prefix('(') {
+        if let Some((addr, after)) = inner.split_once(')') {
+            let first = addr.split_whitespace().next().unwrap_or("");
+            address = first
+                .strip_prefix("0x")
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            rest = after.trim_start();
+        }
+    }
+    let mut args = Vec::new();
+    while let Some((name, after)) = rest.split_once('=') {
+        let (value, next) = if let Some(q) = after.strip_prefix('"') {
+            match q.find('"') {
+                Some(end) => (&after[..end + 2], &q[end + 1..]),
+                None => (after, ""),
+            }
+        } else {
+            after.split_once(' ').unwrap_or((after, ""))
+        };
+        args.push((name.trim().to_string(), value.to_string()));
+        rest = next.trim_start();
+    }
+    (address, args)
+}
+
+/// A private uprobe group (`selftrace_<pid>_<n>`) and a private [`Instance`] that enables its
+/// events. Dropping it disables and removes every event and the instance, also while a panic
+/// unwinds.
+#[derive(Debug)]
+pub struct Session {
+    // Field order is drop order: the instance (which disables the events) goes first, as an
+    // enabled uprobe event cannot be removed.
+    instance: Instance,
+    events: Vec<UprobeEvent>,
+    infos: Vec<EventInfo>,
+    group: String,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Session {
+    /// Creates a session with an instance named after `prefix` (see [`Instance::create`]).
+    ///
+    /// Errors: [`Error::NoTracefs`] without tracefs, [`Error::Unsupported`] for a kernel
+    /// without uprobe events, [`Error::PermissionDenied`] when not root. The group name is
+    /// `selftrace_<pid>_<n>`, with the first `n` that no event in `uprobe_events` uses.
+    pub fn new(prefix: &str) -> Result<Session, Error> {
+        Self::create(prefix, false, None)
+    }
+
+    /// Like [`new`](Self::new), and the instance also records the trace markers written to the
+    /// top-level `trace_marker` (see [`Instance::for_markers`]).
+    pub fn with_markers(prefix: &str) -> Result<Session, Error> {
+        Self::create(prefix, true, None)
+    }
+
+    /// A session with a ring buffer of `buffer_kb` KiB per CPU, recording trace markers when
+    /// `markers` is true. Use this rather than resizing the instance afterwards: resizing an
+    /// instance that copies markers loses every process's markers while it lasts (see
+    /// [`Instance::for_markers_with_buffer`]).
+    pub fn with_options(prefix: &str, markers: bool, buffer_kb: u32) -> Result<Session, Error> {
+        Self::create(prefix, markers, Some(buffer_kb))
+    }
+
+    fn create(prefix: &str, markers: bool, buffer_kb: Option<u32>) -> Result<Session, Error> {
+        let root = root()?;
+        let uprobe_events = root.join("uprobe_events");
+        match std::fs::metadata(&uprobe_events) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Unsupported(
+                    "kernel without uprobe events (CONFIG_UPROBE_EVENTS)",
+                ))
+            }
+            Err(e) => return Err(io_error("stat", e, "uprobe_events")),
+        }
+        let existing = std::fs::read_to_string(&uprobe_events)
+            .map_err(|e| io_error("read", e, "uprobe_events"))?;
+        // A group of this name can only be left over by a dead process that had this pid: skip
+        // it (`remove_stale_sessions` cannot tell it from ours).
+        let mut tries = 0;
+        let group = loop {
+            let g = format!(
+                "selftrace_{}_{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            );
+            if !existing.contains(&format!(":{g}/")) {
+                break g;
+            }
+            tries += 1;
+            if tries == 100 {
+                return Err(Error::AlreadyExists("uprobe event group"));
+            }
+        };
+        let instance = match (markers, buffer_kb) {
+            (true, Some(kib)) => Instance::for_markers_with_buffer(prefix, kib)?,
+            (true, None) => Instance::for_markers(prefix)?,
+            (false, kib) => {
+                let inst = Instance::create(prefix)?;
+                if let Some(kib) = kib {
+                    inst.set_buffer_size_kb(kib)?;
+                }
+                inst
+            }
+        };
+        // The process id on every line: Perfetto groups threads into processes with it.
+        let _ = instance.write_file("options/record-tgid", "1");
+        Ok(Session {
+            instance,
+            events: Vec::new(),
+            infos: Vec::new(),
+            group,
+        })
+    }
+
+    /// The uprobe group of this session's events.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The private instance the events are enabled in.
+    pub fn instance(&self) -> &Instance {
+        &self.instance
+    }
+
+    /// The events added so far.
+    pub fn events(&self) -> &[EventInfo] {
+        &self.infos
+    }
+
+    fn unique_event_name(&self, base: &str) -> String {
+        let mut s: String = base
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+            s.insert(0, '_');
+        }
+        s.truncate(56);
+        let mut name = s.clone();
+        let mut n = 1;
+        while self.infos.iter().any(|i| i.event == name) {
+            name = format!("{s}_{n}");
+            n += 1;
+        }
+        name
+    }
+
+    /// [`Error::AlreadyExists`] if somebody else created `name` in this session's group: the
+    /// kernel would silently add our probe to theirs.
+    fn check_free(&self, name: &str) -> Result<(), Error> {
+        let dir = root()?.join("events").join(&self.group).join(name);
+        if dir.exists() {
+            return Err(Error::AlreadyExists("uprobe event"));
+        }
+        Ok(())
+    }
+
+    fn push(
+        &mut self,
+        event: UprobeEvent,
+        label: String,
+        kind: EventKind,
+        path: PathBuf,
+        offset: u64,
+    ) -> &EventInfo {
+        self.infos.push(EventInfo {
+            event: event.event().to_string(),
+            label,
+            kind,
+            path,
+            offset,
+        });
+        self.events.push(event);
+        self.infos.last().expect("just pushed")
+    }
+
+    /// Adds an event on the USDT probe site `note` of the ELF file `path` (from
+    /// [`read_probes`](crate::usdt::read_probes)): one fetch argument `aN` per probe argument
+    /// with its size and sign, and the probe's semaphore as reference counter, so that the
+    /// kernel raises it in every process that maps the file while the event is enabled.
+    /// Several sites of one probe become several events (`provider_name`, `provider_name_1`).
+    pub fn add_probe(&mut self, path: &Path, note: &ProbeNote) -> Result<&EventInfo, Error> {
+        let path = canonical(path)?;
+        let name = self.unique_event_name(&format!("{}_{}", note.provider, note.name));
+        self.check_free(&name)?;
+        let event = UprobeEvent::for_probe(&self.group, &name, &path, note)?;
+        let offset = note.file_offset.unwrap_or(0);
+        let label = format!("{}:{}", note.provider, note.name);
+        Ok(self.push(event, label, EventKind::Probe, path, offset))
+    }
+
+    /// Adds an event on the entry (`ret == false`) or the return of the function `symbol` of the
+    /// ELF file `path` (matched as [`find_functions`](super::find_functions) says).
+    /// `args` are extra fetch arguments (`n=%di:u64`); a return probe without `args` fetches
+    /// `ret=$retval:u64`. [`Error::NotFound`] if no function has that name.
+    pub fn add_function(
+        &mut self,
+        path: &Path,
+        symbol: &str,
+        ret: bool,
+        args: &str,
+    ) -> Result<&EventInfo, Error> {
+        let path = canonical(path)?;
+        let offset = function_offset(&path, symbol)?;
+        let short = symbol.rsplit("::").next().unwrap_or(symbol);
+        let (name, label) = if ret {
+            (format!("{short}__return"), format!("{symbol}%return"))
+        } else {
+            (short.to_string(), symbol.to_string())
+        };
+        self.add_at(
+            path,
+            offset,
+            ret,
+            args,
+            &name,
+            label,
+            if ret {
+                EventKind::Return
+            } else {
+                EventKind::Entry
+            },
+        )
+    }
+
+    /// Adds an event at the raw file offset `offset` of `path` (a return probe when `ret`:
+    /// then `offset` must be a function's first instruction).
+    pub fn add_offset(
+        &mut self,
+        path: &Path,
+        offset: u64,
+        ret: bool,
+        args: &str,
+    ) -> Result<&EventInfo, Error> {
+        let path = canonical(path)?;
+        let label = format!(
+            "{}:0x{offset:x}{}",
+            path.display(),
+            if ret { "%return" } else { "" }
+        );
+        let name = format!("off_{offset:x}{}", if ret { "__return" } else { "" });
+        self.add_at(path, offset, ret, args, &name, label, EventKind::Offset)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add_at(
+        &mut self,
+        path: PathBuf,
+        offset: u64,
+        ret: bool,
+        args: &str,
+        name: &str,
+        label: String,
+        kind: EventKind,
+    ) -> Result<&EventInfo, Error> {
+        let name = self.unique_event_name(name);
+        self.check_free(&name)?;
+        let event = if ret {
+            let args = if args.trim().is_empty() {
+                "ret=$retval:u64"
+            } else {
+                args
+            };
+            UprobeEvent::create_return(&self.group, &name, &path, offset, args)?
+        } else {
+            UprobeEvent::create(&self.group, &name, &path, offset, None, args)?
+        };
+        Ok(self.push(event, label, kind, path, offset))
+    }
+
+    /// Enables every event of the session in its instance.
+    pub fn enable(&self) -> Result<(), Error> {
+        self.set_enabled(true)
+    }
+
+    /// Disables every event of the session in its instance.
+    pub fn disable(&self) -> Result<(), Error> {
+        self.set_enabled(false)
+    }
+
+    fn set_enabled(&self, on: bool) -> Result<(), Error> {
+        for e in &self.infos {
+            self.instance.set_event_enabled(&self.group, &e.event, on)?;
+        }
+        Ok(())
+    }
+
+    /// Records events (uprobes and kernel events enabled in the instance) only for the tasks
+    /// `pids` (`set_event_pid`), and, with `follow_forks`, for the tasks (processes and threads)
+    /// they create from then on (`options/event-fork`). The kernel filters by task, that is by
+    /// thread id: to follow the processes a thread spawns, give that thread's id (`gettid`),
+    /// not only the process id. Trace markers are not filtered by this.
+    pub fn filter_pids(&self, pids: &[u32], follow_forks: bool) -> Result<(), Error> {
+        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+        self.instance
+            .write_file("options/event-fork", if follow_forks { "1" } else { "0" })?;
+        self.instance.write_file("set_event_pid", &list.join(" "))
+    }
+
+    /// Every hit of the session's events recorded so far (reading does not consume them).
+    pub fn read_hits(&self) -> Result<Vec<Hit>, Error> {
+        Ok(self.hits(&self.instance.read_trace()?))
+    }
+
+    /// The hits of this session's events in the text of a `trace` file.
+    pub fn hits(&self, trace: &str) -> Vec<Hit> {
+        parse::records(trace)
+            .filter_map(|r| {
+                let info = self.infos.iter().find(|i| i.event == r.event)?;
+                let (address, args) = parse_hit_body(r.body);
+                Some(Hit {
+                    timestamp_ns: r.timestamp_ns,
+                    pid: r.tgid,
+                    tid: r.tid,
+                    cpu: r.cpu,
+                    event: info.event.clone(),
+                    label: info.label.clone(),
+                    kind: info.kind,
+                    address,
+                    args,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Removes what sessions of processes that no longer exist left behind (a process killed with
+/// SIGKILL cannot clean up): instances named `<instance_prefix>-<pid>-<n>-<nanos>` and uprobe
+/// groups `selftrace_<pid>_<n>` whose `pid` is not running. Returns what was removed
+/// (`instances/NAME`, `GROUP/EVENT`).
+pub fn remove_stale_sessions(instance_prefix: &str) -> Result<Vec<String>, Error> {
+    let root = root()?;
+    let dead = |pid: &str| {
+        pid.parse::<u32>()
+            .is_ok_and(|p| p > 0 && !Path::new(&format!("/proc/{p}")).exists())
+    };
+    let mut removed = Vec::new();
+    let instances = root.join("instances");
+    let start = format!("{instance_prefix}-");
+    for entry in std::fs::read_dir(&instances).map_err(|e| io_error("readdir", e, "instances"))? {
+        let Ok(entry) = entry else { continue };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&start) else {
+            continue;
+        };
+        let parts: Vec<&str> = rest.split('-').collect();
+        if parts.len() != 3 || !parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        if dead(parts[0]) {
+            let dir = instances.join(&name);
+            let _ = std::fs::write(dir.join("options/copy_trace_marker"), "0");
+            if std::fs::remove_dir(&dir).is_ok() {
+                removed.push(format!("instances/{name}"));
+            }
+        }
+    }
+    let list = std::fs::read_to_string(root.join("uprobe_events"))
+        .map_err(|e| io_error("read", e, "uprobe_events"))?;
+    for line in list.lines() {
+        // p:GROUP/EVENT PATH:OFFSET ...
+        let Some(id) = line.split_whitespace().next().and_then(|h| h.get(2..)) else {
+            continue;
+        };
+        let Some((group, event)) = id.split_once('/') else {
+            continue;
+        };
+        let Some(rest) = group.strip_prefix("selftrace_") else {
+            continue;
+        };
+        let Some((pid, n)) = rest.split_once('_') else {
+            continue;
+        };
+        if !n.bytes().all(|b| b.is_ascii_digit()) || !dead(pid) {
+            continue;
+        }
+        let _ = std::fs::write(
+            root.join("events").join(group).join(event).join("enable"),
+            "0",
+        );
+        use std::io::Write;
+        let ok = std::fs::OpenOptions::new()
+            .append(true)
+            .open(root.join("uprobe_events"))
+            .and_then(|mut f| f.write_all(format!("-:{group}/{event}\n").as_bytes()));
+        if ok.is_ok() {
+            removed.push(format!("{group}/{event}"));
+        }
+    }
+    Ok(removed)
+}
+
+fn canonical(path: &Path) -> Result<PathBuf, Error> {
+    std::fs::canonicalize(path).map_err(|e| io_error("realpath", e, "elf file"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_bodies() {
+        let (a, args) = parse_hit_body("(0x55d0c0a3d123) a0=-5 a1=18000000000000000000");
+        assert_eq!(a, Some(0x55d0c0a3d123));
+        assert_eq!(
+            args,
+            vec![
+                ("a0".to_string(), "-5".to_string()),
+                ("a1".to_string(), "18000000000000000000".to_string())
+            ]
+        );
+        let (a, args) = parse_hit_body("(0x5555 <- 0x5556) ret=0x12");
+        assert_eq!(a, Some(0x5555));
+        assert_eq!(args, vec![("ret".to_string(), "0x12".to_string())]);
+        let (_, args) = parse_hit_body("(0x1) s=\"a b\" n=3");
+        assert_eq!(args[0].1, "\"a b\"");
+        assert_eq!(args[1], ("n".to_string(), "3".to_string()));
+        assert_eq!(parse_hit_body("(0x1)"), (Some(1), vec![]));
+    }
+}

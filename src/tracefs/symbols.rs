@@ -1,0 +1,141 @@
+//! Function symbols of an ELF file and their file offsets: where a function uprobe attaches.
+//!
+//! `uprobe_events` takes `PATH:0xFILE_OFFSET`. A symbol's value is a virtual address; its file
+//! offset is `vaddr - p_vaddr + p_offset` of the `PT_LOAD` segment that contains it.
+
+use crate::Error;
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use std::path::Path;
+
+/// A function symbol of an ELF file, with the file offset a uprobe attaches to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionSymbol {
+    /// The symbol's name as stored (mangled for Rust and C++).
+    pub name: String,
+    /// The demangled name without the Rust hash (`app::parse`); equal to `name` for C.
+    pub demangled: String,
+    /// The symbol's virtual address.
+    pub address: u64,
+    /// Its offset in the file.
+    pub file_offset: u64,
+}
+
+/// Every defined function symbol of the ELF file at `path` (`.symtab` and `.dynsym`) that lies
+/// in a `PT_LOAD` segment, deduplicated by address and name.
+pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, Error> {
+    let data = std::fs::read(path.as_ref()).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => Error::NotFound("elf file"),
+        Some(libc::EACCES) | Some(libc::EPERM) => Error::PermissionDenied,
+        errno => Error::Sys {
+            call: "read",
+            errno: errno.unwrap_or(libc::EIO),
+        },
+    })?;
+    let file = object::File::parse(&*data).map_err(|_| Error::BadElf("not a readable elf file"))?;
+    if file.format() != object::BinaryFormat::Elf {
+        return Err(Error::BadElf("not an elf file"));
+    }
+    // (vaddr, filesz, offset) of each PT_LOAD.
+    let loads: Vec<(u64, u64, u64)> = file
+        .segments()
+        .map(|s| {
+            let (off, size) = s.file_range();
+            (s.address(), size, off)
+        })
+        .collect();
+    let mut out: Vec<FunctionSymbol> = Vec::new();
+    for sym in file.symbols().chain(file.dynamic_symbols()) {
+        if sym.kind() != SymbolKind::Text || !sym.is_definition() {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        if name.is_empty() {
+            continue;
+        }
+        let addr = sym.address();
+        let Some(file_offset) = loads
+            .iter()
+            .find(|(v, size, _)| addr >= *v && addr - v < *size)
+            .map(|(v, _, off)| addr - v + off)
+        else {
+            continue;
+        };
+        out.push(FunctionSymbol {
+            name: name.to_string(),
+            demangled: format!("{:#}", rustc_demangle::demangle(name)),
+            address: addr,
+            file_offset,
+        });
+    }
+    out.sort_by(|a, b| (a.address, &a.name).cmp(&(b.address, &b.name)));
+    out.dedup_by(|a, b| a.address == b.address && a.name == b.name);
+    Ok(out)
+}
+
+/// The function symbols of `path` that `name` designates: the symbols whose stored name is
+/// `name` exactly, else those whose demangled name (without hash) is `name`, else those whose
+/// demangled name ends with `::name`. Symbols at one address count once (aliases).
+pub fn find_functions(path: impl AsRef<Path>, name: &str) -> Result<Vec<FunctionSymbol>, Error> {
+    let all = function_symbols(path)?;
+    let suffix = format!("::{name}");
+    let tiers: [&dyn Fn(&FunctionSymbol) -> bool; 3] =
+        [&|s| s.name == name, &|s| s.demangled == name, &|s| {
+            s.demangled.ends_with(&suffix)
+        }];
+    for matches in tiers {
+        let mut found: Vec<FunctionSymbol> = all.iter().filter(|s| matches(s)).cloned().collect();
+        found.dedup_by_key(|s| s.address);
+        if !found.is_empty() {
+            return Ok(found);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// The file offset of the function `name` in the ELF file at `path` (see [`find_functions`]
+/// for how names match). [`Error::NotFound`] when no function has that name,
+/// [`Error::InvalidInput`] when several different functions match.
+pub fn function_offset(path: impl AsRef<Path>, name: &str) -> Result<u64, Error> {
+    let found = find_functions(path, name)?;
+    match found.as_slice() {
+        [] => Err(Error::NotFound("symbol")),
+        [one] => Ok(one.file_offset),
+        _ => Err(Error::InvalidInput(
+            "symbol name matches several functions; give the full path or mangled name",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    pub fn selftrace_symbols_test_target(x: u64) -> u64 {
+        std::hint::black_box(x) * 3
+    }
+
+    #[test]
+    fn finds_own_function() {
+        assert_eq!(selftrace_symbols_test_target(2), 6);
+        let exe = std::env::current_exe().unwrap();
+        let found = find_functions(&exe, "selftrace_symbols_test_target").unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        let f = &found[0];
+        assert!(f
+            .demangled
+            .ends_with("tests::selftrace_symbols_test_target"));
+        // The bytes at the file offset are the function's first bytes in memory.
+        let data = std::fs::read(&exe).unwrap();
+        let in_file = &data[f.file_offset as usize..f.file_offset as usize + 8];
+        let code = selftrace_symbols_test_target as *const u8;
+        // SAFETY: the function's code is mapped and readable, and longer than 8 bytes.
+        let in_mem = unsafe { std::slice::from_raw_parts(code, 8) };
+        assert_eq!(in_file, in_mem);
+        assert_eq!(
+            function_offset(&exe, "no_such_function_anywhere_xyz"),
+            Err(Error::NotFound("symbol"))
+        );
+        assert!(function_symbols("/nonexistent/elf").is_err());
+    }
+}

@@ -1,0 +1,129 @@
+//! Shared helpers of the recording tests: skip-or-fail, the fixture program, leftovers.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+
+/// Whether root and tracefs with uprobe events are here; otherwise prints why and returns false,
+/// or fails under `SELFTRACE_REQUIRE_TRACEFS=1`.
+pub fn usable(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let why = match selftrace::tracefs::root() {
+        Ok(r) if root && r.join("uprobe_events").exists() => return true,
+        Ok(_) if root => "kernel without uprobe events".to_string(),
+        Ok(_) => "not root".to_string(),
+        Err(e) => e.to_string(),
+    };
+    if std::env::var("SELFTRACE_REQUIRE_TRACEFS").as_deref() == Ok("1") {
+        panic!("{test}: {why} (SELFTRACE_REQUIRE_TRACEFS=1, so this fails instead of skipping)");
+    }
+    eprintln!("SKIP {test}: {why}");
+    false
+}
+
+static BUILD: Mutex<()> = Mutex::new(());
+
+/// Builds `examples/record_target.rs` in a target directory of its own and returns its path.
+pub fn record_target() -> PathBuf {
+    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = root.join("target").join("record-fixtures");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(root)
+        .args(["build", "--quiet", "--example", "record_target"])
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building record_target failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target.join("debug").join("examples").join("record_target")
+}
+
+/// Lines of `uprobe_events` of the uprobe group `group` (a `Session`'s: `selftrace_<pid>_<n>`;
+/// or every group of process `pid` when `group` ends with `_`) and entries of `instances/` whose
+/// name starts with `instance_prefix` (`<prefix>-<pid>-`).
+pub fn leftovers(group: &str, instance_prefix: &str) -> Vec<String> {
+    let root = selftrace::tracefs::root().unwrap();
+    let pat = if group.ends_with('_') {
+        format!(":{group}")
+    } else {
+        format!(":{group}/")
+    };
+    let mut left: Vec<String> = std::fs::read_to_string(root.join("uprobe_events"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&pat))
+        .map(str::to_string)
+        .collect();
+    for e in std::fs::read_dir(root.join("instances")).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if name.starts_with(instance_prefix) {
+            left.push(format!("instances/{name}"));
+        }
+    }
+    left
+}
+
+/// The calling thread's id.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// The `selftrace` binary cargo built for the tests.
+pub fn selftrace() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_selftrace"))
+}
+
+/// `target/record-cli-out/<test>-<pid>/out.trace` (the directory created).
+pub fn out_file(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("record-cli-out")
+        .join(format!("{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("out.trace")
+}
+
+/// `FILE.json` of the trace `FILE`, parsed (the test fails if it is not valid JSON).
+pub fn json_of(trace: &std::path::Path) -> serde_json::Value {
+    let mut p = trace.as_os_str().to_owned();
+    p.push(".json");
+    let text = std::fs::read_to_string(PathBuf::from(p)).expect("FILE.json written");
+    serde_json::from_str(&text).expect("FILE.json is valid JSON")
+}
+
+/// Asserts that the recorder `pid` left nothing in tracefs.
+pub fn assert_clean(pid: u32) {
+    let left = leftovers(
+        &format!("selftrace_{pid}_"),
+        &format!("selftrace-record-{pid}-"),
+    );
+    assert_eq!(left, Vec::<String>::new(), "left behind by recorder {pid}");
+}
+
+/// Standard error as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `selftrace record ARGS`, returning its output and pid.
+pub fn record(args: &[&str]) -> (Output, u32) {
+    let child = selftrace()
+        .arg("record")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    (child.wait_with_output().unwrap(), pid)
+}
