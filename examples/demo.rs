@@ -8,8 +8,12 @@
 //!    glibc's way, then as an owned `Backtrace` with file:line and inlined frames.
 //! 2. A stack captured inside a signal handler, through the signal frame.
 //! 3. A crash report: the demo runs itself as a child that dereferences null.
-//! 4. Trace markers: sections, async sections and counters, read back from a private ftrace
-//!    instance (needs root and tracefs; otherwise it says why).
+//! 4. USDT probes: the probes compiled in, then a uprobe the program puts on its own probe
+//!    through tracefs: the semaphore rises and every hit is read back with its values.
+//! 5. Trace markers: sections, async sections and counters, read back from a private ftrace
+//!    instance.
+//!
+//! Parts 4 and 5 need root and tracefs; without them the demo says why and goes on.
 
 use selftrace::symbolize::{self, KernelOptions};
 use std::hint::black_box;
@@ -134,8 +138,83 @@ fn main() {
     use std::os::unix::process::ExitStatusExt;
     println!("  ... the child died by signal {:?}", out.status.signal());
 
-    heading("4. trace markers (Android's Trace API over ftrace)");
+    heading("4. USDT probes (a uprobe on the program's own probe)");
+    probes();
+
+    heading("5. trace markers (Android's Trace API over ftrace)");
     markers();
+}
+
+/// A request handler with a probe: `demo:request` fires with the id, the status and the path.
+#[inline(never)]
+fn handle_request(id: u64, status: i32, path: &str) {
+    selftrace::probe!(demo, request, id, status, path);
+    black_box(());
+}
+
+fn probes() {
+    for p in selftrace::usdt::probes() {
+        let args: Vec<String> = p
+            .arguments
+            .iter()
+            .map(|a| format!("{}{}", if a.signed { "i" } else { "u" }, a.size * 8))
+            .collect();
+        println!(
+            "  compiled in: {}:{}({})",
+            p.provider,
+            p.name,
+            args.join(", ")
+        );
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let note = match selftrace::usdt::read_probes(&exe) {
+        Ok(notes) => notes
+            .into_iter()
+            .find(|n| n.provider == "demo" && n.name == "request"),
+        Err(e) => {
+            println!("cannot read this program's probes: {e}");
+            return;
+        }
+    };
+    let Some(note) = note else {
+        println!("demo:request not found in {}", exe.display());
+        return;
+    };
+    let mut session = match selftrace::tracefs::Session::new("selftrace-demo") {
+        Ok(s) => s,
+        Err(e) => {
+            println!("  no uprobes here: {e}");
+            return;
+        }
+    };
+    println!(
+        "  enabled before attaching: {}",
+        selftrace::probe_enabled!(demo, request)
+    );
+    let attached = match session.add_probe(&exe, &note) {
+        Ok(_) => session.enable(),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = attached {
+        println!("  cannot attach: {e}");
+        return;
+    }
+    println!(
+        "  enabled after attaching:  {}",
+        selftrace::probe_enabled!(demo, request)
+    );
+    handle_request(1, 200, "/index.html");
+    handle_request(2, -1, "/missing");
+    match session.read_hits() {
+        Ok(hits) => {
+            for h in &hits {
+                let args: Vec<String> = h.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("  hit {} tid {} {}", h.event, h.tid, args.join(" "));
+            }
+        }
+        Err(e) => println!("  cannot read the hits: {e}"),
+    }
+    // Dropping the session removes the uprobe event and the private instance.
 }
 
 fn markers() {
