@@ -284,11 +284,15 @@ pub(crate) fn init_slow() -> bool {
     }
 }
 
-/// Public `init()`.
+/// Public `init()`: normal context, so it may wait for another thread's initialisation to
+/// finish (the lock-free first-use path skips instead).
 pub(crate) fn init() -> Status {
     startup();
     if INIT.load(Acquire) != 2 {
         init_slow();
+    }
+    while INIT.load(Acquire) == 1 {
+        std::thread::yield_now();
     }
     status()
 }
