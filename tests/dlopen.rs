@@ -1,10 +1,12 @@
 //! Objects loaded and unloaded at run time: explicit refresh, automatic refresh by a capture in
 //! normal context, and no reads of unloaded objects.
 
+#[path = "support/clib.rs"]
+mod clib;
+
 use selftrace::{capture, capture_from_regs, Regs, UnwindMode};
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CStr};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Mutex;
 
 /// The tests here change process-wide settings (auto refresh) and load libraries: one at a time.
@@ -27,17 +29,7 @@ __attribute__((noinline)) void lib_outer(cb_t cb, void *arg) {
 
 fn build_lib(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let src = dir.join("selftrace_dlopen_lib.c");
-    std::fs::write(&src, LIB_C).unwrap();
-    let out = dir.join(name);
-    let st = Command::new("cc")
-        .args(["-O2", "-fomit-frame-pointer", "-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed");
-    out
+    clib::build_shared(&dir, name, LIB_C, &["-O2", "-fomit-frame-pointer"])
 }
 
 struct Lib {
@@ -45,12 +37,10 @@ struct Lib {
     outer: extern "C" fn(extern "C" fn(*mut c_void), *mut c_void),
 }
 
-fn open(path: &PathBuf) -> Lib {
-    let c = CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: dlopen/dlsym with valid C strings; the symbol has the declared C signature.
+fn open(path: &std::path::Path) -> Lib {
+    let handle = clib::dlopen(path, libc::RTLD_NOW | libc::RTLD_LOCAL);
+    // SAFETY: dlsym with a valid C string; the symbol has the declared C signature.
     unsafe {
-        let handle = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-        assert!(!handle.is_null(), "dlopen {path:?}");
         let f = libc::dlsym(handle, c"lib_outer".as_ptr());
         assert!(!f.is_null());
         Lib {

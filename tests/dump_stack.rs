@@ -3,10 +3,12 @@
 
 use std::io::Read;
 use std::os::fd::FromRawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 #[path = "support/counting.rs"]
 mod counting;
+#[path = "support/spinner.rs"]
+mod spinner;
 
 #[global_allocator]
 static GLOBAL: counting::Counting = counting::Counting;
@@ -57,29 +59,12 @@ fn dump_stack_prints_the_current_stack() {
 
 static FD: AtomicI32 = AtomicI32::new(-1);
 static HANDLER_ALLOCS: AtomicUsize = AtomicUsize::new(usize::MAX);
-static STOP: AtomicBool = AtomicBool::new(false);
-static SPINNING: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: i32) {
     let ((), calls) =
         counting::counting(|| selftrace::crash::dump_stack_to(FD.load(Ordering::SeqCst)));
     HANDLER_ALLOCS.store(calls, Ordering::SeqCst);
-    STOP.store(true, Ordering::SeqCst);
-}
-
-#[inline(never)]
-fn interrupted_spinner() {
-    SPINNING.store(true, Ordering::SeqCst);
-    // SAFETY: spins on a static flag without calls, so the signal lands in this function.
-    unsafe {
-        core::arch::asm!(
-            "2:",
-            "pause",
-            "cmp byte ptr [{flag}], 0",
-            "je 2b",
-            flag = in(reg) STOP.as_ptr(),
-        );
-    }
+    spinner::STOP.store(true, Ordering::SeqCst);
 }
 
 #[test]
@@ -98,10 +83,10 @@ fn dump_stack_in_a_signal_handler_allocates_nothing_and_shows_the_interrupted_co
     let t = std::thread::spawn(move || {
         // SAFETY: pthread_self has no preconditions.
         tx.send(unsafe { libc::pthread_self() }).unwrap();
-        interrupted_spinner();
+        spinner::spin_until_stopped();
     });
     let thread = rx.recv().unwrap();
-    while !SPINNING.load(Ordering::SeqCst) {
+    while !spinner::SPINNING.load(Ordering::SeqCst) {
         std::thread::yield_now();
     }
     // SAFETY: the thread spins until the handler runs.
@@ -119,7 +104,7 @@ fn dump_stack_in_a_signal_handler_allocates_nothing_and_shows_the_interrupted_co
         .position(|l| l.contains("dump_stack::on_signal+0x"));
     let spinner = trace
         .iter()
-        .position(|l| l.contains("dump_stack::interrupted_spinner+0x"));
+        .position(|l| l.contains("spinner::spin_until_stopped+0x"));
     assert!(
         matches!((handler, spinner), (Some(h), Some(s)) if h < s),
         "the handler, then (through the signal frame) the interrupted function:\n{text}"

@@ -4,6 +4,8 @@
 mod counting;
 #[path = "support/oracle.rs"]
 mod oracle;
+#[path = "support/spinner.rs"]
+mod spinner;
 
 use oracle::{leaf, Oracle};
 use selftrace::{capture, capture_fp, capture_from_regs, capture_from_ucontext, Regs, UnwindMode};
@@ -156,8 +158,6 @@ fn frame_pointer_mode_in_a_frame_pointer_build() {
 
 // ---- signal handlers ------------------------------------------------------------------------
 
-static STOP: AtomicBool = AtomicBool::new(false);
-static SPINNING: AtomicBool = AtomicBool::new(false);
 static HANDLER_DONE: AtomicBool = AtomicBool::new(false);
 static UC_N: AtomicUsize = AtomicUsize::new(0);
 static CAP_N: AtomicUsize = AtomicUsize::new(0);
@@ -166,22 +166,6 @@ static HANDLER_ALLOCS: AtomicUsize = AtomicUsize::new(usize::MAX);
 static mut UC_BUF: [usize; 256] = [0; 256];
 static mut CAP_BUF: [usize; 256] = [0; 256];
 static mut FP_BUF: [usize; 256] = [0; 256];
-
-/// Spins inside its own code (no calls) until STOP is set, so that a signal interrupts it here.
-#[inline(never)]
-fn victim() {
-    SPINNING.store(true, Ordering::SeqCst);
-    // SAFETY: reads a static byte in a loop; touches nothing else.
-    unsafe {
-        core::arch::asm!(
-            "2:",
-            "pause",
-            "cmp byte ptr [{flag}], 0",
-            "je 2b",
-            flag = in(reg) STOP.as_ptr(),
-        );
-    }
-}
 
 #[inline(never)]
 extern "C" fn on_signal(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
@@ -196,7 +180,7 @@ extern "C" fn on_signal(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut libc::c
         FP_N.store(capture_fp(fp_buf), Ordering::SeqCst);
     }
     HANDLER_ALLOCS.store(counting::stop(token), Ordering::SeqCst);
-    STOP.store(true, Ordering::SeqCst);
+    spinner::STOP.store(true, Ordering::SeqCst);
     HANDLER_DONE.store(true, Ordering::SeqCst);
 }
 
@@ -216,10 +200,10 @@ fn in_a_signal_handler_frames_are_exact_complete_and_allocation_free() {
     let t = std::thread::spawn(move || {
         // SAFETY: pthread_self has no preconditions.
         tx.send(unsafe { libc::pthread_self() }).unwrap();
-        chain_00(&mut victim);
+        chain_00(&mut spinner::spin_until_stopped);
     });
     let thread = rx.recv().unwrap();
-    while !SPINNING.load(Ordering::SeqCst) {
+    while !spinner::SPINNING.load(Ordering::SeqCst) {
         std::thread::yield_now();
     }
     // SAFETY: the thread is alive (it spins until the handler sets STOP).
@@ -242,7 +226,7 @@ fn in_a_signal_handler_frames_are_exact_complete_and_allocation_free() {
     };
     // capture_from_ucontext: frame 0 is the interrupted pc, exact.
     let names = o.names(&uc, true);
-    assert_eq!(leaf(&names[0]), "victim", "{names:#?}");
+    assert_eq!(leaf(&names[0]), "spin_until_stopped", "{names:#?}");
     assert_chain(&names);
 
     // capture() inside the handler: the handler, the trampoline, then the interrupted frames.
@@ -262,7 +246,7 @@ fn in_a_signal_handler_frames_are_exact_complete_and_allocation_free() {
         "the interrupted frames, as capture_from_ucontext saw them"
     );
     let exact: Vec<String> = o.names(&cap[at..], true);
-    assert_eq!(leaf(&exact[0]), "victim");
+    assert_eq!(leaf(&exact[0]), "spin_until_stopped");
     assert_chain(&exact);
     // capture_fp() in the handler: at least the handler itself (std has no frame pointers).
     assert!(!fp.is_empty());
@@ -302,7 +286,7 @@ fn random_registers_and_stacks_never_crash_and_always_terminate() {
     let code: Vec<usize> = vec![
         chain_00 as *const () as usize,
         chain_12 as *const () as usize,
-        victim as *const () as usize,
+        spinner::spin_until_stopped as *const () as usize,
         libc::getpid as *const () as usize,
         libc::malloc as *const () as usize,
         libc::qsort as *const () as usize,

@@ -2,6 +2,9 @@
 //! a child process). Each scenario names its crashing function `crash_*` and calls it from a
 //! function named `caller_*`, so a report can be checked for both.
 
+#[path = "clib.rs"]
+mod clib;
+
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -159,25 +162,12 @@ __attribute__((noinline)) int caller_in_c(void) { int r = crash_in_c(0); __asm__
 
 /// Builds the C library into `dir`; returns its path.
 pub fn build_crash_lib(dir: &std::path::Path) -> std::path::PathBuf {
-    let src = dir.join("selftrace_crash_lib.c");
-    std::fs::write(&src, CRASH_LIB_C).expect("write C source");
-    let out = dir.join(format!("libselftrace_crash_{}.so", std::process::id()));
-    let st = std::process::Command::new("cc")
-        .args(["-O1", "-g", "-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed");
-    out
+    let name = format!("libselftrace_crash_{}.so", std::process::id());
+    clib::build_shared(dir, &name, CRASH_LIB_C, &["-O1", "-g"])
 }
 
 fn dlopen(path: &std::path::Path) -> *mut libc::c_void {
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: valid C string.
-    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
-    assert!(!h.is_null(), "dlopen {path:?}");
-    h
+    clib::dlopen(path, libc::RTLD_NOW)
 }
 
 #[inline(never)]
