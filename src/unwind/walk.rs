@@ -282,10 +282,12 @@ fn dwarf_step(
     sync_framehop(regs, fh);
     let old_sp = regs.sp;
     let mut read = |addr: u64| mem.read_word(addr as usize).map(|w| w as u64).ok_or(());
-    match state
-        .unwinder
-        .unwind_frame(address, fh, cache.get(), &mut read)
-    {
+    match state.unwinder.unwind_frame(
+        address,
+        fh,
+        cache.get(address.address_for_lookup() as usize),
+        &mut read,
+    ) {
         Ok(Some(ra)) => {
             from_framehop(fh, regs);
             if regs.sp <= old_sp {
