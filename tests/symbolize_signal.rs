@@ -4,46 +4,15 @@
 use selftrace::symbolize::{
     self, frame_kind, write_kernel_frame, FrameKind, KernelOptions, SymbolsOptions,
 };
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
-struct Counting;
-
-thread_local! {
-    /// Set only by the signal handler while it runs: other threads of the harness allocate.
-    static COUNT_HERE: Cell<bool> = const { Cell::new(false) };
-}
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only adds a counter.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if COUNT_HERE.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::SeqCst);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+#[path = "support/counting.rs"]
+mod counting;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
+static HANDLER_ALLOCS: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 static OUT_FD: AtomicI32 = AtomicI32::new(-1);
 static FRAMES: AtomicUsize = AtomicUsize::new(0);
@@ -58,7 +27,7 @@ fn write_fd(fd: c_int, b: &[u8]) {
 }
 
 extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void) {
-    let _ = COUNT_HERE.try_with(|c| c.set(true));
+    let token = counting::start();
     let fd = OUT_FD.load(Ordering::SeqCst);
     let mut frames = [0usize; 64];
     // SAFETY: uc is the ucontext_t the kernel passed to this SA_SIGINFO handler.
@@ -117,7 +86,7 @@ extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void)
             EXACT_AFTER_TRAMPOLINE.fetch_add(1, Ordering::SeqCst);
         }
     }
-    let _ = COUNT_HERE.try_with(|c| c.set(false));
+    HANDLER_ALLOCS.store(counting::stop(token), Ordering::SeqCst);
 }
 
 #[inline(never)]
@@ -160,7 +129,7 @@ fn symbolize_and_backtrace_symbols_fd_do_not_allocate_in_a_signal_handler() {
     let text = String::from_utf8_lossy(&out);
     println!("{text}");
     assert_eq!(
-        ALLOCS.load(Ordering::SeqCst),
+        HANDLER_ALLOCS.load(Ordering::SeqCst),
         0,
         "allocations in the handler"
     );

@@ -42,6 +42,7 @@ unsafe impl GlobalAlloc for Counting {
 
 /// Runs `f` on this thread with counting on; returns its result and the number of allocator
 /// calls it made. Async-signal-safe (a signal handler may use it).
+#[allow(dead_code)]
 pub fn counting<R>(f: impl FnOnce() -> R) -> (R, usize) {
     let was = COUNT_HERE.try_with(|c| c.replace(true)).unwrap_or(false);
     let before = CALLS.load(Ordering::SeqCst);
