@@ -1,8 +1,9 @@
 //! selftrace: a Linux program traces itself, in-process.
 //!
-//! * **Stacks**: [`capture`] and [`capture_from_ucontext`] walk the stack with DWARF CFI
-//!   (framehop over the in-memory `.eh_frame`) and a per-frame frame-pointer fallback. They are
-//!   async-signal-safe: no allocation, no lock, no panic, every memory read checked.
+//! * **Stacks**: [`capture`] and [`capture_from_ucontext`] walk the stack with DWARF CFI (every
+//!   rule gdb and libunwind follow, compiled rules cached for all threads), falling back to frame
+//!   pointers only where no CFI exists; [`capture_walk`] says whether a walk was complete. They
+//!   are async-signal-safe: no allocation, no lock, no panic, every memory read checked.
 //!   [`symbolize()`] names addresses (in a handler too), [`Backtrace`] adds file:line, and
 //!   [`crash::install`] prints kernel-style crash reports.
 //! * **Probes**: USDT probe points for bpftrace, perf, gdb and the kernel's `uprobe_events`
@@ -27,6 +28,7 @@
 //! | [`capture_fp`] | the same, frame pointers only |
 //! | [`capture_from_ucontext`] | the interrupted stack of a signal handler's `ucontext_t` |
 //! | [`capture_from_regs`] | a stack from an explicit register state |
+//! | [`capture_walk`], [`capture_walk_with`], [`capture_walk_from_ucontext`], [`capture_walk_from_regs`] | the same, with how the walk ended ([`Walk`]) |
 //! | [`dump_stack`], [`crash::dump_stack_to`] | the current stack, symbolized, to stderr or an fd |
 //! | [`symbolize()`] | object, bias, build-id, symbol name, offset and size of an address |
 //! | [`symbolize::symbolize_exported`] | the same, naming only what glibc's `dladdr` names |
@@ -63,8 +65,9 @@ pub use crash::dump_stack;
 pub use error::Error;
 pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
 pub use unwind::{
-    capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_with, set_auto_refresh,
-    Regs, UnwindMode,
+    capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_walk,
+    capture_walk_from_regs, capture_walk_from_ucontext, capture_walk_with, capture_with,
+    set_auto_refresh, Regs, StopReason, Truncation, UnwindMode, Walk, WalkEnd,
 };
 
 /// Snapshots the loaded objects, builds the DWARF unwinder and the symbol index, and learns the

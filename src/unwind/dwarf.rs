@@ -1,38 +1,30 @@
-//! The DWARF CFI walker: framehop over the in-memory `.eh_frame_hdr`/`.eh_frame` of every
-//! loaded object, with framehop's frame-pointer rule as the per-frame fallback (pcs in objects
-//! without CFI, or in no known object).
+//! The published unwinder state: every loaded object's unwind tables, the shared rule cache,
+//! and the pool of walk slots (scratch space and a private stack per concurrent walk).
 //!
-//! The unwinder is built in normal context (it allocates) and published lock-free. Unwinding
-//! itself uses `MustNotAllocateDuringUnwind` and a rule cache taken from a fixed pool that is
-//! allocated once, so a walk never allocates.
+//! The state is built in normal context (it allocates) and published lock-free; a walk never
+//! allocates. Objects that `dlclose` could unmap get a private copy of their `.eh_frame_hdr`
+//! and `.eh_frame` when the state is built, so a rule derived while another thread unloads the
+//! object reads memory selftrace owns. The main program and the vDSO are read in place.
 
+use super::cfi::{self, Bytes, Ctx, UnwindData};
+use super::rules::RuleCache;
 use crate::modules::Snapshot;
 use crate::published::Published;
 use crate::sys;
 use core::cell::UnsafeCell;
 use core::ops::{Deref, Range};
-use core::sync::atomic::{AtomicBool, Ordering};
-use framehop::{MustNotAllocateDuringUnwind, Unwinder};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-#[cfg(target_arch = "aarch64")]
-pub(crate) use framehop::aarch64::{
-    CacheAarch64 as FhCache, UnwindRegsAarch64 as FhRegs, UnwinderAarch64 as FhUnwinder,
-};
-#[cfg(target_arch = "x86_64")]
-pub(crate) use framehop::x86_64::{
-    CacheX86_64 as FhCache, UnwindRegsX86_64 as FhRegs, UnwinderX86_64 as FhUnwinder,
-};
-
-/// Bytes the loader mapped, borrowed for as long as the object stays loaded. selftrace checks
-/// that an object is still loaded before framehop reads its unwind data (see [`DwarfState`]).
+/// Bytes the loader mapped, borrowed for as long as the object stays loaded (only used for
+/// objects that are never unloaded).
 #[derive(Clone, Copy)]
 pub(crate) struct Mapped {
     ptr: *const u8,
     len: usize,
 }
 
-// SAFETY: Mapped is a read-only view of memory mapped by the loader; sharing it across threads
-// is as safe as sharing a &[u8] to it.
+// SAFETY: Mapped is a read-only view of memory mapped by the loader for the life of the
+// process; sharing it across threads is as safe as sharing a &[u8] to it.
 unsafe impl Send for Mapped {}
 // SAFETY: as above; nothing is ever written through it.
 unsafe impl Sync for Mapped {}
@@ -40,18 +32,9 @@ unsafe impl Sync for Mapped {}
 impl Deref for Mapped {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: ptr..ptr+len is a range of a loaded object's mapped segment (checked when the
-        // snapshot was taken); it is read only while the object is known to be loaded.
+        // SAFETY: ptr..ptr+len is a range of a permanent object's mapped segment (checked when
+        // the snapshot was taken).
         unsafe { core::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl Default for Mapped {
-    fn default() -> Mapped {
-        Mapped {
-            ptr: core::ptr::NonNull::<u8>::dangling().as_ptr(),
-            len: 0,
-        }
     }
 }
 
@@ -64,10 +47,7 @@ impl Mapped {
     }
 }
 
-pub(crate) type FhUnwinderT = FhUnwinder<Mapped, MustNotAllocateDuringUnwind>;
-pub(crate) type FhCacheT = FhCache<MustNotAllocateDuringUnwind>;
-
-/// What a walk needs to know about an object to decide whether framehop may read its data.
+/// What a walk needs to know about an object.
 pub(crate) struct ObjectCheck {
     pub(crate) range: Range<usize>,
     /// The first executable segment (inline: checked for every frame).
@@ -78,6 +58,8 @@ pub(crate) struct ObjectCheck {
     pub(crate) eh_frame_hdr: usize,
     /// The main program and the vDSO are never unloaded: no check needed.
     pub(crate) permanent: bool,
+    /// The object's unwind tables, if it has any.
+    pub(crate) unwind: Option<UnwindData>,
 }
 
 impl ObjectCheck {
@@ -90,47 +72,58 @@ impl ObjectCheck {
     }
 }
 
-/// The published DWARF unwinder and its object list.
+/// The published unwinder: objects, their tables, and the rule cache.
 pub(crate) struct DwarfState {
-    pub(crate) unwinder: FhUnwinderT,
     pub(crate) objects: Vec<ObjectCheck>,
+    pub(crate) cache: RuleCache,
+    /// The signal-return trampolines (`sa_restorer`) of the handlers installed when the state
+    /// was built: the frame-pointer walk recognises signal frames by these.
+    pub(crate) restorers: [usize; 8],
     pub(crate) generation: u64,
 }
 
 impl DwarfState {
     fn build(snapshot: &Snapshot) -> DwarfState {
-        let mut unwinder = FhUnwinderT::new();
         let mut objects = Vec::with_capacity(snapshot.objects().len());
         for o in snapshot.objects() {
-            let svma = |r: &Range<usize>| (r.start - o.bias) as u64..(r.end - o.bias) as u64;
-            let text = o.exec.first().map(svma);
-            let info = framehop::ExplicitModuleSectionInfo {
-                base_svma: 0,
-                text_svma: text,
-                eh_frame_hdr_svma: o.eh_frame_hdr.as_ref().map(svma),
-                eh_frame_hdr: o.eh_frame_hdr.as_ref().map(Mapped::new),
-                eh_frame_svma: o.eh_frame.as_ref().map(svma),
-                eh_frame: o.eh_frame.as_ref().map(Mapped::new),
-                ..Default::default()
+            let permanent = o.is_main || o.is_vdso;
+            let bytes = |r: &Range<usize>| {
+                if permanent {
+                    Bytes::Mapped(Mapped::new(r))
+                } else {
+                    // SAFETY: the range lies in a mapped, readable segment of an object that is
+                    // loaded now (normal context: the caller holds no loader lock and the
+                    // snapshot was just taken; a concurrent dlclose of this very object while we
+                    // build is the program's own race with itself).
+                    let s = unsafe { core::slice::from_raw_parts(r.start as *const u8, r.len()) };
+                    Bytes::Owned(s.into())
+                }
             };
-            let module = framehop::Module::new(
-                o.path.clone(),
-                o.range.start as u64..o.range.end as u64,
-                o.bias as u64,
-                info,
-            );
-            unwinder.add_module(module);
+            let unwind = match (&o.eh_frame_hdr, &o.eh_frame) {
+                (Some(h), Some(f)) => Some(UnwindData {
+                    hdr: bytes(h),
+                    hdr_addr: h.start,
+                    eh_frame: bytes(f),
+                    eh_frame_addr: f.start,
+                    text_addr: o.exec.first().map_or(0, |r| r.start),
+                }),
+                _ => None,
+            };
             objects.push(ObjectCheck {
                 range: o.range.clone(),
                 text: o.exec.first().cloned().unwrap_or(0..0),
                 more_exec: o.exec.iter().skip(1).cloned().collect(),
                 eh_frame_hdr: o.eh_frame_hdr.as_ref().map_or(0, |r| r.start),
-                permanent: o.is_main || o.is_vdso,
+                permanent,
+                unwind,
             });
         }
+        let mut restorers = [0usize; 8];
+        sys::signal_restorers(&mut restorers);
         DwarfState {
-            unwinder,
             objects,
+            cache: RuleCache::new(),
+            restorers,
             generation: snapshot.generation(),
         }
     }
@@ -165,68 +158,70 @@ impl DwarfState {
             Ok(Some(found)) => found.eh_frame_hdr == o.eh_frame_hdr,
         }
     }
+
+    /// Whether `addr` is one of the known signal trampolines.
+    #[inline]
+    pub(crate) fn is_restorer(&self, addr: usize) -> bool {
+        self.restorers.iter().any(|&r| r == addr && r != 0)
+    }
 }
 
 static STATE: Published<DwarfState> = Published::new();
 
-/// Runs `f` with the published DWARF state (`None` before `init()`). Async-signal-safe.
+/// Runs `f` with the published state (`None` before `init()`). Async-signal-safe.
 #[inline]
 pub(crate) fn with_state<R>(f: impl FnOnce(Option<&DwarfState>) -> R) -> R {
     STATE.read(f)
 }
 
-/// Rebuilds the DWARF state from the current module snapshot if it is newer. Normal context.
+/// Rebuilds the state from the current module snapshot if it is newer. Normal context.
 pub(crate) fn rebuild(snapshot: &Snapshot) {
     STATE.update(false, |old| match old {
         Some(old) if old.generation == snapshot.generation() => None,
         _ => Some(DwarfState::build(snapshot)),
     });
-    fill_cache_pool();
+    fill_pool();
 }
 
-/// How many walks can hold a rule cache at the same time; more concurrent walks fall back to
-/// frame pointers.
-const POOL: usize = 8;
+/// How many walks can run at the same time with a slot; a walk without one uses the rule
+/// cache and frame pointers only, and stops at a rule it would have to derive.
+pub(crate) const POOL: usize = 32;
 
-/// framehop's rule cache is direct-mapped (509 entries keyed by `address % 509`): two hot return
-/// addresses in one entry evict each other and are derived again from the CFI (~0.4 us) on every
-/// walk. Each slot therefore holds several caches and an address picks one by a hash that is
-/// independent of `address % 509`, so a collision repeats in the chosen cache only one time in
-/// `WAYS`.
-const WAYS: usize = 4;
+/// Words of stack one `process_vm_readv` copies when a walk reads memory off its own stack.
+pub(crate) const WINDOW_WORDS: usize = 512;
 
-/// Which of a slot's caches serves `address`.
-#[inline]
-fn way(address: usize) -> usize {
-    ((address / 509) ^ (address >> 17)) % WAYS
-}
-
-/// The stack each walk runs on (see [`CacheGuard::stack_top`]): framehop and gimli need a few
-/// KiB, more in debug builds, and a signal handler's alternate stack may be as small as 8 KiB.
+/// The stack each walk runs on: gimli needs a few KiB (more in debug builds), and a signal
+/// handler's alternate stack may be as small as 8 KiB.
 const WALK_STACK: usize = 256 * 1024;
 
-struct CacheSlot {
-    busy: AtomicBool,
-    ready: AtomicBool,
-    cache: UnsafeCell<Option<[FhCacheT; WAYS]>>,
-    stack_top: core::sync::atomic::AtomicUsize,
+/// A slot's scratch space.
+pub(crate) struct Scratch {
+    pub(crate) ctx: Box<Ctx>,
+    pub(crate) window: Box<[usize; WINDOW_WORDS]>,
 }
 
-// SAFETY: the cache inside is only touched by the holder of `busy` (claimed with a CAS).
-unsafe impl Sync for CacheSlot {}
+struct Slot {
+    busy: AtomicBool,
+    ready: AtomicBool,
+    scratch: UnsafeCell<Option<Scratch>>,
+    stack_top: AtomicUsize,
+}
 
-static CACHES: [CacheSlot; POOL] = [const {
-    CacheSlot {
+// SAFETY: the scratch inside is only touched by the holder of `busy` (claimed with a CAS).
+unsafe impl Sync for Slot {}
+
+static SLOTS: [Slot; POOL] = [const {
+    Slot {
         busy: AtomicBool::new(false),
         ready: AtomicBool::new(false),
-        cache: UnsafeCell::new(None),
-        stack_top: core::sync::atomic::AtomicUsize::new(0),
+        scratch: UnsafeCell::new(None),
+        stack_top: AtomicUsize::new(0),
     }
 }; POOL];
 
-/// Allocates the pool's caches (once). Normal context.
-fn fill_cache_pool() {
-    for slot in &CACHES {
+/// Allocates the pool's scratch space and stacks (once). Normal context.
+fn fill_pool() {
+    for slot in &SLOTS {
         if slot.ready.load(Ordering::Acquire) {
             continue;
         }
@@ -236,7 +231,12 @@ fn fill_cache_pool() {
             .is_ok()
         {
             // SAFETY: we hold `busy`, so nobody else touches the cell.
-            unsafe { *slot.cache.get() = Some(core::array::from_fn(|_| FhCacheT::new_in())) };
+            unsafe {
+                *slot.scratch.get() = Some(Scratch {
+                    ctx: cfi::new_ctx(),
+                    window: Box::new([0; WINDOW_WORDS]),
+                })
+            };
             if let Some(top) = sys::map_stack(WALK_STACK) {
                 slot.stack_top.store(top, Ordering::Relaxed);
             }
@@ -246,16 +246,16 @@ fn fill_cache_pool() {
     }
 }
 
-/// A claimed rule cache, returned to the pool on drop.
-pub(crate) struct CacheGuard {
-    slot: &'static CacheSlot,
+/// A claimed slot, returned to the pool on drop.
+pub(crate) struct SlotGuard {
+    slot: &'static Slot,
 }
 
-impl CacheGuard {
-    /// Claims a free cache, starting the search at a slot picked by `hint`. Async-signal-safe.
-    pub(crate) fn claim(hint: usize) -> Option<CacheGuard> {
+impl SlotGuard {
+    /// Claims a free slot, starting the search at one picked by `hint`. Async-signal-safe.
+    pub(crate) fn claim(hint: usize) -> Option<SlotGuard> {
         for k in 0..POOL {
-            let slot = &CACHES[(hint + k) % POOL];
+            let slot = &SLOTS[(hint + k) % POOL];
             if !slot.ready.load(Ordering::Acquire) {
                 continue;
             }
@@ -264,7 +264,7 @@ impl CacheGuard {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return Some(CacheGuard { slot });
+                return Some(SlotGuard { slot });
             }
         }
         None
@@ -275,16 +275,15 @@ impl CacheGuard {
         self.slot.stack_top.load(Ordering::Relaxed)
     }
 
-    /// The cache that serves `address` (a lookup address).
-    pub(crate) fn get(&mut self, address: usize) -> &mut FhCacheT {
-        // SAFETY: we hold `busy`, so the cell is ours; `ready` was set (checked in `claim`) after
-        // the caches were stored, and they are never taken out again, so the Option is Some.
-        let caches = unsafe { (*self.slot.cache.get()).as_mut().unwrap_unchecked() };
-        &mut caches[way(address)]
+    /// The slot's scratch space.
+    pub(crate) fn scratch(&mut self) -> &mut Scratch {
+        // SAFETY: we hold `busy`, so the cell is ours; `ready` was set (checked in `claim`)
+        // after the scratch was stored, and it is never taken out again, so the Option is Some.
+        unsafe { (*self.slot.scratch.get()).as_mut().unwrap_unchecked() }
     }
 }
 
-impl Drop for CacheGuard {
+impl Drop for SlotGuard {
     fn drop(&mut self) {
         self.slot.busy.store(false, Ordering::Release);
     }

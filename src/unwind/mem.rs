@@ -1,11 +1,5 @@
 //! Checked memory reads for the walkers: a read either returns the word or fails, it never
-//! faults.
-//!
-//! A read is done directly when it falls in a range known to be readable: the current thread's
-//! stack (cached per thread from `pthread_getattr_np`, learned in normal context) or a run of
-//! pages validated earlier in the same walk. Anything else is first validated with one
-//! `process_vm_readv(2)` on the own process that probes up to 16 consecutive pages, so a walk
-//! over an unknown stack costs one system call per 64 KiB it touches.
+//! faults (see [`CheckedMemory`]).
 
 use crate::sys;
 use core::cell::Cell;
@@ -33,92 +27,138 @@ pub(crate) fn learn_thread_stack() {
     }
 }
 
-/// How many validated ranges one walk remembers.
-const SLOTS: usize = 8;
-/// How many pages one validation probes.
-const PROBE_PAGES: usize = 16;
-
-/// A reader of machine words that never faults.
-pub(crate) struct CheckedMemory {
-    /// The part of this thread's stack known readable (checked first: most reads land here).
+/// A reader of stack memory that never faults, also when another thread unmaps the memory
+/// in the middle of the walk.
+///
+/// * Reads from the current thread's own stack, from the walk's stack pointer up to the
+///   stack's high end, are direct loads: that memory is mapped for as long as the thread runs.
+///   The bounds come from a per-thread cache (threads that called selftrace in normal context)
+///   or, for any glibc thread, from its `struct pthread` (see [`sys::own_stack_above`]).
+/// * Everything else (another stack, an alternate signal stack, garbage) is never loaded
+///   directly: a window around the address is copied with one `process_vm_readv(2)`, which
+///   fails instead of faulting, and later reads are served from the copy.
+pub(crate) struct CheckedMemory<'w> {
     stack: Range<usize>,
-    known: [Range<usize>; SLOTS],
-    next: usize,
-    /// Validations done (system calls), for tests and statistics.
-    pub(crate) probes: u32,
+    window: &'w mut [usize],
+    window_base: usize,
+    window_len: usize,
+    /// Windows copied (system calls), for tests and statistics.
+    pub(crate) copies: u32,
 }
 
-impl CheckedMemory {
-    /// A reader that trusts the part of the current thread's stack from `sp` up.
-    pub(crate) fn new(sp: usize) -> CheckedMemory {
+impl<'w> CheckedMemory<'w> {
+    /// A reader for a walk starting at `sp`, copying through `window` (its size sets how much
+    /// one system call copies).
+    pub(crate) fn new(sp: usize, window: &'w mut [usize]) -> CheckedMemory<'w> {
         let mut m = CheckedMemory {
             stack: 0..0,
-            known: core::array::from_fn(|_| 0..0),
-            next: 0,
-            probes: 0,
+            window,
+            window_base: 0,
+            window_len: 0,
+            copies: 0,
         };
-        if let Some(stack) = thread_stack() {
-            if stack.contains(&sp) {
-                m.stack = sp..stack.end;
-            }
-        }
+        m.enter_stack(sp);
         m
     }
 
-    fn remember(&mut self, r: Range<usize>) {
-        self.known[self.next % SLOTS] = r;
-        self.next += 1;
+    /// A reader for a walk from a register state nobody vouches for: no memory is read
+    /// directly until the walk crosses a signal frame onto this thread's stack.
+    pub(crate) fn untrusted(window: &'w mut [usize]) -> CheckedMemory<'w> {
+        CheckedMemory {
+            stack: 0..0,
+            window,
+            window_base: 0,
+            window_len: 0,
+            copies: 0,
+        }
+    }
+
+    /// The walk moved to `sp` (across a signal frame): if no own-stack range is known yet and
+    /// `sp` lies on this thread's stack, reads from there up become direct.
+    pub(crate) fn enter_stack(&mut self, sp: usize) {
+        if self.stack.contains(&sp) {
+            return;
+        }
+        if let Some(stack) = thread_stack() {
+            if stack.contains(&sp) {
+                self.stack = sp..stack.end;
+                return;
+            }
+        }
+        if let Some((_, high)) = sys::own_stack_above(sp) {
+            self.stack = sp..high;
+        }
     }
 
     #[inline]
-    fn is_known(&self, addr: usize, len: usize) -> bool {
-        let Some(end) = addr.checked_add(len) else {
-            return false;
-        };
-        (self.stack.start <= addr && end <= self.stack.end)
-            || self.known.iter().any(|r| r.start <= addr && end <= r.end)
+    fn on_stack(&self, addr: usize, len: usize) -> bool {
+        self.stack.start <= addr && addr.checked_add(len).is_some_and(|e| e <= self.stack.end)
     }
 
-    /// Whether `len` bytes at `addr` can be read, validating with the kernel if needed.
-    pub(crate) fn check(&mut self, addr: usize, len: usize) -> bool {
-        if addr == 0 {
-            return false;
-        }
-        if self.is_known(addr, len) {
-            return true;
-        }
-        let Some(end) = addr.checked_add(len) else {
+    /// Serves `out` from the window, copying a new window around `addr` when needed.
+    fn from_window(&mut self, addr: usize, out: &mut [u8]) -> bool {
+        let Some(end) = addr.checked_add(out.len()) else {
             return false;
         };
-        self.probes += 1;
-        let ok_until = sys::readable_until(addr, PROBE_PAGES);
-        if ok_until <= addr {
-            return false;
+        let in_window = |m: &Self| m.window_base <= addr && end <= m.window_base + m.window_len;
+        if !in_window(self) {
+            let bytes = self.window.len() * core::mem::size_of::<usize>();
+            if out.len() > bytes || addr == 0 {
+                return false;
+            }
+            // Start a little below the address (CFI reads go both ways from the CFA) but on
+            // the same page, which is readable if the address is.
+            let page = addr & !(sys::page_size() - 1);
+            let start = (addr.saturating_sub(bytes / 4) & !7).max(page);
+            // SAFETY: the window is `bytes` writable bytes of usize storage.
+            let buf = unsafe {
+                core::slice::from_raw_parts_mut(self.window.as_mut_ptr().cast::<u8>(), bytes)
+            };
+            self.copies += 1;
+            self.window_base = start;
+            self.window_len = sys::read_memory(start, buf);
+            if !in_window(self) {
+                return false;
+            }
         }
-        let page = addr & !(sys::page_size() - 1);
-        self.remember(page..ok_until);
-        end <= ok_until || self.check_tail(ok_until, end)
-    }
-
-    fn check_tail(&mut self, from: usize, end: usize) -> bool {
-        self.probes += 1;
-        let ok_until = sys::readable_until(from, PROBE_PAGES);
-        if ok_until <= from {
-            return false;
-        }
-        self.remember(from..ok_until);
-        end <= ok_until
+        let off = addr - self.window_base;
+        // SAFETY: [off, off + out.len()) lies in the copied part of the window.
+        let src = unsafe { self.window.as_ptr().cast::<u8>().add(off) };
+        // SAFETY: src is valid for out.len() bytes (above) and does not overlap `out`.
+        unsafe { core::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        true
     }
 
     /// Reads the aligned machine word at `addr`, or fails.
     #[inline]
     pub(crate) fn read_word(&mut self, addr: usize) -> Option<usize> {
         const W: usize = core::mem::size_of::<usize>();
-        if !addr.is_multiple_of(W) || !self.check(addr, W) {
+        if !addr.is_multiple_of(W) {
             return None;
         }
-        // SAFETY: the word is aligned and lies in a range validated as readable.
-        Some(unsafe { core::ptr::read_volatile(addr as *const usize) })
+        if self.on_stack(addr, W) {
+            // SAFETY: the word is aligned and lies on this thread's own live stack, between the
+            // walk's stack pointer and the stack's high end.
+            return Some(unsafe { core::ptr::read_volatile(addr as *const usize) });
+        }
+        let mut b = [0u8; W];
+        self.from_window(addr, &mut b)
+            .then(|| usize::from_ne_bytes(b))
+    }
+
+    /// Reads a 1-, 2-, 4- or 8-byte value at any alignment (for DWARF expressions), or fails.
+    pub(crate) fn read_sized(&mut self, addr: usize, size: usize) -> Option<usize> {
+        if !matches!(size, 1 | 2 | 4 | 8) {
+            return None;
+        }
+        let mut b = [0u8; 8];
+        if self.on_stack(addr, size) {
+            // SAFETY: [addr, addr + size) lies on this thread's own live stack.
+            unsafe { core::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), size) };
+        } else if !self.from_window(addr, &mut b[..size]) {
+            return None;
+        }
+        Some(usize::from_le_bytes(b))
     }
 }
 
@@ -129,36 +169,40 @@ mod tests {
     #[test]
     fn reads_own_stack_and_rejects_unmapped_and_guard_pages() {
         let word: usize = 0x1234_5678;
-        let mut m = CheckedMemory::new(&word as *const usize as usize);
-        assert_eq!(
-            m.read_word(&word as *const usize as usize),
-            Some(0x1234_5678)
-        );
+        let mut window = [0usize; 32];
+        let here = &word as *const usize as usize;
+        let mut m = CheckedMemory::new(here, &mut window);
+        assert_eq!(m.read_word(here), Some(0x1234_5678));
         assert_eq!(m.read_word(0), None);
         assert_eq!(m.read_word(8), None);
         assert_eq!(m.read_word(usize::MAX & !7), None);
-        assert_eq!(
-            m.read_word((&word as *const usize as usize) + 1),
-            None,
-            "unaligned"
-        );
+        assert_eq!(m.read_word(here + 1), None, "unaligned");
+        assert_eq!(m.read_sized(here, 4), Some(0x1234_5678));
         // A PROT_NONE page, as a guard page is.
         let ps = sys::page_size();
-        // SAFETY: anonymous private mapping of one page, unmapped below.
+        // SAFETY: anonymous private mapping of two pages, unmapped below.
         let p = unsafe {
             libc::mmap(
                 core::ptr::null_mut(),
-                ps,
-                libc::PROT_NONE,
+                2 * ps,
+                libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        assert_eq!(m.read_word(p as usize), None);
+        } as usize;
+        assert_ne!(p as *mut libc::c_void, libc::MAP_FAILED);
+        // SAFETY: p is a fresh writable mapping of two pages.
+        unsafe {
+            *((p + ps) as *mut usize) = 77;
+            libc::mprotect(p as *mut libc::c_void, ps, libc::PROT_NONE);
+        }
+        assert_eq!(m.read_word(p), None);
+        assert_eq!(m.read_word(p + ps), Some(77), "copied through the window");
         // SAFETY: p is the mapping created above.
-        unsafe { libc::munmap(p, ps) };
-        assert_eq!(m.read_word(p as usize), None);
+        unsafe { libc::munmap(p as *mut libc::c_void, 2 * ps) };
+        // The window still holds the old copy of p + ps: a read from the copy is harmless;
+        // a read of a page not in the window fails.
+        assert_eq!(m.read_word(p + 8), None);
     }
 }

@@ -1,22 +1,27 @@
 //! The walk: one loop for every entry point and both modes.
 //!
-//! Per frame it records the pc, then
-//! 1. if the pc is a signal trampoline (`__restore_rt`), continues from the `ucontext_t` the
-//!    kernel saved on the stack: the interrupted pc (exact) and its registers;
-//! 2. otherwise steps to the caller with framehop's DWARF CFI (in DWARF mode, for objects still
-//!    loaded, with framehop falling back to frame pointers where there is no CFI), or with the
-//!    frame-pointer rule.
+//! Per frame it records the pc, then finds the frame's rule:
+//! 1. in DWARF mode, from the shared rule cache, or derived from the object's CFI on a miss
+//!    (and cached): a compiled rule (CFA = register + offset, callee-saved registers restored
+//!    from their save slots), the full evaluator for anything else (expressions, any register),
+//!    the signal trampoline (continue from the `ucontext_t` the kernel saved: the interrupted pc,
+//!    exact, and every register), or "no CFI here";
+//! 2. where there is no CFI at all (and in frame-pointer mode), the frame-pointer rule, whose
+//!    result is accepted only when the return address lies in code of a loaded object.
 //!
-//! Every memory read goes through [`CheckedMemory`]; the stack pointer must grow at every step
-//! (except across a signal frame, which may switch stacks); walks stop at the buffer's end,
-//! after [`MAX_FRAMES`] frames or [`MAX_SIGNAL_FRAMES`] signal frames.
+//! A frame whose CFI exists but cannot be evaluated ends the walk, and the walk says why
+//! ([`WalkEnd::Truncated`]); it never guesses with frame pointers there. Every memory read goes
+//! through [`CheckedMemory`]; the stack pointer must grow at every step (except across a signal
+//! frame, which may switch stacks); walks stop at the buffer's end, after [`MAX_FRAMES`] frames
+//! or [`MAX_SIGNAL_FRAMES`] signal frames.
 
-use super::dwarf::{self, CacheGuard, DwarfState, FhRegs};
+use super::cfi::UnwindData;
+use super::dwarf::{self, DwarfState, Scratch, SlotGuard};
 use super::mem::CheckedMemory;
-use super::regs::{self, Regs};
-use super::UnwindMode;
+use super::regs::{self, dw, EntryRegs, RegSet};
+use super::rules::{self, Kind, Rule, SAME, SAVED, UNDEF};
+use super::{StopReason, UnwindMode, WalkEnd};
 use crate::sys;
-use framehop::{FrameAddress, Unwinder};
 
 /// The most frames one walk produces, whatever the buffer size.
 pub const MAX_FRAMES: usize = 1 << 16;
@@ -24,12 +29,12 @@ pub const MAX_FRAMES: usize = 1 << 16;
 pub const MAX_SIGNAL_FRAMES: usize = 16;
 
 /// How a walk ended.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Outcome {
     /// Frames written.
     pub(crate) frames: usize,
-    /// The walk reached the root of the stack (not cut short by the buffer or an error).
-    pub(crate) complete: bool,
+    /// Why the walk stopped.
+    pub(crate) end: WalkEnd,
     /// The walk crossed a signal trampoline: it ran inside a signal handler.
     pub(crate) signal_frames: usize,
     /// A pc lay in an object the loader knows but the published snapshot does not.
@@ -38,39 +43,61 @@ pub(crate) struct Outcome {
     pub(crate) initialized: bool,
 }
 
+impl Default for Outcome {
+    fn default() -> Outcome {
+        Outcome {
+            frames: 0,
+            end: WalkEnd::BufferFull,
+            signal_frames: 0,
+            unknown_object: false,
+            initialized: false,
+        }
+    }
+}
+
 /// The first frame of a walk.
 #[derive(Clone, Copy)]
 pub(crate) enum Start {
-    /// `regs.pc` is exact (an interrupted pc or a caller-supplied state).
-    Exact(Regs),
-    /// `regs.pc` is a return address (the caller of a capture function).
-    Return(Regs),
+    /// The pc is exact (an interrupted pc or a caller-supplied state).
+    Exact(RegSet),
+    /// The pc is a return address (the caller of a capture function).
+    Return(RegSet),
 }
 
-pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode) -> Outcome {
+impl Start {
+    pub(crate) fn sp(&self) -> usize {
+        match self {
+            Start::Exact(r) | Start::Return(r) => r.sp(),
+        }
+    }
+}
+
+/// Words of window a walk without a slot copies at a time (it runs on the caller's stack,
+/// which may be a small alternate signal stack).
+const SMALL_WINDOW: usize = 32;
+
+pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode, trusted: bool) -> Outcome {
     if buf.is_empty() {
         return Outcome::default();
     }
-    let sp = match start {
-        Start::Exact(r) | Start::Return(r) => r.sp,
-    };
     dwarf::with_state(|state| {
-        // A slot from the pool: a rule cache and a private stack to walk on. Without one (before
-        // init, or all busy) the walk uses frame pointers, on the caller's stack.
-        let mut slot = state.and_then(|_| CacheGuard::claim(sp >> 12));
-        let top = slot.as_ref().map_or(0, CacheGuard::stack_top);
+        // A slot from the pool: scratch space and a private stack to walk on. Without one
+        // (before init, or all busy) the walk runs on the caller's stack with the rule cache
+        // and frame pointers only.
+        let mut slot = state.and_then(|_| SlotGuard::claim(start.sp() >> 12));
+        let top = slot.as_ref().map_or(0, SlotGuard::stack_top);
         let mut job = Job {
             start,
             buf,
             state,
-            cache: if mode == UnwindMode::Dwarf {
-                slot.as_mut()
-            } else {
-                None
+            scratch: slot.as_mut().map(SlotGuard::scratch),
+            mode,
+            trusted,
+            out: Outcome {
+                initialized: state.is_some(),
+                ..Outcome::default()
             },
-            out: Outcome::default(),
         };
-        job.out.initialized = state.is_some();
         if top != 0 {
             // SAFETY: `top` is the high end of the slot's private stack, which we own while we
             // hold the slot; `run_job` does not unwind (nothing in the walk panics).
@@ -87,7 +114,10 @@ struct Job<'a, 'b> {
     start: Start,
     buf: &'a mut [usize],
     state: Option<&'b DwarfState>,
-    cache: Option<&'a mut CacheGuard>,
+    scratch: Option<&'a mut Scratch>,
+    mode: UnwindMode,
+    /// The start's stack pointer is genuine (a capture's own, or the kernel's ucontext).
+    trusted: bool,
     out: Outcome,
 }
 
@@ -97,80 +127,374 @@ extern "C" fn run_job(job: *mut libc::c_void) {
     job.run();
 }
 
+/// What one step found.
+enum Step {
+    /// `regs` now holds the caller's frame; `signal` when it came from a `ucontext_t` (its pc
+    /// is exact).
+    Caller { signal: bool },
+    /// The outermost frame.
+    End,
+    /// The walk cannot go on.
+    Stop(StopReason),
+}
+
 impl Job<'_, '_> {
     fn run(&mut self) {
         let (mut regs, mut exact) = match self.start {
             Start::Exact(r) => (r, true),
             Start::Return(r) => (r, false),
         };
-        let mut mem = CheckedMemory::new(regs.sp);
-        let state = self.state;
+        let mut small = [0usize; SMALL_WINDOW];
+        let (window, ctx) = match self.scratch.as_deref_mut() {
+            Some(s) => (&mut s.window[..], Some(&mut *s.ctx)),
+            None => (&mut small[..], None),
+        };
+        let sp = regs.sp();
+        let mut w = Walker {
+            state: self.state,
+            mem: if self.trusted {
+                CheckedMemory::new(sp, window)
+            } else {
+                CheckedMemory::untrusted(window)
+            },
+            ctx,
+            loaded: LoadedCheck::default(),
+            mode: self.mode,
+        };
         let buf = &mut *self.buf;
         let out = &mut self.out;
-        let mut cache = self.cache.as_deref_mut();
-        let mut loaded = LoadedCheck::default();
-        let mut fh = to_framehop(&regs);
         let limit = buf.len().min(MAX_FRAMES);
         loop {
-            buf[out.frames] = regs.pc;
+            let pc = regs.pc();
+            buf[out.frames] = pc;
             out.frames += 1;
-            let known = classify(state, &mut loaded, &mut mem, regs.pc, out);
-            if !exact && known.is_code && is_trampoline(regs.pc) {
-                if out.signal_frames == MAX_SIGNAL_FRAMES || out.frames == limit {
-                    break;
-                }
-                let uc = regs.sp + regs::uc::FROM_TRAMPOLINE_SP;
-                match read_ucontext(&mut mem, uc) {
-                    Some(r) => {
-                        out.signal_frames += 1;
-                        regs = r;
-                        exact = true;
-                        continue;
-                    }
-                    None => break,
-                }
-            }
-            if out.frames == limit {
-                break;
-            }
-            let step = match (state, cache.as_deref_mut()) {
-                (Some(state), Some(cache)) if known.usable => {
-                    dwarf_step(state, cache, &mut mem, &mut regs, &mut fh, exact)
-                }
-                _ => fp_step(&mut mem, &mut regs, exact),
-            };
-            // A first frame outside any object (a call through a bad function pointer): the
-            // return address is still on top of the stack.
-            let step = match step {
-                Step::Failed if exact && out.frames == 1 && !known.in_object => {
-                    call_through_bad_pointer(&mut mem, &mut regs)
-                }
-                s => s,
-            };
+            let step = w.step(&mut regs, exact, out);
             match step {
-                Step::Caller(ra) => {
-                    regs.pc = ra;
-                    exact = false;
+                Step::Caller { signal } => {
+                    if signal {
+                        if out.signal_frames == MAX_SIGNAL_FRAMES {
+                            out.end = WalkEnd::Truncated(super::Truncation {
+                                pc,
+                                reason: StopReason::TooManySignalFrames,
+                            });
+                            break;
+                        }
+                        out.signal_frames += 1;
+                        w.mem.enter_stack(regs.sp());
+                    }
+                    exact = signal;
+                    if out.frames == limit {
+                        out.end = WalkEnd::BufferFull;
+                        break;
+                    }
                 }
                 Step::End => {
-                    out.complete = true;
+                    out.end = WalkEnd::Complete;
                     break;
                 }
-                Step::Failed => break,
+                Step::Stop(reason) => {
+                    out.end = WalkEnd::Truncated(super::Truncation { pc, reason });
+                    break;
+                }
             }
         }
     }
 }
 
-/// What is known about a pc.
-struct Known {
-    /// framehop may read the unwind data of the object containing the pc (it is still loaded),
-    /// or the pc is in no object of the snapshot (framehop then uses frame pointers).
-    usable: bool,
-    /// The pc lies in executable code of a loaded object (checked), so its bytes can be read.
-    is_code: bool,
-    /// The pc lies in some loaded object.
-    in_object: bool,
+/// The per-walk state of the stepping.
+struct Walker<'s, 'w> {
+    state: Option<&'s DwarfState>,
+    mem: CheckedMemory<'w>,
+    ctx: Option<&'w mut super::cfi::Ctx>,
+    loaded: LoadedCheck,
+    mode: UnwindMode,
+}
+
+impl Walker<'_, '_> {
+    fn step(&mut self, regs: &mut RegSet, exact: bool, out: &mut Outcome) -> Step {
+        let pc = regs.pc();
+        let state = match self.state {
+            Some(s) if self.mode == UnwindMode::Dwarf => s,
+            _ => return self.fp_mode_step(regs, exact, out),
+        };
+        match state.find_near(pc, self.loaded.last) {
+            Some(i) => {
+                self.loaded.last = i;
+                if self.loaded.still_loaded(state, i, pc) {
+                    return self.cfi_step(state, i, regs, exact, out);
+                }
+                // Unloaded since the snapshot: its tables may be gone; only the checked
+                // frame-pointer rule applies.
+                self.no_cfi_step(regs, exact, out, false)
+            }
+            None => {
+                let in_object = match sys::dl_find_object(pc) {
+                    Ok(Some(_)) => {
+                        out.unknown_object = true;
+                        true
+                    }
+                    Ok(None) => false,
+                    Err(()) => true,
+                };
+                if !exact && in_object && is_trampoline_at(pc) {
+                    return self.signal_frame(regs);
+                }
+                self.no_cfi_step(regs, exact, out, in_object)
+            }
+        }
+    }
+
+    /// A frame in object `i` of the state, by its (cached) CFI rule.
+    fn cfi_step(
+        &mut self,
+        state: &DwarfState,
+        i: usize,
+        regs: &mut RegSet,
+        exact: bool,
+        out: &mut Outcome,
+    ) -> Step {
+        let pc = regs.pc();
+        let o = &state.objects[i];
+        let lookup = if exact { pc } else { pc.wrapping_sub(1) };
+        let key = rules::key(pc, exact);
+        let rule = match state.cache.get(key) {
+            Some(r) => r,
+            None => {
+                let r = if !exact
+                    && o.is_code(pc, regs::uc::TRAMPOLINE.len())
+                    && is_trampoline_at(pc)
+                {
+                    Rule::of(Kind::Trampoline)
+                } else {
+                    match (&o.unwind, self.ctx.as_deref_mut()) {
+                        (None, _) => Rule::of(Kind::NoCfi),
+                        (Some(_), None) => return Step::Stop(StopReason::Busy),
+                        (Some(data), Some(ctx)) => match data.find(ctx, lookup) {
+                            super::cfi::Found::Rule(r) => r,
+                            super::cfi::Found::NoCfi => Rule::of(Kind::NoCfi),
+                            super::cfi::Found::Bad => Rule::of(Kind::Bad),
+                        },
+                    }
+                };
+                state.cache.put(key, &r);
+                r
+            }
+        };
+        match rule.kind {
+            Kind::Cfi => self.apply(&rule, regs),
+            Kind::End => Step::End,
+            Kind::Trampoline => self.signal_frame(regs),
+            Kind::NoCfi => self.no_cfi_step(regs, exact, out, true),
+            Kind::Bad => Step::Stop(StopReason::NoUnwindRule),
+            Kind::Slow => self.full_step(o.unwind.as_ref(), lookup, regs),
+        }
+    }
+
+    /// Applies a compiled rule.
+    #[inline]
+    fn apply(&mut self, rule: &Rule, regs: &mut RegSet) -> Step {
+        let Some(base) = regs.get(rule.cfa_reg as u16) else {
+            return Step::Stop(StopReason::RegisterUnknown);
+        };
+        let cfa = base.wrapping_add(rule.cfa_off as isize as usize);
+        if cfa <= regs.sp() {
+            return Step::Stop(StopReason::NoProgress);
+        }
+        let Some(ra) = self
+            .mem
+            .read_word(cfa.wrapping_add(rule.ra_off as isize as usize))
+        else {
+            return Step::Stop(StopReason::UnreadableMemory);
+        };
+        let mut new = *regs;
+        new.keep_only(dw::CALLEE_SAVED);
+        for (&r, &how) in SAVED.iter().zip(&rule.saved) {
+            match how {
+                SAME => {}
+                UNDEF => new.forget(r),
+                off => match self.mem.read_word(cfa.wrapping_add(off as isize as usize)) {
+                    Some(v) => new.set(r, v),
+                    None => return Step::Stop(StopReason::UnreadableMemory),
+                },
+            }
+        }
+        if ra == 0 {
+            return Step::End;
+        }
+        new.set(dw::RSP, cfa);
+        new.set(dw::RA, ra);
+        *regs = new;
+        Step::Caller { signal: false }
+    }
+
+    /// The full CFI evaluator, for rules that do not compile.
+    fn full_step(&mut self, data: Option<&UnwindData>, lookup: usize, regs: &mut RegSet) -> Step {
+        let (Some(data), Some(ctx)) = (data, self.ctx.as_deref_mut()) else {
+            return Step::Stop(StopReason::Busy);
+        };
+        let old_sp = regs.sp();
+        let mut new = *regs;
+        match data.step_full(ctx, lookup, &mut new, &mut self.mem) {
+            Ok(false) => Step::End,
+            Ok(true) => {
+                if new.sp() <= old_sp {
+                    return Step::Stop(StopReason::NoProgress);
+                }
+                if new.pc() == 0 {
+                    return Step::End;
+                }
+                *regs = new;
+                Step::Caller { signal: false }
+            }
+            Err(reason) => Step::Stop(reason),
+        }
+    }
+
+    /// Continues from the `ucontext_t` the kernel saved above the signal trampoline.
+    fn signal_frame(&mut self, regs: &mut RegSet) -> Step {
+        let uc = regs.sp() + regs::uc::FROM_TRAMPOLINE_SP;
+        let mem = &mut self.mem;
+        match RegSet::from_gregs(|off| mem.read_word(uc + off)) {
+            Some(r) if r.pc() != 0 && r.sp() != 0 => {
+                *regs = r;
+                Step::Caller { signal: true }
+            }
+            _ => Step::Stop(StopReason::BadSignalFrame),
+        }
+    }
+
+    /// A pc with no CFI: the frame-pointer rule, accepted only when the return address it
+    /// finds lies in code of a loaded object. A first frame outside any object (a call through
+    /// a bad function pointer) has its return address on top of the stack.
+    fn no_cfi_step(
+        &mut self,
+        regs: &mut RegSet,
+        exact: bool,
+        out: &mut Outcome,
+        in_object: bool,
+    ) -> Step {
+        const W: usize = core::mem::size_of::<usize>();
+        if exact && out.frames == 1 && !in_object {
+            let Some(ra) = self.mem.read_word(regs.sp()) else {
+                return Step::Stop(StopReason::UnreadableMemory);
+            };
+            if !self.plausible(ra, out) {
+                return Step::Stop(StopReason::NoFramePointer);
+            }
+            let sp = regs.sp() + W;
+            regs.keep_only(dw::CALLEE_SAVED);
+            regs.set(dw::RSP, sp);
+            regs.set(dw::RA, ra);
+            return Step::Caller { signal: false };
+        }
+        let Some(fp) = regs.fp() else {
+            return Step::Stop(StopReason::NoFramePointer);
+        };
+        if fp == 0 || !fp.is_multiple_of(W) || fp < regs.sp() {
+            return Step::Stop(StopReason::NoFramePointer);
+        }
+        let (Some(next_fp), Some(ra)) = (self.mem.read_word(fp), self.mem.read_word(fp + W)) else {
+            return Step::Stop(StopReason::UnreadableMemory);
+        };
+        if !self.plausible(ra, out) {
+            return Step::Stop(StopReason::NoFramePointer);
+        }
+        // Where the other callee-saved registers were saved is unknown.
+        regs.keep_only(1 << dw::RSP | 1 << dw::RBP | 1 << dw::RA);
+        regs.set(dw::RSP, fp + 2 * W);
+        regs.set(dw::RBP, next_fp);
+        regs.set(dw::RA, ra);
+        Step::Caller { signal: false }
+    }
+
+    /// Whether a return address found by the frame-pointer rule lies in executable code of a
+    /// loaded object.
+    fn plausible(&mut self, ra: usize, out: &mut Outcome) -> bool {
+        if ra == 0 {
+            return false;
+        }
+        if let Some(state) = self.state {
+            if let Some(i) = state.find_near(ra, self.loaded.last) {
+                return state.objects[i].is_code(ra - 1, 1);
+            }
+        }
+        match sys::dl_find_object(ra) {
+            Ok(Some(_)) => {
+                if self.state.is_some() {
+                    out.unknown_object = true;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Frame-pointer mode (and any walk before `init()`): signal frames are recognised by the
+    /// known trampolines, callers by the frame-pointer chain.
+    fn fp_mode_step(&mut self, regs: &mut RegSet, exact: bool, out: &mut Outcome) -> Step {
+        const W: usize = core::mem::size_of::<usize>();
+        let pc = regs.pc();
+        if !exact {
+            let trampoline = match self.state {
+                Some(s) => s.is_restorer(pc),
+                None => {
+                    matches!(sys::dl_find_object(pc), Ok(Some(_)) | Err(())) && is_trampoline_at(pc)
+                }
+            };
+            if trampoline {
+                return self.signal_frame(regs);
+            }
+        }
+        if exact && out.frames == 1 && !matches!(sys::dl_find_object(pc), Ok(Some(_)) | Err(())) {
+            return self.no_cfi_step(regs, exact, out, false);
+        }
+        let Some(fp) = regs.fp() else {
+            return Step::Stop(StopReason::NoFramePointer);
+        };
+        if fp == 0 {
+            return Step::End;
+        }
+        if !fp.is_multiple_of(W) || fp < regs.sp() {
+            return Step::Stop(StopReason::NoFramePointer);
+        }
+        let (Some(next_fp), Some(ra)) = (self.mem.read_word(fp), self.mem.read_word(fp + W)) else {
+            return Step::Stop(StopReason::UnreadableMemory);
+        };
+        if ra == 0 {
+            return Step::End;
+        }
+        if !self.fp_plausible(ra) {
+            return Step::Stop(StopReason::NoFramePointer);
+        }
+        regs.keep_only(1 << dw::RSP | 1 << dw::RBP | 1 << dw::RA);
+        regs.set(dw::RSP, fp + 2 * W);
+        regs.set(dw::RBP, next_fp);
+        regs.set(dw::RA, ra);
+        Step::Caller { signal: false }
+    }
+
+    /// [`Self::plausible`] for frame-pointer mode: one range comparison when the return address
+    /// is in the same object as the previous frame.
+    #[inline]
+    fn fp_plausible(&mut self, ra: usize) -> bool {
+        match self.state {
+            Some(state) => {
+                if let Some(o) = state.objects.get(self.loaded.last) {
+                    if o.text.start < ra && ra <= o.text.end {
+                        return true;
+                    }
+                }
+                match state.find(ra) {
+                    Some(i) => {
+                        self.loaded.last = i;
+                        state.objects[i].is_code(ra - 1, 1)
+                    }
+                    None => matches!(sys::dl_find_object(ra), Ok(Some(_))),
+                }
+            }
+            None => !matches!(sys::dl_find_object(ra), Ok(None)),
+        }
+    }
 }
 
 /// Which objects of the snapshot this walk already checked with `_dl_find_object`.
@@ -198,228 +522,23 @@ impl LoadedCheck {
     }
 }
 
-fn classify(
-    state: Option<&DwarfState>,
-    loaded: &mut LoadedCheck,
-    mem: &mut CheckedMemory,
-    pc: usize,
-    out: &mut Outcome,
-) -> Known {
+/// Whether the code at `pc` is the signal-return trampoline. The bytes are copied by the
+/// kernel (`process_vm_readv`), so an object unmapped meanwhile gives `false`, never a fault.
+fn is_trampoline_at(pc: usize) -> bool {
     const N: usize = regs::uc::TRAMPOLINE.len();
-    if let Some(state) = state {
-        if let Some(i) = state.find_near(pc, loaded.last) {
-            loaded.last = i;
-            let usable = loaded.still_loaded(state, i, pc);
-            let o = &state.objects[i];
-            return Known {
-                usable,
-                is_code: usable && o.is_code(pc, N),
-                in_object: usable,
-            };
-        }
-    }
-    let in_object = match sys::dl_find_object(pc) {
-        Ok(Some(_)) => {
-            if state.is_some() {
-                out.unknown_object = true;
-            }
-            true
-        }
-        Ok(None) => false,
-        // Without _dl_find_object we cannot tell; the checked reads keep the walk safe.
-        Err(()) => true,
-    };
-    Known {
-        usable: true,
-        is_code: in_object && mem.check(pc, N),
-        in_object,
-    }
+    let mut bytes = [0u8; N];
+    sys::read_memory(pc, &mut bytes) == N && bytes[..] == *regs::uc::TRAMPOLINE
 }
 
-/// Whether the code at `pc` is the signal-return trampoline. The caller has checked that the
-/// bytes are readable (`Known::is_code`).
-fn is_trampoline(pc: usize) -> bool {
-    const N: usize = regs::uc::TRAMPOLINE.len();
-    // SAFETY: `Known::is_code` established that N bytes at pc lie in a mapped executable
-    // segment of a loaded object (or in pages validated as readable during this walk).
-    let bytes = unsafe { core::ptr::read_unaligned(pc as *const [u8; N]) };
-    bytes[..] == *regs::uc::TRAMPOLINE
-}
-
-fn read_ucontext(mem: &mut CheckedMemory, uc: usize) -> Option<Regs> {
-    let pc = mem.read_word(uc + regs::uc::PC)?;
-    let sp = mem.read_word(uc + regs::uc::SP)?;
-    let fp = mem.read_word(uc + regs::uc::FP)?;
-    let lr = match regs::uc::LR {
-        Some(off) => mem.read_word(uc + off)?,
-        None => 0,
-    };
-    (pc != 0 && sp != 0).then_some(Regs { pc, sp, fp, lr })
-}
-
-enum Step {
-    Caller(usize),
-    End,
-    Failed,
-}
-
-fn dwarf_step(
-    state: &DwarfState,
-    cache: &mut CacheGuard,
-    mem: &mut CheckedMemory,
-    regs: &mut Regs,
-    fh: &mut FhRegs,
-    exact: bool,
-) -> Step {
-    let address = if exact {
-        FrameAddress::from_instruction_pointer(regs.pc as u64)
-    } else {
-        match FrameAddress::from_return_address(regs.pc as u64) {
-            Some(a) => a,
-            None => return Step::Failed,
-        }
-    };
-    sync_framehop(regs, fh);
-    let old_sp = regs.sp;
-    let mut read = |addr: u64| mem.read_word(addr as usize).map(|w| w as u64).ok_or(());
-    match state.unwinder.unwind_frame(
-        address,
-        fh,
-        cache.get(address.address_for_lookup() as usize),
-        &mut read,
-    ) {
-        Ok(Some(ra)) => {
-            from_framehop(fh, regs);
-            if regs.sp <= old_sp {
-                return Step::Failed;
-            }
-            Step::Caller(ra as usize)
-        }
-        Ok(None) => Step::End,
-        Err(_) => Step::Failed,
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn to_framehop(r: &Regs) -> FhRegs {
-    FhRegs::new(r.pc as u64, r.sp as u64, r.fp as u64)
-}
-
-/// Brings framehop's registers in line with `r` (cheaper than building them anew).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn sync_framehop(r: &Regs, fh: &mut FhRegs) {
-    fh.set_ip(r.pc as u64);
-    fh.set_sp(r.sp as u64);
-    fh.set_bp(r.fp as u64);
-}
-
-#[cfg(target_arch = "aarch64")]
-#[inline]
-fn sync_framehop(r: &Regs, fh: &mut FhRegs) {
-    fh.set_sp(r.sp as u64);
-    fh.set_fp(r.fp as u64);
-    fh.set_lr(r.lr as u64);
-}
-
-#[cfg(target_arch = "x86_64")]
-fn from_framehop(fh: &FhRegs, r: &mut Regs) {
-    r.sp = fh.sp() as usize;
-    r.fp = fh.bp() as usize;
-}
-
-#[cfg(target_arch = "aarch64")]
-fn to_framehop(r: &Regs) -> FhRegs {
-    FhRegs::new_with_ptr_auth_mask(
-        framehop::aarch64::PtrAuthMask::new_24_40(),
-        r.lr as u64,
-        r.sp as u64,
-        r.fp as u64,
-    )
-}
-
-#[cfg(target_arch = "aarch64")]
-fn from_framehop(fh: &FhRegs, r: &mut Regs) {
-    r.sp = fh.sp() as usize;
-    r.fp = fh.fp() as usize;
-    r.lr = fh.lr() as usize;
-}
-
-/// One frame-pointer step: `[fp]` is the caller's frame pointer and `[fp + 8]` the return
-/// address (x86-64 `push rbp; mov rbp, rsp`, aarch64 `stp x29, x30, [sp, #-16]!`).
-fn fp_step(mem: &mut CheckedMemory, regs: &mut Regs, exact: bool) -> Step {
-    const W: usize = core::mem::size_of::<usize>();
-    // aarch64: in the first frame the return address may still be in the link register; frame
-    // pointer chains are only trusted from the frame record on.
-    let _ = exact;
-    let fp = regs.fp;
-    if fp == 0 {
-        return Step::End;
-    }
-    if !fp.is_multiple_of(W) || fp < regs.sp {
-        return Step::Failed;
-    }
-    let (Some(next_fp), Some(ra)) = (mem.read_word(fp), mem.read_word(fp + W)) else {
-        return Step::Failed;
-    };
-    let ra = strip_pac(ra);
-    if ra == 0 {
-        return Step::End;
-    }
-    regs.sp = fp + 2 * W;
-    regs.fp = next_fp;
-    Step::Caller(ra)
-}
-
-/// Recovers from a first frame whose pc is in no object (a jump or call to a bad address): the
-/// return address of the call is on top of the stack.
-fn call_through_bad_pointer(mem: &mut CheckedMemory, regs: &mut Regs) -> Step {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let Some(ra) = mem.read_word(regs.sp) else {
-            return Step::Failed;
-        };
-        if ra == 0 {
-            return Step::Failed;
-        }
-        regs.sp += core::mem::size_of::<usize>();
-        Step::Caller(ra)
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        let _ = mem;
-        // The call (`blr`) left the return address in the link register.
-        let ra = strip_pac(regs.lr);
-        if ra == 0 {
-            return Step::Failed;
-        }
-        Step::Caller(ra)
-    }
-}
-
-/// Removes a pointer-authentication code from a return address (aarch64; identity on x86-64).
-#[inline]
-fn strip_pac(ra: usize) -> usize {
-    #[cfg(target_arch = "aarch64")]
-    {
-        // User addresses have at most 48 significant bits here (VA_BITS 48); PAC bits sit above.
-        ra & ((1usize << 48) - 1)
-    }
-    #[cfg(not(target_arch = "aarch64"))]
-    {
-        ra
-    }
-}
-
-/// Target of the naked capture entry: `(buf, len, mode)` from the caller, plus the caller's
-/// return address, stack pointer and frame pointer as they were at the call.
+/// Target of the naked capture entry: `(buf, len, mode, out)` from the caller, plus the
+/// caller's registers as they were at the call. Writes how the walk ended into `out` when it
+/// is not null; returns the number of frames.
 pub(crate) extern "C" fn capture_inner(
     buf: *mut usize,
     len: usize,
     mode: usize,
-    ra: usize,
-    sp: usize,
-    fp: usize,
+    regs: *const EntryRegs,
+    out: *mut super::Walk,
 ) -> usize {
     let buf = if buf.is_null() || len == 0 {
         &mut [][..]
@@ -427,12 +546,21 @@ pub(crate) extern "C" fn capture_inner(
         // SAFETY: the public wrappers pass a valid &mut [usize] split into pointer and length.
         unsafe { core::slice::from_raw_parts_mut(buf, len) }
     };
-    let mode = UnwindMode::from_raw(mode);
-    let start = Start::Return(Regs {
-        pc: ra,
-        sp,
-        fp,
-        lr: 0,
-    });
-    super::finish(start, buf, mode)
+    // SAFETY: the naked entry passes a pointer to the EntryRegs it filled on its stack.
+    let regs = unsafe { &*regs };
+    let o = super::finish(
+        Start::Return(regs.to_set()),
+        buf,
+        UnwindMode::from_raw(mode),
+    );
+    if !out.is_null() {
+        // SAFETY: the status entry points pass a pointer to their own live `Walk`.
+        unsafe {
+            *out = super::Walk {
+                frames: o.frames,
+                end: o.end,
+            }
+        };
+    }
+    o.frames
 }

@@ -1,0 +1,137 @@
+//! Reading memory that may vanish, and learning a thread's stack without asking glibc.
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// Copies `out.len()` bytes from address `addr` of this process into `out` with
+/// `process_vm_readv(2)`: the kernel copies, so an unmapped or unreadable address ends the copy
+/// instead of faulting, also when another thread unmaps the memory meanwhile. Returns how many
+/// bytes were copied (0 when `addr` itself is unreadable). Async-signal-safe.
+///
+/// # References
+/// process_vm_readv(2)
+pub(crate) fn read_memory(addr: usize, out: &mut [u8]) -> usize {
+    if out.is_empty() || addr == 0 {
+        return 0;
+    }
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: out.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: out.len(),
+    };
+    // SAFETY: `local` describes `out`, which is writable; the kernel only reads the remote
+    // range and reports unreadable pages instead of faulting.
+    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if got <= 0 {
+        0
+    } else {
+        got as usize
+    }
+}
+
+/// Where glibc keeps a thread's stack block in its `struct pthread`: the byte offset of the
+/// `stackblock` pointer, followed by `stackblock_size` and `guardsize`. 0 while unknown.
+static PD_STACKBLOCK: AtomicUsize = AtomicUsize::new(0);
+
+/// The main thread's stack `[low, high)`, learned when `init()` ran on the main thread.
+static MAIN_STACK: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Records the main thread's stack bounds. Normal context.
+pub(crate) fn set_main_stack(low: usize, high: usize) {
+    MAIN_STACK[0].store(low, Ordering::Relaxed);
+    MAIN_STACK[1].store(high, Ordering::Release);
+}
+
+/// The thread pointer (`%fs` base), which glibc points at the thread's `struct pthread`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: on x86-64 Linux, %fs:0 holds the thread pointer itself (the TCB's `tcb` field,
+    // required by the x86-64 TLS ABI); the load has no side effects.
+    unsafe {
+        core::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags))
+    };
+    tp
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn thread_pointer() -> usize {
+    0
+}
+
+/// Learns where glibc's `struct pthread` keeps the stack block, by comparing what
+/// `pthread_getattr_np` reports in a short-lived thread with the words of its `struct pthread`.
+/// Needs three consecutive words to match (block, size, guard), so a coincidence is not taken
+/// for the layout. Normal context (spawns and joins a thread). Idempotent.
+pub(crate) fn learn_pthread_layout() {
+    if PD_STACKBLOCK.load(Ordering::Relaxed) != 0 || !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    let found = std::thread::Builder::new()
+        .name("selftrace-probe".into())
+        .spawn(|| {
+            let (low, high) = super::current_thread_stack()?;
+            let tp = thread_pointer();
+            // SAFETY: pthread_self has no preconditions.
+            let me = unsafe { libc::pthread_self() } as usize;
+            if tp == 0 || tp != me {
+                return None;
+            }
+            let mut words = [0usize; 512];
+            // SAFETY: a [usize; 512] is 4096 writable bytes.
+            let bytes =
+                unsafe { core::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), 4096) };
+            let got = read_memory(me, bytes) / 8;
+            (0..got.saturating_sub(2)).find_map(|i| {
+                let (block, size, guard) = (words[i], words[i + 1], words[i + 2]);
+                (block != 0
+                    && block.checked_add(size) == Some(high)
+                    && block.checked_add(guard) == Some(low))
+                .then_some(i * 8)
+            })
+        })
+        .ok()
+        .and_then(|h| h.join().ok())
+        .flatten();
+    if let Some(off) = found {
+        // Offset 0 would be the TCB self pointer: never the stack block.
+        if off != 0 {
+            PD_STACKBLOCK.store(off, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The current thread's stack from `sp` up to its high end, when `sp` lies on the thread's own
+/// stack as glibc allocated it (or on the main thread's stack, once learned). Memory in that
+/// range is mapped for as long as the thread lives. Async-signal-safe: reads the thread's own
+/// `struct pthread` (through the thread pointer) and no system call.
+pub(crate) fn own_stack_above(sp: usize) -> Option<(usize, usize)> {
+    let off = PD_STACKBLOCK.load(Ordering::Relaxed);
+    if off != 0 {
+        let tp = thread_pointer();
+        if tp != 0 {
+            // SAFETY: `tp` is this thread's live `struct pthread` (glibc), and `off` was learned
+            // from the same glibc to be the `stackblock`, `stackblock_size`, `guardsize` words.
+            let (block, size, guard) = unsafe {
+                let p = (tp + off) as *const usize;
+                (
+                    core::ptr::read_volatile(p),
+                    core::ptr::read_volatile(p.add(1)),
+                    core::ptr::read_volatile(p.add(2)),
+                )
+            };
+            if block != 0 {
+                let low = block.saturating_add(guard);
+                let high = block.saturating_add(size);
+                return (low <= sp && sp < high).then_some((low, high));
+            }
+        }
+    }
+    let high = MAIN_STACK[1].load(Ordering::Acquire);
+    let low = MAIN_STACK[0].load(Ordering::Relaxed);
+    (low <= sp && sp < high).then_some((low, high))
+}

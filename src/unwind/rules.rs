@@ -1,0 +1,244 @@
+//! Compiled unwind rules and the cache that every thread shares.
+//!
+//! Deriving a frame's rule from `.eh_frame` (binary search of `.eh_frame_hdr`, parse the FDE,
+//! run its CFI program up to the pc) costs a few hundred nanoseconds; applying a compiled rule
+//! is a register lookup, an add and a few checked loads. The cache maps a pc (with whether it is
+//! exact or a return address) to the compiled rule of its frame.
+//!
+//! # The cache
+//! A fixed table of [`ENTRIES`] entries in buckets of [`WAYS`], allocated when the unwinder is
+//! built (normal context) and published with it, so that a `dlclose` + `refresh` never leaves a
+//! stale rule behind. Readers and writers never block: each entry is a seqlock. A reader takes
+//! the entry only if its sequence number was even and unchanged around the read; a writer claims
+//! an entry by a compare-and-swap from even to odd and gives up if another writer holds it (the
+//! rule is then simply derived again next time). Async-signal-safe: a handler that interrupts a
+//! writer on the same thread sees an odd sequence and treats it as a miss.
+
+use core::sync::atomic::{fence, AtomicU64, Ordering};
+
+/// What kind of frame a pc is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    /// A compiled CFI rule ([`Rule`]'s fields are valid).
+    Cfi = 1,
+    /// CFI that only the full evaluator handles (expressions, register-to-register rules,
+    /// caller-saved registers restored, offsets that do not fit the compiled form).
+    Slow = 2,
+    /// No FDE covers the pc: the frame-pointer rule, if its result is plausible.
+    NoCfi = 3,
+    /// The signal-return trampoline: the interrupted registers are in the `ucontext_t` above it.
+    Trampoline = 4,
+    /// The return address is undefined: the outermost frame (`_start`, `clone3`).
+    End = 5,
+    /// There is CFI for the pc but it is malformed or uses what the evaluator does not support.
+    Bad = 6,
+}
+
+impl Kind {
+    fn from_u8(k: u8) -> Option<Kind> {
+        Some(match k {
+            1 => Kind::Cfi,
+            2 => Kind::Slow,
+            3 => Kind::NoCfi,
+            4 => Kind::Trampoline,
+            5 => Kind::End,
+            6 => Kind::Bad,
+            _ => return None,
+        })
+    }
+}
+
+/// A callee-saved register keeps its value (`DW_CFA_same_value`, or no rule).
+pub(crate) const SAME: i16 = i16::MIN;
+/// A callee-saved register's value is lost (`DW_CFA_undefined`).
+pub(crate) const UNDEF: i16 = i16::MIN + 1;
+
+/// The callee-saved registers a compiled rule tracks, by DWARF number: rbx, rbp, r12-r15.
+pub(crate) const SAVED: [u16; 6] = [3, 6, 12, 13, 14, 15];
+
+/// A frame's unwind rule in compiled form: CFA = register + offset, the return address and
+/// every callee-saved register either unchanged, lost, or saved at CFA + offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rule {
+    pub(crate) kind: Kind,
+    /// DWARF number of the CFA's base register.
+    pub(crate) cfa_reg: u8,
+    /// CFA = that register + this.
+    pub(crate) cfa_off: i32,
+    /// The return address is at CFA + this.
+    pub(crate) ra_off: i16,
+    /// For each of [`SAVED`]: [`SAME`], [`UNDEF`] or the offset from the CFA of its save slot.
+    pub(crate) saved: [i16; 6],
+}
+
+impl Rule {
+    /// A rule of a kind that has no fields.
+    pub(crate) const fn of(kind: Kind) -> Rule {
+        Rule {
+            kind,
+            cfa_reg: 0,
+            cfa_off: 0,
+            ra_off: 0,
+            saved: [SAME; 6],
+        }
+    }
+
+    fn pack(&self) -> [u64; 3] {
+        let lane = |i: usize| self.saved[i] as u16 as u64;
+        [
+            self.kind as u64
+                | (self.cfa_reg as u64) << 8
+                | (self.ra_off as u16 as u64) << 16
+                | (self.cfa_off as u32 as u64) << 32,
+            lane(0) | lane(1) << 16 | lane(2) << 32 | lane(3) << 48,
+            lane(4) | lane(5) << 16,
+        ]
+    }
+
+    fn unpack(w: [u64; 3]) -> Option<Rule> {
+        let lane = |x: u64, i: u32| (x >> (16 * i)) as u16 as i16;
+        Some(Rule {
+            kind: Kind::from_u8(w[0] as u8)?,
+            cfa_reg: (w[0] >> 8) as u8,
+            ra_off: (w[0] >> 16) as u16 as i16,
+            cfa_off: (w[0] >> 32) as u32 as i32,
+            saved: [
+                lane(w[1], 0),
+                lane(w[1], 1),
+                lane(w[1], 2),
+                lane(w[1], 3),
+                lane(w[2], 0),
+                lane(w[2], 1),
+            ],
+        })
+    }
+}
+
+/// The cache key of a pc: exact pcs and return addresses are looked up differently (a return
+/// address at `pc - 1`), and only a return address can be the trampoline's.
+#[inline]
+pub(crate) fn key(pc: usize, exact: bool) -> u64 {
+    (pc as u64) << 1 | exact as u64
+}
+
+/// Entries in the cache (a power of two): enough for the return addresses of a large program's
+/// hot paths, 640 KiB.
+pub(crate) const ENTRIES: usize = 1 << 14;
+/// Entries per bucket.
+pub(crate) const WAYS: usize = 2;
+
+#[derive(Default)]
+struct Entry {
+    /// Even: stable; odd: a writer is filling the entry.
+    seq: AtomicU64,
+    /// 0: empty.
+    key: AtomicU64,
+    rule: [AtomicU64; 3],
+}
+
+/// The shared rule cache (see the module docs).
+pub(crate) struct RuleCache {
+    entries: Box<[Entry]>,
+}
+
+impl RuleCache {
+    /// An empty cache. Allocates: normal context.
+    pub(crate) fn new() -> RuleCache {
+        RuleCache {
+            entries: (0..ENTRIES).map(|_| Entry::default()).collect(),
+        }
+    }
+
+    #[inline]
+    fn bucket(&self, key: u64) -> &[Entry] {
+        let h = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize;
+        let first = (h % (ENTRIES / WAYS)) * WAYS;
+        &self.entries[first..first + WAYS]
+    }
+
+    /// The cached rule of `key`. Async-signal-safe, wait-free.
+    #[inline]
+    pub(crate) fn get(&self, key: u64) -> Option<Rule> {
+        for e in self.bucket(key) {
+            let s1 = e.seq.load(Ordering::Acquire);
+            if s1 & 1 != 0 || e.key.load(Ordering::Relaxed) != key {
+                continue;
+            }
+            let w = [
+                e.rule[0].load(Ordering::Relaxed),
+                e.rule[1].load(Ordering::Relaxed),
+                e.rule[2].load(Ordering::Relaxed),
+            ];
+            fence(Ordering::Acquire);
+            if e.seq.load(Ordering::Relaxed) != s1 || e.key.load(Ordering::Relaxed) != key {
+                continue;
+            }
+            return Rule::unpack(w);
+        }
+        None
+    }
+
+    /// Stores the rule of `key`, replacing an entry of its bucket (an empty one, or the one
+    /// chosen by the key). Gives up if another writer holds that entry. Async-signal-safe.
+    pub(crate) fn put(&self, key: u64, rule: &Rule) {
+        let bucket = self.bucket(key);
+        let e = bucket
+            .iter()
+            .find(|e| e.key.load(Ordering::Relaxed) == 0)
+            .unwrap_or(&bucket[(key >> 7) as usize % WAYS]);
+        let s = e.seq.load(Ordering::Relaxed);
+        if s & 1 != 0
+            || e.seq
+                .compare_exchange(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        fence(Ordering::Release);
+        let w = rule.pack();
+        e.key.store(key, Ordering::Relaxed);
+        for (slot, w) in e.rule.iter().zip(w) {
+            slot.store(w, Ordering::Relaxed);
+        }
+        e.seq.store(s + 2, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packs_and_unpacks_every_field() {
+        let r = Rule {
+            kind: Kind::Cfi,
+            cfa_reg: 11,
+            cfa_off: -40_968,
+            ra_off: -8,
+            saved: [SAME, -16, UNDEF, -24, 32_000, -32_000],
+        };
+        assert_eq!(Rule::unpack(r.pack()), Some(r));
+        assert_eq!(Rule::unpack([0, 0, 0]), None);
+    }
+
+    #[test]
+    fn cache_keeps_distinct_keys_and_replaces() {
+        let c = RuleCache::new();
+        let mut r = Rule::of(Kind::Cfi);
+        for pc in 1..3000usize {
+            r.cfa_off = pc as i32;
+            c.put(key(pc * 16, false), &r);
+        }
+        let mut hits = 0;
+        for pc in 1..3000usize {
+            if let Some(got) = c.get(key(pc * 16, false)) {
+                assert_eq!(got.cfa_off, pc as i32, "a hit is always the right rule");
+                hits += 1;
+            }
+        }
+        // 3000 keys in 16384 entries: nearly all stay.
+        assert!(hits > 2800, "{hits}");
+        assert_eq!(c.get(key(16, true)), None, "exactness is part of the key");
+    }
+}
