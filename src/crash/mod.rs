@@ -217,12 +217,13 @@ pub fn dump_stack() {
 #[inline(never)]
 pub fn dump_stack_to(fd: RawFd) {
     let mut frames = [0usize; 128];
-    let n = crate::capture(&mut frames);
+    let walk = crate::capture_walk(&mut frames);
+    let n = walk.frames;
     let out = Out { fd };
     let lock = ReportLock::acquire();
     out.line(|w| w.push_bytes(b"------------[ selftrace: dump_stack ]------------"));
     report::who(out);
-    report::call_trace(out, &frames[..n], false, n == frames.len());
+    report::call_trace(out, &frames[..n], false, walk.end);
     report::objects(out, &frames[..n]);
     out.line(|w| w.push_bytes(b"---[ end of dump_stack ]---"));
     drop(lock);
@@ -445,12 +446,13 @@ fn write_report(c: &Crash) {
     }
     // SAFETY: the frames buffer is used by one report at a time (report lock held).
     let frames = unsafe { &mut *CRASH_FRAMES.0.get() };
-    let n = if c.uc.is_null() {
-        crate::capture(frames)
+    let walk = if c.uc.is_null() {
+        crate::capture_walk(frames)
     } else {
         // SAFETY: uc is the kernel's ucontext for this signal.
-        unsafe { crate::capture_from_ucontext(c.uc, frames) }
+        unsafe { crate::capture_walk_from_ucontext(c.uc, frames) }
     };
+    let n = walk.frames;
     // SAFETY: used by one report at a time (report lock held).
     let (text, spans) = unsafe { (&mut *LINE_TEXT.0.get(), &mut *LINE_SPANS.0.get()) };
     // The frames that get printed: the innermost and the outermost (a deep recursion in
@@ -468,7 +470,7 @@ fn write_report(c: &Crash) {
         indices: &indices[..answered],
         spans: &spans[..answered],
     };
-    report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), n == frames.len(), lines);
+    report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), walk.end, lines);
     report::objects(out, &frames[..n]);
     out.line(|w| w.push_bytes(b"---[ end of report ]---"));
 }
@@ -531,7 +533,8 @@ fn die(sig: i32) {
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let mut frames = [0usize; 256];
-        let n = crate::capture(&mut frames);
+        let walk = crate::capture_walk(&mut frames);
+        let n = walk.frames;
         let frames = &frames[..n];
         // Resolve in normal context (file:line included), then skip the panic machinery.
         let resolved: Vec<_> = (0..n)
@@ -599,7 +602,7 @@ fn install_panic_hook() {
             indices: &indices,
             spans: &spans,
         };
-        report::call_trace_with_lines(out, frames, false, n == 256, lines);
+        report::call_trace_with_lines(out, frames, false, walk.end, lines);
         report::objects(out, frames);
         out.line(|w| w.push_bytes(b"---[ end of report ]---"));
     }));

@@ -20,6 +20,7 @@
 //! Everything here is async-signal-safe: fixed buffers, `write(2)`, lock-free lookups.
 
 use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
+use crate::unwind::{Truncation, WalkEnd};
 use crate::sys;
 
 /// Where a report goes and how frames are printed.
@@ -135,8 +136,8 @@ fn frame_with_lines(out: Out, frames: &[usize], k: usize, first_exact: bool, lin
 }
 
 /// Prints a call trace, compressing recursion: `frames 12-4000 repeat: f -> g`.
-pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, cap_hit: bool) {
-    call_trace_with_lines(out, frames, first_exact, cap_hit, Lines::NONE);
+pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, end: WalkEnd) {
+    call_trace_with_lines(out, frames, first_exact, end, Lines::NONE);
 }
 
 /// [`call_trace`] with file:line for the first frames.
@@ -144,7 +145,7 @@ pub(crate) fn call_trace_with_lines(
     out: Out,
     frames: &[usize],
     first_exact: bool,
-    cap_hit: bool,
+    end: WalkEnd,
     lines: Lines<'_>,
 ) {
     out.line(|w| w.push_bytes(b"Call Trace:"));
@@ -176,12 +177,30 @@ pub(crate) fn call_trace_with_lines(
         frame_with_lines(out, frames, i, first_exact, lines);
         i += 1;
     }
-    if cap_hit {
-        out.line(|w| {
+    match end {
+        WalkEnd::Complete => {}
+        WalkEnd::BufferFull => out.line(|w| {
             w.push_bytes(b" (trace cut at ");
             w.push_dec(frames.len() as u64);
             w.push_bytes(b" frames)");
-        });
+        }),
+        WalkEnd::Truncated(t) => out.line(|w| truncation_line(w, &t)),
+    }
+}
+
+/// ` stack truncated: no unwind rule at 0x7f3a2c1d2e40 [libfoo.so+0x2e40]`: the walk could not
+/// find the caller of its last frame, and says why instead of guessing.
+pub(crate) fn truncation_line(w: &mut FixedBuf<'_>, t: &Truncation) {
+    w.push_bytes(b" stack truncated: ");
+    w.push_str(t.reason.as_str());
+    w.push_bytes(b" at ");
+    w.push_0x(t.pc);
+    if let Some(s) = symbolize::symbolize(t.pc) {
+        w.push_bytes(b" [");
+        w.push_str(crate::modules::short_name(s.path));
+        w.push_bytes(b"+");
+        w.push_0x(t.pc.wrapping_sub(s.bias));
+        w.push_bytes(b"]");
     }
 }
 

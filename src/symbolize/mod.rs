@@ -342,17 +342,10 @@ pub fn is_signal_trampoline(addr: usize) -> bool {
         if !e.exec.iter().any(|r| r.start <= addr && end <= r.end) {
             return false;
         }
-        // The index may predate a dlclose: ask the loader (lock-free) that an object is still
-        // mapped there. Without _dl_find_object (old glibc, musl), trust the index.
-        match crate::sys::dl_find_object(addr) {
-            Ok(Some(f)) if f.map_start <= addr && end <= f.map_end => {}
-            Ok(_) => return false,
-            Err(()) => {}
-        }
-        // SAFETY: [addr, end) lies inside an executable PT_LOAD segment of an object that the
-        // loader reports as mapped there, readable while it stays loaded.
-        let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, TRAMPOLINE.len()) };
-        bytes == TRAMPOLINE
+        // The object may be unloaded (or being unloaded by another thread) meanwhile: the
+        // kernel copies the bytes, so an unmapped page gives a short read, never a fault.
+        let mut bytes = [0u8; TRAMPOLINE.len()];
+        crate::sys::read_memory(addr, &mut bytes) == TRAMPOLINE.len() && bytes == TRAMPOLINE
     })
 }
 

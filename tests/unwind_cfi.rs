@@ -1,0 +1,413 @@
+//! Every CFI rule the unwinder must follow, each in a small assembly function whose CFI says
+//! exactly one unusual thing, called between a Rust caller and a Rust callback that captures
+//! the stack. The walk must go through each of them to the root of the thread's stack, and a
+//! frame whose CFI cannot be evaluated (or that has none and no frame pointer) must end the walk
+//! with the reason, never with a guessed frame.
+//!
+//! The fixtures (x86-64, AT&T syntax), each `fn(callback)`:
+//! - `st_cfa_rbx`: CFA = rbx + 16 after realigning rsp (like ld.so's `_dl_runtime_resolve`);
+//!   rbx must be restored through the callback's frames, which save it.
+//! - `st_cfa_expr`: CFA = `*(rsp + 8) + 8` (`DW_CFA_def_cfa_expression` with a memory read)
+//!   and the return address by `DW_CFA_val_expression` (`**(rsp + 8)`).
+//! - `st_ra_in_r12`: the return address is in r12 (`DW_CFA_register`), r12 saved at CFA-16,
+//!   r13 `DW_CFA_same_value`.
+//! - `st_rbp_outer` -> `st_rbp_expr`: the outer frame's CFA is rbp + 16; the inner one saves rbp
+//!   by `DW_CFA_expression` (address = CFA - 16) and then clobbers rbp.
+//! - `st_no_cfi`: no CFI at all, a frame-pointer frame: the frame-pointer rule applies.
+//! - `st_no_cfi_garbage`: no CFI and a garbage rbp: the walk stops (no frame pointer).
+//! - `st_bad_cfi`: a CFA expression with an operation CFI may not use (`DW_OP_call_frame_cfa`):
+//!   the walk stops there ("no unwind rule").
+
+use selftrace::{StopReason, WalkEnd};
+use std::hint::black_box;
+
+std::arch::global_asm!(
+    r#"
+    .text
+
+    .globl st_cfa_rbx
+    .type st_cfa_rbx,@function
+st_cfa_rbx:
+    .cfi_startproc
+    push %rbx
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbx, -16
+    mov %rsp, %rbx
+    .cfi_def_cfa_register %rbx
+    and $-64, %rsp
+    sub $64, %rsp
+    call *%rdi
+    mov %rbx, %rsp
+    .cfi_def_cfa_register %rsp
+    pop %rbx
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %rbx
+    ret
+    .cfi_endproc
+    .size st_cfa_rbx, .-st_cfa_rbx
+
+    .globl st_cfa_expr
+    .type st_cfa_expr,@function
+st_cfa_expr:
+    .cfi_startproc
+    mov %rsp, %rax
+    sub $136, %rsp
+    and $-16, %rsp
+    mov %rax, 8(%rsp)
+    /* DW_CFA_def_cfa_expression: DW_OP_breg7 8; DW_OP_deref; DW_OP_plus_uconst 8 */
+    .cfi_escape 0x0f, 5, 0x77, 8, 0x06, 0x23, 8
+    /* DW_CFA_val_expression rip: DW_OP_breg7 8; DW_OP_deref; DW_OP_deref */
+    .cfi_escape 0x16, 16, 4, 0x77, 8, 0x06, 0x06
+    call *%rdi
+    mov 8(%rsp), %rsp
+    .cfi_def_cfa %rsp, 8
+    .cfi_offset %rip, -8
+    ret
+    .cfi_endproc
+    .size st_cfa_expr, .-st_cfa_expr
+
+    .globl st_ra_in_r12
+    .type st_ra_in_r12,@function
+st_ra_in_r12:
+    .cfi_startproc
+    push %r12
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %r12, -16
+    mov 8(%rsp), %r12
+    .cfi_register %rip, %r12
+    .cfi_same_value %r13
+    call *%rdi
+    pop %r12
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %r12
+    .cfi_offset %rip, -8
+    ret
+    .cfi_endproc
+    .size st_ra_in_r12, .-st_ra_in_r12
+
+    .globl st_rbp_outer
+    .type st_rbp_outer,@function
+st_rbp_outer:
+    .cfi_startproc
+    push %rbp
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbp, -16
+    mov %rsp, %rbp
+    .cfi_def_cfa_register %rbp
+    and $-32, %rsp
+    call st_rbp_expr
+    mov %rbp, %rsp
+    .cfi_def_cfa_register %rsp
+    pop %rbp
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %rbp
+    ret
+    .cfi_endproc
+    .size st_rbp_outer, .-st_rbp_outer
+
+    .type st_rbp_expr,@function
+st_rbp_expr:
+    .cfi_startproc
+    push %rbp
+    .cfi_adjust_cfa_offset 8
+    /* DW_CFA_expression rbp: DW_OP_lit16; DW_OP_minus (address = CFA - 16) */
+    .cfi_escape 0x10, 6, 2, 0x40, 0x1c
+    mov $0x5bad5bad5bad5bad, %rbp
+    call *%rdi
+    pop %rbp
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %rbp
+    ret
+    .cfi_endproc
+    .size st_rbp_expr, .-st_rbp_expr
+
+    .globl st_clobber_call
+    .type st_clobber_call,@function
+st_clobber_call:
+    .cfi_startproc
+    push %rbx
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbx, -16
+    push %r12
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %r12, -24
+    push %r13
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %r13, -32
+    push %r14
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %r14, -40
+    push %r15
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %r15, -48
+    push %rbp
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset %rbp, -56
+    sub $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    mov $1, %rbx
+    mov $2, %r12
+    mov $3, %r13
+    mov $4, %r14
+    mov $5, %r15
+    mov $6, %rbp
+    call *%rdi
+    add $8, %rsp
+    .cfi_adjust_cfa_offset -8
+    pop %rbp
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %rbp
+    pop %r15
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %r15
+    pop %r14
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %r14
+    pop %r13
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %r13
+    pop %r12
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %r12
+    pop %rbx
+    .cfi_adjust_cfa_offset -8
+    .cfi_restore %rbx
+    ret
+    .cfi_endproc
+    .size st_clobber_call, .-st_clobber_call
+
+    .globl st_bad_cfi
+    .type st_bad_cfi,@function
+st_bad_cfi:
+    .cfi_startproc
+    sub $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    /* DW_CFA_def_cfa_expression: DW_OP_call_frame_cfa (not allowed in CFI) */
+    .cfi_escape 0x0f, 1, 0x9c
+    call *%rdi
+    add $8, %rsp
+    .cfi_def_cfa %rsp, 8
+    ret
+    .cfi_endproc
+    .size st_bad_cfi, .-st_bad_cfi
+"#,
+    options(att_syntax)
+);
+
+// Functions without any CFI: a section of their own, outside every .cfi_startproc.
+std::arch::global_asm!(
+    r#"
+    .pushsection .text.st_nocfi,"ax",@progbits
+    .globl st_no_cfi
+    .type st_no_cfi,@function
+st_no_cfi:
+    push %rbp
+    mov %rsp, %rbp
+    call *%rdi
+    pop %rbp
+    ret
+    .size st_no_cfi, .-st_no_cfi
+
+    .globl st_no_cfi_garbage
+    .type st_no_cfi_garbage,@function
+st_no_cfi_garbage:
+    push %rbp
+    mov $0x7000, %rbp
+    call *%rdi
+    pop %rbp
+    ret
+    .size st_no_cfi_garbage, .-st_no_cfi_garbage
+    .popsection
+"#,
+    options(att_syntax)
+);
+
+type Fixture = unsafe extern "C" fn(extern "C" fn());
+
+extern "C" {
+    fn st_cfa_rbx(cb: extern "C" fn());
+    fn st_cfa_expr(cb: extern "C" fn());
+    fn st_ra_in_r12(cb: extern "C" fn());
+    fn st_rbp_outer(cb: extern "C" fn());
+    fn st_no_cfi(cb: extern "C" fn());
+    fn st_no_cfi_garbage(cb: extern "C" fn());
+    fn st_bad_cfi(cb: extern "C" fn());
+    fn st_clobber_call(cb: extern "C" fn());
+}
+
+const N: usize = 256;
+
+std::thread_local! {
+    static CAPTURED: std::cell::RefCell<(Vec<usize>, Option<selftrace::Walk>)> =
+        const { std::cell::RefCell::new((Vec::new(), None)) };
+}
+
+/// Captures the stack through `st_clobber_call`, which saves every callee-saved register and
+/// overwrites it before it calls the capture: the unwinder has to restore them from that
+/// frame's save slots to get the fixtures' registers back.
+extern "C" fn callback() {
+    // SAFETY: st_clobber_call saves and restores what it clobbers and calls its argument.
+    unsafe { st_clobber_call(capture_here) };
+    black_box(());
+}
+
+extern "C" fn capture_here() {
+    let mut buf = [0usize; N];
+    let w = selftrace::capture_walk(&mut buf);
+    CAPTURED.with(|c| *c.borrow_mut() = (buf[..w.frames].to_vec(), Some(w)));
+    black_box(&buf);
+}
+
+/// Calls the fixture from a named Rust frame and returns the captured stack as names.
+#[inline(never)]
+fn run_fixture(f: Fixture) -> (Vec<String>, selftrace::Walk) {
+    // SAFETY: each fixture calls its argument once and returns; all follow the C ABI.
+    unsafe { f(callback) };
+    black_box(());
+    let (frames, walk) = CAPTURED.with(|c| c.borrow().clone());
+    let names = (0..frames.len())
+        .map(|i| {
+            let kind = selftrace::symbolize::frame_kind(&frames, i, false);
+            selftrace::symbolize(kind.lookup_address(frames[i]))
+                .and_then(|s| s.name.map(|n| String::from_utf8_lossy(n).into_owned()))
+                .map(|n| format!("{:#}", rustc_demangle::demangle(&n)))
+                .unwrap_or_else(|| format!("{:#x}", frames[i]))
+        })
+        .collect();
+    (names, walk.expect("callback ran"))
+}
+
+fn position(names: &[String], what: &str) -> usize {
+    names
+        .iter()
+        .position(|n| n.contains(what))
+        .unwrap_or_else(|| panic!("{what} not in the stack:\n{}", names.join("\n")))
+}
+
+/// The stack holds capture_here -> st_clobber_call -> callback -> fixture -> run_fixture -> this test, in that order, and the walk
+/// went on to the root of the test thread (`clone3` or `start_thread`'s caller).
+fn assert_through(f: Fixture, fixture: &str, test: &str) {
+    selftrace::init().expect("init");
+    let (names, walk) = run_fixture(f);
+    let text = names.join("\n");
+    let cb = position(&names, "callback");
+    assert!(position(&names, "capture_here") < position(&names, "st_clobber_call"));
+    assert!(position(&names, "st_clobber_call") < cb, "{}", names.join("\n"));
+    let fx = position(&names, fixture);
+    let rf = position(&names, "run_fixture");
+    let t = position(&names, test);
+    assert!(cb < fx && fx < rf && rf < t, "order:\n{text}");
+    assert!(
+        walk.is_complete(),
+        "walk through {fixture} ended {:?}:\n{text}",
+        walk.end
+    );
+    let last = names.last().unwrap();
+    assert!(
+        last.contains("clone") || last.contains("_start"),
+        "the walk ends at the thread's root, not at {last}:\n{text}"
+    );
+}
+
+#[test]
+fn cfa_based_on_rbx() {
+    assert_through(st_cfa_rbx, "st_cfa_rbx", "cfa_based_on_rbx");
+}
+
+#[test]
+fn cfa_expression_with_memory_read_and_val_expression() {
+    assert_through(
+        st_cfa_expr,
+        "st_cfa_expr",
+        "cfa_expression_with_memory_read_and_val_expression",
+    );
+}
+
+#[test]
+fn return_address_in_a_register() {
+    assert_through(st_ra_in_r12, "st_ra_in_r12", "return_address_in_a_register");
+}
+
+#[test]
+fn register_saved_by_expression_then_cfa_based_on_it() {
+    let test = "register_saved_by_expression_then_cfa_based_on_it";
+    assert_through(st_rbp_outer, "st_rbp_expr", test);
+    let (names, _) = run_fixture(st_rbp_outer);
+    let inner = position(&names, "st_rbp_expr");
+    let outer = position(&names, "st_rbp_outer");
+    assert_eq!(outer, inner + 1, "{}", names.join("\n"));
+}
+
+#[test]
+fn no_cfi_uses_a_plausible_frame_pointer() {
+    assert_through(st_no_cfi, "st_no_cfi", "no_cfi_uses_a_plausible_frame_pointer");
+}
+
+#[test]
+fn no_cfi_and_garbage_frame_pointer_stops_the_walk() {
+    selftrace::init().expect("init");
+    let (names, walk) = run_fixture(st_no_cfi_garbage);
+    let text = names.join("\n");
+    let fx = position(&names, "st_no_cfi_garbage");
+    assert_eq!(fx, names.len() - 1, "nothing guessed after the frame:\n{text}");
+    let t = walk.truncation().expect("truncated");
+    assert_eq!(t.reason, StopReason::NoFramePointer, "{text}");
+}
+
+#[test]
+fn unevaluable_cfi_stops_the_walk_and_says_so() {
+    selftrace::init().expect("init");
+    let (names, walk) = run_fixture(st_bad_cfi);
+    let text = names.join("\n");
+    let fx = position(&names, "st_bad_cfi");
+    assert_eq!(fx, names.len() - 1, "nothing guessed after the frame:\n{text}");
+    match walk.end {
+        WalkEnd::Truncated(t) => {
+            assert_eq!(t.reason, StopReason::NoUnwindRule);
+            assert!(t.to_string().starts_with("no unwind rule at 0x"), "{t}");
+        }
+        e => panic!("expected a truncated walk, got {e:?}:\n{text}"),
+    }
+}
+
+/// `dump_stack()` and the crash report print the truncation (child process: dump_stack_to a
+/// pipe from inside the fixture).
+#[test]
+fn dump_stack_prints_the_truncation() {
+    selftrace::init().expect("init");
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid array of two ints.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    DUMP_FD.store(fds[1], std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the fixture calls dump_callback once.
+    unsafe { st_bad_cfi(dump_callback) };
+    // SAFETY: closing our write end; reading the pipe into a buffer below.
+    unsafe { libc::close(fds[1]) };
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        // SAFETY: chunk is writable for its length.
+        let n = unsafe { libc::read(fds[0], chunk.as_mut_ptr().cast(), chunk.len()) };
+        if n <= 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n as usize]);
+    }
+    // SAFETY: fds[0] is ours.
+    unsafe { libc::close(fds[0]) };
+    let text = String::from_utf8_lossy(&out);
+    let line = text
+        .lines()
+        .find(|l| l.contains("stack truncated:"))
+        .unwrap_or_else(|| panic!("no truncation line:\n{text}"));
+    assert!(line.contains("no unwind rule at 0x"), "{line}");
+    assert!(line.contains("[unwind_cfi-"), "object and offset: {line}");
+    assert!(text.contains("st_bad_cfi"), "{text}");
+}
+
+static DUMP_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn dump_callback() {
+    selftrace::crash::dump_stack_to(DUMP_FD.load(std::sync::atomic::Ordering::Relaxed));
+    black_box(());
+}
