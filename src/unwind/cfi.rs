@@ -210,7 +210,11 @@ fn compile(row: &UnwindTableRow<usize, CtxStore>) -> Rule {
     match ra {
         Some(o) => {
             rule.ra_off = o;
-            rule
+            if rule.packable() {
+                rule
+            } else {
+                slow
+            }
         }
         // No rule for the return address column: treat as outermost, as unwinders do.
         None => Rule::of(Kind::End),

@@ -90,6 +90,12 @@ impl<'w> CheckedMemory<'w> {
         }
     }
 
+    /// The part of this thread's own stack read directly.
+    #[inline]
+    pub(crate) fn stack(&self) -> Range<usize> {
+        self.stack.clone()
+    }
+
     #[inline]
     fn on_stack(&self, addr: usize, len: usize) -> bool {
         self.stack.start <= addr && addr.checked_add(len).is_some_and(|e| e <= self.stack.end)

@@ -74,8 +74,10 @@ pub(crate) mod dw {
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RegSet {
-    v: [usize; dw::COUNT],
-    valid: u32,
+    /// Values by DWARF number.
+    pub(crate) v: [usize; dw::COUNT],
+    /// Bit `n` set: register `n` is known.
+    pub(crate) valid: u32,
 }
 
 #[cfg(target_arch = "x86_64")]

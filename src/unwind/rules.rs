@@ -84,35 +84,83 @@ impl Rule {
         }
     }
 
+    /// Whether the rule fits the packed form (else it must be evaluated in full).
+    pub(crate) fn packable(&self) -> bool {
+        self.cfa_reg < 16 && (-2048..2048).contains(&self.ra_off)
+    }
+
+    /// Packs into three words. Word 0: kind (bits 0-3), CFA register (4-7), which of
+    /// [`SAVED`] are restored from a save slot (8-13) or undefined (14-19), the return
+    /// address's offset from the CFA (20-31, signed), the CFA offset (32-63, signed). Words 1
+    /// and 2: the save-slot offsets of [`SAVED`], 16 bits each.
     fn pack(&self) -> [u64; 3] {
         let lane = |i: usize| self.saved[i] as u16 as u64;
+        let mut slots = 0u64;
+        let mut undef = 0u64;
+        for (i, &s) in self.saved.iter().enumerate() {
+            match s {
+                SAME => {}
+                UNDEF => undef |= 1 << i,
+                _ => slots |= 1 << i,
+            }
+        }
         [
             self.kind as u64
-                | (self.cfa_reg as u64) << 8
-                | (self.ra_off as u16 as u64) << 16
+                | (self.cfa_reg as u64 & 0xf) << 4
+                | slots << 8
+                | undef << 14
+                | (self.ra_off as u64 & 0xfff) << 20
                 | (self.cfa_off as u32 as u64) << 32,
             lane(0) | lane(1) << 16 | lane(2) << 32 | lane(3) << 48,
             lane(4) | lane(5) << 16,
         ]
     }
 
-    fn unpack(w: [u64; 3]) -> Option<Rule> {
+    /// The inverse of [`Rule::pack`].
+    pub(crate) fn unpack(w: [u64; 3]) -> Option<Rule> {
         let lane = |x: u64, i: u32| (x >> (16 * i)) as u16 as i16;
+        let lanes = [
+            lane(w[1], 0),
+            lane(w[1], 1),
+            lane(w[1], 2),
+            lane(w[1], 3),
+            lane(w[2], 0),
+            lane(w[2], 1),
+        ];
+        let slots = (w[0] >> 8) & 0x3f;
+        let undef = (w[0] >> 14) & 0x3f;
         Some(Rule {
-            kind: Kind::from_u8(w[0] as u8)?,
-            cfa_reg: (w[0] >> 8) as u8,
-            ra_off: (w[0] >> 16) as u16 as i16,
-            cfa_off: (w[0] >> 32) as u32 as i32,
-            saved: [
-                lane(w[1], 0),
-                lane(w[1], 1),
-                lane(w[1], 2),
-                lane(w[1], 3),
-                lane(w[2], 0),
-                lane(w[2], 1),
-            ],
+            kind: Kind::from_u8((w[0] & 0xf) as u8)?,
+            cfa_reg: ((w[0] >> 4) & 0xf) as u8,
+            ra_off: packed_ra_off(w[0]),
+            cfa_off: packed_cfa_off(w[0]),
+            saved: core::array::from_fn(|i| {
+                if undef & (1 << i) != 0 {
+                    UNDEF
+                } else if slots & (1 << i) != 0 {
+                    lanes[i]
+                } else {
+                    SAME
+                }
+            }),
         })
     }
+}
+
+/// Word 0 bits that must equal [`Kind::Cfi`] for the fast path: the kind, and no callee-saved
+/// register made undefined.
+pub(crate) const FAST_MASK: u64 = 0xf | 0x3f << 14;
+
+/// The return address's offset from the CFA in packed word 0.
+#[inline(always)]
+pub(crate) fn packed_ra_off(w0: u64) -> i16 {
+    ((w0 as u32 as i32) >> 20) as i16
+}
+
+/// The CFA offset in packed word 0.
+#[inline(always)]
+pub(crate) fn packed_cfa_off(w0: u64) -> i32 {
+    (w0 >> 32) as u32 as i32
 }
 
 /// The cache key of a pc: exact pcs and return addresses are looked up differently (a return
@@ -160,6 +208,12 @@ impl RuleCache {
     /// The cached rule of `key`. Async-signal-safe, wait-free.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<Rule> {
+        self.get_raw(key).and_then(Rule::unpack)
+    }
+
+    /// The packed words of the cached rule of `key` (see [`Rule`]'s packing).
+    #[inline(always)]
+    pub(crate) fn get_raw(&self, key: u64) -> Option<[u64; 3]> {
         for e in self.bucket(key) {
             let s1 = e.seq.load(Ordering::Acquire);
             if s1 & 1 != 0 || e.key.load(Ordering::Relaxed) != key {
@@ -171,10 +225,11 @@ impl RuleCache {
                 e.rule[2].load(Ordering::Relaxed),
             ];
             fence(Ordering::Acquire);
-            if e.seq.load(Ordering::Relaxed) != s1 || e.key.load(Ordering::Relaxed) != key {
+            // An unchanged even sequence number: no writer touched key or rule meanwhile.
+            if e.seq.load(Ordering::Relaxed) != s1 {
                 continue;
             }
-            return Rule::unpack(w);
+            return Some(w);
         }
         None
     }

@@ -140,6 +140,21 @@ enum Step {
 
 impl Job<'_, '_> {
     fn run(&mut self) {
+        // Optimistic first: the fast path restores only rbp of the callee-saved registers. If
+        // a frame then needs one it dropped (a CFA based on rbx, say), walk again precisely.
+        if self.run_once(false) {
+            let initialized = self.out.initialized;
+            self.out = Outcome {
+                initialized,
+                ..Outcome::default()
+            };
+            self.run_once(true);
+        }
+    }
+
+    /// One walk; returns true when it stopped for an unknown register that the optimistic
+    /// fast path had dropped (a precise walk would know it).
+    fn run_once(&mut self, precise: bool) -> bool {
         let (mut regs, mut exact) = match self.start {
             Start::Exact(r) => (r, true),
             Start::Return(r) => (r, false),
@@ -152,6 +167,8 @@ impl Job<'_, '_> {
         let sp = regs.sp();
         let mut w = Walker {
             state: self.state,
+            fast: self.state.filter(|_| self.mode == UnwindMode::Dwarf),
+            current: 0..0,
             mem: if self.trusted {
                 CheckedMemory::new(sp, window)
             } else {
@@ -164,12 +181,34 @@ impl Job<'_, '_> {
         let buf = &mut *self.buf;
         let out = &mut self.out;
         let limit = buf.len().min(MAX_FRAMES);
+        buf[0] = regs.pc();
+        out.frames = 1;
+        let mut dropped = false;
         loop {
+            if let Some(state) = w.fast {
+                if !exact {
+                    let stack = w.mem.stack();
+                    match fast_frames(
+                        &state.cache,
+                        w.current.clone(),
+                        stack,
+                        &mut regs,
+                        buf,
+                        &mut out.frames,
+                        limit,
+                        precise,
+                        &mut dropped,
+                    ) {
+                        Fast::Slow => {}
+                        Fast::Full => {
+                            out.end = WalkEnd::BufferFull;
+                            break;
+                        }
+                    }
+                }
+            }
             let pc = regs.pc();
-            buf[out.frames] = pc;
-            out.frames += 1;
-            let step = w.step(&mut regs, exact, out);
-            match step {
+            match w.step(&mut regs, exact, out) {
                 Step::Caller { signal } => {
                     if signal {
                         if out.signal_frames == MAX_SIGNAL_FRAMES {
@@ -187,6 +226,8 @@ impl Job<'_, '_> {
                         out.end = WalkEnd::BufferFull;
                         break;
                     }
+                    buf[out.frames] = regs.pc();
+                    out.frames += 1;
                 }
                 Step::End => {
                     out.end = WalkEnd::Complete;
@@ -194,16 +235,149 @@ impl Job<'_, '_> {
                 }
                 Step::Stop(reason) => {
                     out.end = WalkEnd::Truncated(super::Truncation { pc, reason });
-                    break;
+                    return reason == StopReason::RegisterUnknown && dropped;
                 }
             }
         }
+        false
     }
+}
+
+/// How [`fast_frames`] stopped.
+enum Fast {
+    /// The frame at `regs` (already written) needs the general step.
+    Slow,
+    /// The buffer is full.
+    Full,
+}
+
+/// The hot loop: steps frames whose pc (a return address) lies in `current` (an object this
+/// walk checked is still loaded), whose rule is cached in compiled form, and whose reads fall
+/// on this thread's own stack; writes each caller's pc into `buf`. Anything else goes back to
+/// the general step, which handles it (and the errors) in full.
+///
+/// Unless `precise`, only rbp is restored from a save slot; a callee-saved register that a
+/// frame saved becomes unknown (and `dropped` is set), which costs nothing unless a later frame
+/// needs it: then the walk is repeated precisely (see [`Job::run`]).
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn fast_frames(
+    cache: &rules::RuleCache,
+    current: core::ops::Range<usize>,
+    stack: core::ops::Range<usize>,
+    regs: &mut RegSet,
+    buf: &mut [usize],
+    n: &mut usize,
+    limit: usize,
+    precise: bool,
+    dropped: &mut bool,
+) -> Fast {
+    /// The lane of rbp in [`SAVED`].
+    const RBP_LANE: u64 = 1 << 1;
+    const W: usize = core::mem::size_of::<usize>();
+    const SP: usize = dw::RSP as usize;
+    const PC: usize = dw::RA as usize;
+    // A read is allowed when `a - start <= span` (wrapping: one comparison) and aligned.
+    let span = stack.end.wrapping_sub(stack.start).wrapping_sub(W);
+    let ok = |a: usize| a.wrapping_sub(stack.start) <= span && a.is_multiple_of(W);
+    // SAFETY (for every `load` below): `ok` held for the address: aligned and on this thread's
+    // own live stack, between the walk's stack pointer and the stack's high end.
+    let load = |a: usize| unsafe { core::ptr::read_volatile(a as *const usize) };
+    let code = current.end.wrapping_sub(current.start);
+    let buf = &mut buf[..limit];
+    let mut v = regs.v;
+    let mut valid = regs.valid;
+    let mut frames = *n;
+    let end = loop {
+        let pc = v[PC];
+        if pc.wrapping_sub(current.start) >= code {
+            break Fast::Slow;
+        }
+        let Some(w) = cache.get_raw(rules::key(pc, false)) else {
+            break Fast::Slow;
+        };
+        if w[0] & rules::FAST_MASK != Kind::Cfi as u64 {
+            break Fast::Slow;
+        }
+        let reg = ((w[0] >> 4) & 0xf) as usize;
+        if valid & (1 << reg) == 0 {
+            break Fast::Slow;
+        }
+        let cfa = v[reg].wrapping_add(rules::packed_cfa_off(w[0]) as isize as usize);
+        let ra_at = cfa.wrapping_add(rules::packed_ra_off(w[0]) as isize as usize);
+        if cfa <= v[SP] || !ok(ra_at) {
+            break Fast::Slow;
+        }
+        let slots = (w[0] >> 8) & 0x3f;
+        let at = |i: usize| {
+            let off = (w[1 + i / 4] >> (16 * (i % 4))) as u16 as i16;
+            cfa.wrapping_add(off as isize as usize)
+        };
+        if precise {
+            // Check every save slot before changing any register.
+            let mut all = true;
+            for i in 0..SAVED.len() {
+                if slots & (1 << i) != 0 {
+                    all &= ok(at(i));
+                }
+            }
+            if !all {
+                break Fast::Slow;
+            }
+            let ra = load(ra_at);
+            if ra == 0 {
+                break Fast::Slow;
+            }
+            for (i, &r) in SAVED.iter().enumerate() {
+                if slots & (1 << i) != 0 {
+                    v[r as usize] = load(at(i));
+                    valid |= 1 << r;
+                }
+            }
+            v[PC] = ra;
+        } else {
+            let rbp_at = at(1);
+            if slots & RBP_LANE != 0 && !ok(rbp_at) {
+                break Fast::Slow;
+            }
+            let ra = load(ra_at);
+            if ra == 0 {
+                break Fast::Slow;
+            }
+            if slots & RBP_LANE != 0 {
+                v[dw::RBP as usize] = load(rbp_at);
+                valid |= 1 << dw::RBP;
+            }
+            // The registers of the other lanes (rbx: lane 0; r12-r15: lanes 2-5) become
+            // unknown.
+            let others = (slots & 1) << dw::RBX | (slots >> 2) << dw::R12;
+            if others != 0 {
+                *dropped = true;
+                valid &= !(others as u32);
+            }
+            v[PC] = ra;
+        }
+        valid = (valid & dw::CALLEE_SAVED) | 1 << PC;
+        v[SP] = cfa;
+        if frames == buf.len() {
+            break Fast::Full;
+        }
+        buf[frames] = v[PC];
+        frames += 1;
+    };
+    regs.v = v;
+    regs.valid = valid;
+    *n = frames;
+    end
 }
 
 /// The per-walk state of the stepping.
 struct Walker<'s, 'w> {
     state: Option<&'s DwarfState>,
+    /// The state, in DWARF mode (the fast path's rule cache).
+    fast: Option<&'s DwarfState>,
+    /// The object of the previous frame, checked to be still loaded in this walk.
+    current: core::ops::Range<usize>,
     mem: CheckedMemory<'w>,
     ctx: Option<&'w mut super::cfi::Ctx>,
     loaded: LoadedCheck,
@@ -211,6 +385,8 @@ struct Walker<'s, 'w> {
 }
 
 impl Walker<'_, '_> {
+    /// One step of any kind.
+    #[inline(never)]
     fn step(&mut self, regs: &mut RegSet, exact: bool, out: &mut Outcome) -> Step {
         let pc = regs.pc();
         let state = match self.state {
@@ -221,6 +397,7 @@ impl Walker<'_, '_> {
             Some(i) => {
                 self.loaded.last = i;
                 if self.loaded.still_loaded(state, i, pc) {
+                    self.current = state.objects[i].range.clone();
                     return self.cfi_step(state, i, regs, exact, out);
                 }
                 // Unloaded since the snapshot: its tables may be gone; only the checked
@@ -290,8 +467,8 @@ impl Walker<'_, '_> {
         }
     }
 
-    /// Applies a compiled rule.
-    #[inline]
+    /// Applies a compiled rule, in place.
+    #[inline(always)]
     fn apply(&mut self, rule: &Rule, regs: &mut RegSet) -> Step {
         let Some(base) = regs.get(rule.cfa_reg as u16) else {
             return Step::Stop(StopReason::RegisterUnknown);
@@ -300,30 +477,32 @@ impl Walker<'_, '_> {
         if cfa <= regs.sp() {
             return Step::Stop(StopReason::NoProgress);
         }
-        let Some(ra) = self
-            .mem
-            .read_word(cfa.wrapping_add(rule.ra_off as isize as usize))
-        else {
+        let Some(ra) = self.mem.read_word(cfa.wrapping_add(rule.ra_off as isize as usize)) else {
             return Step::Stop(StopReason::UnreadableMemory);
         };
-        let mut new = *regs;
-        new.keep_only(dw::CALLEE_SAVED);
-        for (&r, &how) in SAVED.iter().zip(&rule.saved) {
-            match how {
-                SAME => {}
-                UNDEF => new.forget(r),
-                off => match self.mem.read_word(cfa.wrapping_add(off as isize as usize)) {
-                    Some(v) => new.set(r, v),
+        // Read every save slot before changing a register.
+        let mut saved = [0usize; SAVED.len()];
+        for (v, &how) in saved.iter_mut().zip(&rule.saved) {
+            if how != SAME && how != UNDEF {
+                match self.mem.read_word(cfa.wrapping_add(how as isize as usize)) {
+                    Some(x) => *v = x,
                     None => return Step::Stop(StopReason::UnreadableMemory),
-                },
+                }
             }
         }
         if ra == 0 {
             return Step::End;
         }
-        new.set(dw::RSP, cfa);
-        new.set(dw::RA, ra);
-        *regs = new;
+        regs.keep_only(dw::CALLEE_SAVED);
+        for ((&r, &how), &v) in SAVED.iter().zip(&rule.saved).zip(&saved) {
+            match how {
+                SAME => {}
+                UNDEF => regs.forget(r),
+                _ => regs.set(r, v),
+            }
+        }
+        regs.set(dw::RSP, cfa);
+        regs.set(dw::RA, ra);
         Step::Caller { signal: false }
     }
 
