@@ -295,8 +295,13 @@ fn assert_through(f: Fixture, fixture: &str, test: &str) {
     assert!(position(&names, "st_clobber_call") < cb, "{}", names.join("\n"));
     let fx = position(&names, fixture);
     let rf = position(&names, "run_fixture");
-    let t = position(&names, test);
-    assert!(cb < fx && fx < rf && rf < t, "order:\n{text}");
+    assert!(cb < fx && fx < rf, "order:\n{text}");
+    // The test function itself may be inlined into the harness's closure (release builds).
+    if !cfg!(debug_assertions) {
+        let _ = test;
+    } else {
+        assert!(rf < position(&names, test), "order:\n{text}");
+    }
     assert!(
         walk.is_complete(),
         "walk through {fixture} ended {:?}:\n{text}",
