@@ -35,6 +35,10 @@ pub struct Object {
     pub is_main: bool,
     /// This is the kernel's vDSO.
     pub is_vdso: bool,
+    /// The object can never be unloaded: the main program, the vDSO, or an object the loader
+    /// mapped at program start (glibc never unloads those; known when selftrace is linked into
+    /// the main program).
+    pub permanent: bool,
 }
 
 impl Object {
@@ -196,6 +200,7 @@ fn object_from_phdrs(info: &sys::PhdrInfo<'_>) -> Option<Object> {
         build_id,
         is_main,
         is_vdso,
+        permanent: is_main || is_vdso || sys::is_startup_object(info.phdrs.as_ptr() as usize),
     })
 }
 

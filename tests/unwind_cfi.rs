@@ -292,7 +292,11 @@ fn assert_through(f: Fixture, fixture: &str, test: &str) {
     let text = names.join("\n");
     let cb = position(&names, "callback");
     assert!(position(&names, "capture_here") < position(&names, "st_clobber_call"));
-    assert!(position(&names, "st_clobber_call") < cb, "{}", names.join("\n"));
+    assert!(
+        position(&names, "st_clobber_call") < cb,
+        "{}",
+        names.join("\n")
+    );
     let fx = position(&names, fixture);
     let rf = position(&names, "run_fixture");
     assert!(cb < fx && fx < rf, "order:\n{text}");
@@ -345,7 +349,11 @@ fn register_saved_by_expression_then_cfa_based_on_it() {
 
 #[test]
 fn no_cfi_uses_a_plausible_frame_pointer() {
-    assert_through(st_no_cfi, "st_no_cfi", "no_cfi_uses_a_plausible_frame_pointer");
+    assert_through(
+        st_no_cfi,
+        "st_no_cfi",
+        "no_cfi_uses_a_plausible_frame_pointer",
+    );
 }
 
 #[test]
@@ -354,7 +362,11 @@ fn no_cfi_and_garbage_frame_pointer_stops_the_walk() {
     let (names, walk) = run_fixture(st_no_cfi_garbage);
     let text = names.join("\n");
     let fx = position(&names, "st_no_cfi_garbage");
-    assert_eq!(fx, names.len() - 1, "nothing guessed after the frame:\n{text}");
+    assert_eq!(
+        fx,
+        names.len() - 1,
+        "nothing guessed after the frame:\n{text}"
+    );
     let t = walk.truncation().expect("truncated");
     assert_eq!(t.reason, StopReason::NoFramePointer, "{text}");
 }
@@ -365,7 +377,11 @@ fn unevaluable_cfi_stops_the_walk_and_says_so() {
     let (names, walk) = run_fixture(st_bad_cfi);
     let text = names.join("\n");
     let fx = position(&names, "st_bad_cfi");
-    assert_eq!(fx, names.len() - 1, "nothing guessed after the frame:\n{text}");
+    assert_eq!(
+        fx,
+        names.len() - 1,
+        "nothing guessed after the frame:\n{text}"
+    );
     match walk.end {
         WalkEnd::Truncated(t) => {
             assert_eq!(t.reason, StopReason::NoUnwindRule);

@@ -20,8 +20,8 @@
 //! Everything here is async-signal-safe: fixed buffers, `write(2)`, lock-free lookups.
 
 use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
-use crate::unwind::{Truncation, WalkEnd};
 use crate::sys;
+use crate::unwind::{Truncation, WalkEnd};
 
 /// Where a report goes and how frames are printed.
 #[derive(Clone, Copy)]

@@ -135,3 +135,39 @@ pub(crate) fn own_stack_above(sp: usize) -> Option<(usize, usize)> {
     let low = MAIN_STACK[0].load(Ordering::Relaxed);
     (low <= sp && sp < high).then_some((low, high))
 }
+
+/// The program headers (`dlpi_phdr`) of the objects mapped at program start, recorded before
+/// `main` (see [`record_startup_objects`]); 0 marks the end.
+static STARTUP: [AtomicUsize; 256] = [const { AtomicUsize::new(0) }; 256];
+
+/// Records the objects loaded at program start. Runs from selftrace's load-time constructor:
+/// when selftrace is part of the main program, the loader has mapped every startup object by
+/// then, and glibc never unloads those (only objects loaded by `dlopen` are). When selftrace is
+/// itself in a `dlopen`ed library, nothing is recorded. Not async-signal-safe (takes the
+/// loader lock).
+pub(crate) fn record_startup_objects() {
+    let me = record_startup_objects as *const () as usize;
+    let mut in_main = false;
+    let mut n = 0;
+    super::dl_iterate_phdr(|info| {
+        if info.is_first {
+            in_main = info.phdrs.iter().any(|p| {
+                let start = info.addr.wrapping_add(p.p_vaddr as usize);
+                p.p_type == libc::PT_LOAD && start <= me && me < start + p.p_memsz as usize
+            });
+        }
+        if in_main && n < STARTUP.len() && !info.phdrs.is_empty() {
+            STARTUP[n].store(info.phdrs.as_ptr() as usize, Ordering::Relaxed);
+            n += 1;
+        }
+    });
+}
+
+/// Whether the object whose program headers are at `phdrs` was mapped at program start.
+pub(crate) fn is_startup_object(phdrs: usize) -> bool {
+    STARTUP
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .take_while(|&p| p != 0)
+        .any(|p| p == phdrs)
+}

@@ -115,6 +115,7 @@ extern "C" fn load_time_init() {
     // SAFETY: the name is a NUL-terminated C string; RTLD_DEFAULT searches the global scope.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
     DL_FIND_OBJECT.store(f, core::sync::atomic::Ordering::Release);
+    record_startup_objects();
 }
 
 #[used]

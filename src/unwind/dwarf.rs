@@ -4,7 +4,8 @@
 //! The state is built in normal context (it allocates) and published lock-free; a walk never
 //! allocates. Objects that `dlclose` could unmap get a private copy of their `.eh_frame_hdr`
 //! and `.eh_frame` when the state is built, so a rule derived while another thread unloads the
-//! object reads memory selftrace owns. The main program and the vDSO are read in place.
+//! object reads memory selftrace owns. Objects that are never unloaded (the main program, the
+//! vDSO, objects mapped at program start) are read in place.
 
 use super::cfi::{self, Bytes, Ctx, UnwindData};
 use super::rules::RuleCache;
@@ -56,7 +57,8 @@ pub(crate) struct ObjectCheck {
     pub(crate) more_exec: Vec<Range<usize>>,
     /// The address `_dl_find_object` reports as this object's `.eh_frame_hdr`; 0 if none.
     pub(crate) eh_frame_hdr: usize,
-    /// The main program and the vDSO are never unloaded: no check needed.
+    /// Never unloaded (the main program, the vDSO, objects mapped at start): no check needed,
+    /// and the unwind tables are read in place.
     pub(crate) permanent: bool,
     /// The object's unwind tables, if it has any.
     pub(crate) unwind: Option<UnwindData>,
@@ -86,7 +88,7 @@ impl DwarfState {
     fn build(snapshot: &Snapshot) -> DwarfState {
         let mut objects = Vec::with_capacity(snapshot.objects().len());
         for o in snapshot.objects() {
-            let permanent = o.is_main || o.is_vdso;
+            let permanent = o.permanent;
             let bytes = |r: &Range<usize>| {
                 if permanent {
                     Bytes::Mapped(Mapped::new(r))

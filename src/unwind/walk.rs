@@ -189,8 +189,9 @@ impl Job<'_, '_> {
                 if !exact {
                     let stack = w.mem.stack();
                     match fast_frames(
-                        &state.cache,
-                        w.current.clone(),
+                        state,
+                        &mut w.loaded,
+                        &mut w.current,
                         stack,
                         &mut regs,
                         buf,
@@ -202,6 +203,10 @@ impl Job<'_, '_> {
                         Fast::Slow => {}
                         Fast::Full => {
                             out.end = WalkEnd::BufferFull;
+                            break;
+                        }
+                        Fast::End => {
+                            out.end = WalkEnd::Complete;
                             break;
                         }
                     }
@@ -249,6 +254,8 @@ enum Fast {
     Slow,
     /// The buffer is full.
     Full,
+    /// The outermost frame.
+    End,
 }
 
 /// The hot loop: steps frames whose pc (a return address) lies in `current` (an object this
@@ -262,8 +269,9 @@ enum Fast {
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn fast_frames(
-    cache: &rules::RuleCache,
-    current: core::ops::Range<usize>,
+    state: &DwarfState,
+    loaded: &mut LoadedCheck,
+    current: &mut core::ops::Range<usize>,
     stack: core::ops::Range<usize>,
     regs: &mut RegSet,
     buf: &mut [usize],
@@ -283,20 +291,35 @@ fn fast_frames(
     // SAFETY (for every `load` below): `ok` held for the address: aligned and on this thread's
     // own live stack, between the walk's stack pointer and the stack's high end.
     let load = |a: usize| unsafe { core::ptr::read_volatile(a as *const usize) };
-    let code = current.end.wrapping_sub(current.start);
+    let cache = &state.cache;
+    let mut start = current.start;
+    let mut code = current.end.wrapping_sub(current.start);
     let buf = &mut buf[..limit];
     let mut v = regs.v;
     let mut valid = regs.valid;
     let mut frames = *n;
     let end = loop {
         let pc = v[PC];
-        if pc.wrapping_sub(current.start) >= code {
-            break Fast::Slow;
+        if pc.wrapping_sub(start) >= code {
+            // Another object: fine if it is never unloaded or this walk checked it.
+            match state.find_near(pc, loaded.last) {
+                Some(i) if state.objects[i].permanent || loaded.verified(i) => {
+                    loaded.last = i;
+                    let r = &state.objects[i].range;
+                    start = r.start;
+                    code = r.end - r.start;
+                    *current = r.clone();
+                }
+                _ => break Fast::Slow,
+            }
         }
         let Some(w) = cache.get_raw(rules::key(pc, false)) else {
             break Fast::Slow;
         };
         if w[0] & rules::FAST_MASK != Kind::Cfi as u64 {
+            if w[0] & 0xf == Kind::End as u64 {
+                break Fast::End;
+            }
             break Fast::Slow;
         }
         let reg = ((w[0] >> 4) & 0xf) as usize;
@@ -477,7 +500,10 @@ impl Walker<'_, '_> {
         if cfa <= regs.sp() {
             return Step::Stop(StopReason::NoProgress);
         }
-        let Some(ra) = self.mem.read_word(cfa.wrapping_add(rule.ra_off as isize as usize)) else {
+        let Some(ra) = self
+            .mem
+            .read_word(cfa.wrapping_add(rule.ra_off as isize as usize))
+        else {
             return Step::Stop(StopReason::UnreadableMemory);
         };
         // Read every save slot before changing a register.
@@ -686,6 +712,12 @@ struct LoadedCheck {
 }
 
 impl LoadedCheck {
+    /// Whether this walk already found object `i` still loaded.
+    #[inline]
+    fn verified(&self, i: usize) -> bool {
+        i < 64 && (self.checked & !self.failed) & (1 << i) != 0
+    }
+
     fn still_loaded(&mut self, state: &DwarfState, i: usize, pc: usize) -> bool {
         if i >= 64 {
             return state.still_loaded(i, pc);
