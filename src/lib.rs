@@ -67,7 +67,7 @@ pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrac
 pub use unwind::{
     capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_walk,
     capture_walk_from_regs, capture_walk_from_ucontext, capture_walk_with, capture_with,
-    set_auto_refresh, Regs, StopReason, Truncation, UnwindMode, Walk, WalkEnd,
+    set_auto_refresh, Regs, StopReason, Truncation, UnwindMode, UnwindStats, Walk, WalkEnd,
 };
 
 /// Snapshots the loaded objects, builds the DWARF unwinder and the symbol index, and learns the

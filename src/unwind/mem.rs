@@ -102,13 +102,13 @@ impl<'w> CheckedMemory<'w> {
     }
 
     /// Serves `out` from the window, copying a new window around `addr` when needed.
-    fn from_window(&mut self, addr: usize, out: &mut [u8]) -> bool {
+    fn read_via_window(&mut self, addr: usize, out: &mut [u8]) -> bool {
         let Some(end) = addr.checked_add(out.len()) else {
             return false;
         };
         let in_window = |m: &Self| m.window_base <= addr && end <= m.window_base + m.window_len;
         if !in_window(self) {
-            let bytes = self.window.len() * core::mem::size_of::<usize>();
+            let bytes = core::mem::size_of_val(self.window);
             if out.len() > bytes || addr == 0 {
                 return false;
             }
@@ -121,6 +121,7 @@ impl<'w> CheckedMemory<'w> {
                 core::slice::from_raw_parts_mut(self.window.as_mut_ptr().cast::<u8>(), bytes)
             };
             self.copies += 1;
+            super::counters::COPIES.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
             self.window_base = start;
             self.window_len = sys::read_memory(start, buf);
             if !in_window(self) {
@@ -148,7 +149,7 @@ impl<'w> CheckedMemory<'w> {
             return Some(unsafe { core::ptr::read_volatile(addr as *const usize) });
         }
         let mut b = [0u8; W];
-        self.from_window(addr, &mut b)
+        self.read_via_window(addr, &mut b)
             .then(|| usize::from_ne_bytes(b))
     }
 
@@ -161,7 +162,7 @@ impl<'w> CheckedMemory<'w> {
         if self.on_stack(addr, size) {
             // SAFETY: [addr, addr + size) lies on this thread's own live stack.
             unsafe { core::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), size) };
-        } else if !self.from_window(addr, &mut b[..size]) {
+        } else if !self.read_via_window(addr, &mut b[..size]) {
             return None;
         }
         Some(usize::from_le_bytes(b))

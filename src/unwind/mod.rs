@@ -98,6 +98,36 @@ impl Walk {
     }
 }
 
+/// Counters of the unwinder since the process started, for tests and tuning. Each is a relaxed
+/// atomic, bumped only on the slow paths (never by a walk that the rule cache serves).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// Windows of memory copied with `process_vm_readv` (reads off the walking thread's own
+    /// stack): each is one system call.
+    pub copies: u64,
+    /// Rules derived from the CFI (misses of the shared rule cache).
+    pub rules_derived: u64,
+    /// Walks repeated precisely because a frame needed a register the fast path had dropped.
+    pub precise_walks: u64,
+}
+
+pub(crate) mod counters {
+    use core::sync::atomic::AtomicU64;
+    pub(crate) static COPIES: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static DERIVED: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static PRECISE: AtomicU64 = AtomicU64::new(0);
+}
+
+/// The unwinder's counters ([`UnwindStats`]). Async-signal-safe.
+pub fn stats() -> UnwindStats {
+    use counters::*;
+    UnwindStats {
+        copies: COPIES.load(Ordering::Relaxed),
+        rules_derived: DERIVED.load(Ordering::Relaxed),
+        precise_walks: PRECISE.load(Ordering::Relaxed),
+    }
+}
+
 /// How a walk ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WalkEnd {

@@ -143,6 +143,7 @@ impl Job<'_, '_> {
         // Optimistic first: the fast path restores only rbp of the callee-saved registers. If
         // a frame then needs one it dropped (a CFA based on rbx, say), walk again precisely.
         if self.run_once(false) {
+            super::counters::PRECISE.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
             let initialized = self.out.initialized;
             self.out = Outcome {
                 initialized,
