@@ -81,6 +81,8 @@ pub(crate) struct DwarfState {
     /// The signal-return trampolines (`sa_restorer`) of the handlers installed when the state
     /// was built: the frame-pointer walk recognises signal frames by these.
     pub(crate) restorers: [usize; 8],
+    /// The lowest and highest of `restorers` (an empty range if there are none).
+    pub(crate) restorer_span: (usize, usize),
     pub(crate) generation: u64,
 }
 
@@ -121,11 +123,21 @@ impl DwarfState {
             });
         }
         let mut restorers = [0usize; 8];
-        sys::signal_restorers(&mut restorers);
+        let n = sys::signal_restorers(&mut restorers);
+        let restorer_span = if n == 0 {
+            (1, 0)
+        } else {
+            let r = &restorers[..n];
+            (
+                r.iter().copied().min().unwrap_or(1),
+                r.iter().copied().max().unwrap_or(0),
+            )
+        };
         DwarfState {
             objects,
             cache: RuleCache::new(),
             restorers,
+            restorer_span,
             generation: snapshot.generation(),
         }
     }

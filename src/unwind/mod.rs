@@ -162,6 +162,9 @@ pub enum StopReason {
     NoProgress,
     /// No CFI covers the pc, and the frame pointer does not lead to code of a loaded object.
     NoFramePointer,
+    /// The CFI gave a return address outside the code of every loaded object: the CFI does not
+    /// describe the code at the pc (hand-written assembly without complete CFI, say).
+    BadReturnAddress,
     /// The `ucontext_t` above a signal trampoline is unreadable or empty.
     BadSignalFrame,
     /// More than [`MAX_SIGNAL_FRAMES`] nested signal frames.
@@ -180,6 +183,7 @@ impl StopReason {
             StopReason::UnreadableMemory => "unreadable stack",
             StopReason::NoProgress => "stack pointer did not advance",
             StopReason::NoFramePointer => "no unwind info and no valid frame pointer",
+            StopReason::BadReturnAddress => "unwind rule gives a return address outside code",
             StopReason::BadSignalFrame => "unreadable signal frame",
             StopReason::TooManySignalFrames => "too many nested signal frames",
             StopReason::Busy => "all unwinder slots busy",

@@ -186,6 +186,28 @@ impl Job<'_, '_> {
         out.frames = 1;
         let mut dropped = false;
         loop {
+            if let (Some(state), UnwindMode::FramePointer) = (w.state, w.mode) {
+                let stack = w.mem.stack();
+                match fast_fp_frames(
+                    state,
+                    &mut w.loaded,
+                    stack,
+                    &mut regs,
+                    buf,
+                    &mut out.frames,
+                    limit,
+                ) {
+                    Fast::Slow => {}
+                    Fast::Full => {
+                        out.end = WalkEnd::BufferFull;
+                        break;
+                    }
+                    Fast::End => {
+                        out.end = WalkEnd::Complete;
+                        break;
+                    }
+                }
+            }
             if let Some(state) = w.fast {
                 if !exact {
                     let stack = w.mem.stack();
@@ -249,6 +271,37 @@ impl Job<'_, '_> {
     }
 }
 
+/// Whether return address `ra` lies in code of an object this walk may trust without another
+/// check (never unloaded, or checked in this walk); switches `current` to that object.
+#[inline(always)]
+fn trusted_code(
+    state: &DwarfState,
+    loaded: &mut LoadedCheck,
+    start: &mut usize,
+    code: &mut usize,
+    current: &mut core::ops::Range<usize>,
+    ra: usize,
+) -> bool {
+    let at = ra - 1;
+    if at.wrapping_sub(*start) < *code {
+        return true;
+    }
+    match state.find_near(at, loaded.last) {
+        Some(i) if state.objects[i].permanent || loaded.verified(i) => {
+            let o = &state.objects[i];
+            if !o.is_code(at, 1) {
+                return false;
+            }
+            loaded.last = i;
+            *start = o.range.start;
+            *code = o.range.end - o.range.start;
+            *current = o.range.clone();
+            true
+        }
+        _ => false,
+    }
+}
+
 /// How [`fast_frames`] stopped.
 enum Fast {
     /// The frame at `regs` (already written) needs the general step.
@@ -286,8 +339,15 @@ fn fast_frames(
     const W: usize = core::mem::size_of::<usize>();
     const SP: usize = dw::RSP as usize;
     const PC: usize = dw::RA as usize;
-    // A read is allowed when `a - start <= span` (wrapping: one comparison) and aligned.
-    let span = stack.end.wrapping_sub(stack.start).wrapping_sub(W);
+    // A read is allowed when `a - start <= span` (wrapping: one comparison) and aligned. No
+    // known stack (a walk from untrusted registers): nothing is read directly.
+    let Some(span) = stack
+        .end
+        .checked_sub(stack.start)
+        .and_then(|l| l.checked_sub(W))
+    else {
+        return Fast::Slow;
+    };
     let ok = |a: usize| a.wrapping_sub(stack.start) <= span && a.is_multiple_of(W);
     // SAFETY (for every `load` below): `ok` held for the address: aligned and on this thread's
     // own live stack, between the walk's stack pointer and the stack's high end.
@@ -299,21 +359,21 @@ fn fast_frames(
     let mut v = regs.v;
     let mut valid = regs.valid;
     let mut frames = *n;
+    // The first pc's object; every later pc is checked before it is taken.
+    if v[PC].wrapping_sub(start) >= code {
+        match state.find_near(v[PC], loaded.last) {
+            Some(i) if state.objects[i].permanent || loaded.verified(i) => {
+                loaded.last = i;
+                let r = &state.objects[i].range;
+                start = r.start;
+                code = r.end - r.start;
+                *current = r.clone();
+            }
+            _ => return Fast::Slow,
+        }
+    }
     let end = loop {
         let pc = v[PC];
-        if pc.wrapping_sub(start) >= code {
-            // Another object: fine if it is never unloaded or this walk checked it.
-            match state.find_near(pc, loaded.last) {
-                Some(i) if state.objects[i].permanent || loaded.verified(i) => {
-                    loaded.last = i;
-                    let r = &state.objects[i].range;
-                    start = r.start;
-                    code = r.end - r.start;
-                    *current = r.clone();
-                }
-                _ => break Fast::Slow,
-            }
-        }
         let Some(w) = cache.get_raw(rules::key(pc, false)) else {
             break Fast::Slow;
         };
@@ -349,7 +409,7 @@ fn fast_frames(
                 break Fast::Slow;
             }
             let ra = load(ra_at);
-            if ra == 0 {
+            if ra == 0 || !trusted_code(state, loaded, &mut start, &mut code, current, ra) {
                 break Fast::Slow;
             }
             for (i, &r) in SAVED.iter().enumerate() {
@@ -365,7 +425,7 @@ fn fast_frames(
                 break Fast::Slow;
             }
             let ra = load(ra_at);
-            if ra == 0 {
+            if ra == 0 || !trusted_code(state, loaded, &mut start, &mut code, current, ra) {
                 break Fast::Slow;
             }
             if slots & RBP_LANE != 0 {
@@ -391,6 +451,96 @@ fn fast_frames(
     };
     regs.v = v;
     regs.valid = valid;
+    *n = frames;
+    end
+}
+
+/// The hot loop of frame-pointer mode: follows the chain while every frame record lies on
+/// this thread's own stack and every return address lies in code of an object this walk may
+/// trust; anything else (a signal trampoline, another stack, a strange address) goes back to the
+/// general step.
+#[inline(never)]
+fn fast_fp_frames(
+    state: &DwarfState,
+    loaded: &mut LoadedCheck,
+    stack: core::ops::Range<usize>,
+    regs: &mut RegSet,
+    buf: &mut [usize],
+    n: &mut usize,
+    limit: usize,
+) -> Fast {
+    const W: usize = core::mem::size_of::<usize>();
+    const SP: usize = dw::RSP as usize;
+    const FP: usize = dw::RBP as usize;
+    const PC: usize = dw::RA as usize;
+    let Some(span) = stack
+        .end
+        .checked_sub(stack.start)
+        .and_then(|l| l.checked_sub(2 * W))
+    else {
+        return Fast::Slow;
+    };
+    if regs.valid & (1 << FP) == 0 {
+        return Fast::Slow;
+    }
+    let (mut text_start, mut text_len) = match state.objects.get(loaded.last) {
+        Some(o) => (o.text.start, o.text.end - o.text.start),
+        None => (0, 0),
+    };
+    let buf = &mut buf[..limit];
+    let (mut sp, mut fp, mut pc) = (regs.v[SP], regs.v[FP], regs.v[PC]);
+    let mut frames = *n;
+    let end = loop {
+        // A return address into a signal trampoline needs the general step.
+        if state.restorer_span.0 <= pc && pc <= state.restorer_span.1 {
+            break Fast::Slow;
+        }
+        if fp == 0 {
+            break Fast::End;
+        }
+        if fp.wrapping_sub(stack.start) > span || !fp.is_multiple_of(W) || fp < sp {
+            break Fast::Slow;
+        }
+        // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack, between the
+        // walk's stack pointer and the stack's high end.
+        let (next, ra) = unsafe {
+            (
+                core::ptr::read_volatile(fp as *const usize),
+                core::ptr::read_volatile((fp + W) as *const usize),
+            )
+        };
+        if ra == 0 {
+            break Fast::End;
+        }
+        if (ra - 1).wrapping_sub(text_start) >= text_len {
+            match state.find_near(ra, loaded.last) {
+                Some(i) if state.objects[i].permanent || loaded.verified(i) => {
+                    let o = &state.objects[i];
+                    if !o.is_code(ra - 1, 1) {
+                        break Fast::Slow;
+                    }
+                    loaded.last = i;
+                    text_start = o.text.start;
+                    text_len = o.text.end - o.text.start;
+                }
+                _ => break Fast::Slow,
+            }
+        }
+        sp = fp + 2 * W;
+        fp = next;
+        pc = ra;
+        if frames == buf.len() {
+            break Fast::Full;
+        }
+        buf[frames] = ra;
+        frames += 1;
+    };
+    if frames != *n {
+        regs.keep_only(1 << SP | 1 << FP | 1 << PC);
+        regs.v[SP] = sp;
+        regs.v[FP] = fp;
+        regs.v[PC] = pc;
+    }
     *n = frames;
     end
 }
@@ -482,18 +632,18 @@ impl Walker<'_, '_> {
             }
         };
         match rule.kind {
-            Kind::Cfi => self.apply(&rule, regs),
+            Kind::Cfi => self.apply(&rule, regs, out),
             Kind::End => Step::End,
             Kind::Trampoline => self.signal_frame(regs),
             Kind::NoCfi => self.no_cfi_step(regs, exact, out, true),
             Kind::Bad => Step::Stop(StopReason::NoUnwindRule),
-            Kind::Slow => self.full_step(o.unwind.as_ref(), lookup, regs),
+            Kind::Slow => self.full_step(o.unwind.as_ref(), lookup, regs, out),
         }
     }
 
     /// Applies a compiled rule, in place.
     #[inline(always)]
-    fn apply(&mut self, rule: &Rule, regs: &mut RegSet) -> Step {
+    fn apply(&mut self, rule: &Rule, regs: &mut RegSet, out: &mut Outcome) -> Step {
         let Some(base) = regs.get(rule.cfa_reg as u16) else {
             return Step::Stop(StopReason::RegisterUnknown);
         };
@@ -520,6 +670,9 @@ impl Walker<'_, '_> {
         if ra == 0 {
             return Step::End;
         }
+        if !self.plausible(ra, out) {
+            return Step::Stop(StopReason::BadReturnAddress);
+        }
         regs.keep_only(dw::CALLEE_SAVED);
         for ((&r, &how), &v) in SAVED.iter().zip(&rule.saved).zip(&saved) {
             match how {
@@ -534,7 +687,13 @@ impl Walker<'_, '_> {
     }
 
     /// The full CFI evaluator, for rules that do not compile.
-    fn full_step(&mut self, data: Option<&UnwindData>, lookup: usize, regs: &mut RegSet) -> Step {
+    fn full_step(
+        &mut self,
+        data: Option<&UnwindData>,
+        lookup: usize,
+        regs: &mut RegSet,
+        out: &mut Outcome,
+    ) -> Step {
         let (Some(data), Some(ctx)) = (data, self.ctx.as_deref_mut()) else {
             return Step::Stop(StopReason::Busy);
         };
@@ -548,6 +707,9 @@ impl Walker<'_, '_> {
                 }
                 if new.pc() == 0 {
                     return Step::End;
+                }
+                if !self.plausible(new.pc(), out) {
+                    return Step::Stop(StopReason::BadReturnAddress);
                 }
                 *regs = new;
                 Step::Caller { signal: false }
