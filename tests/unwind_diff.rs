@@ -17,10 +17,10 @@
 #[path = "support/cfa.rs"]
 #[allow(dead_code)]
 mod cfa;
-#[path = "support/libunwind.rs"]
-mod libunwind;
 #[path = "support/unwind_fixtures.rs"]
 mod fixtures;
+#[path = "support/libunwind.rs"]
+mod libunwind;
 
 use fixtures::{ends_at_root, name_of, skip};
 use libunwind::{End, Libunwind};
@@ -80,7 +80,8 @@ extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     // SAFETY: errno is thread-local; the handler restores it before returning.
     let errno = unsafe { *libc::__errno_location() };
     // SAFETY: gettid has no preconditions.
-    if ARMED.load(Ordering::Acquire) && unsafe { libc::gettid() } == TARGET_TID.load(Ordering::Relaxed)
+    if ARMED.load(Ordering::Acquire)
+        && unsafe { libc::gettid() } == TARGET_TID.load(Ordering::Relaxed)
     {
         let i = NEXT.fetch_add(1, Ordering::AcqRel);
         if i < MAX_SAMPLES {
@@ -207,7 +208,10 @@ enum Verdict {
 
 /// Every frame from `from` on lies in a loaded object and the walk ends at a thread root.
 fn plausible(frames: &[usize], from: usize) -> bool {
-    frames.iter().skip(from).all(|&a| selftrace::symbolize(a.wrapping_sub(1)).is_some())
+    frames
+        .iter()
+        .skip(from)
+        .all(|&a| selftrace::symbolize(a.wrapping_sub(1)).is_some())
         && ends_at_root(frames)
 }
 
@@ -295,8 +299,10 @@ impl Rules {
         let Some(s) = selftrace::symbolize(addr) else {
             return false;
         };
+        let exe;
         let path = if s.path.is_empty() {
-            "/proc/self/exe"
+            exe = std::env::current_exe().unwrap_or_default();
+            exe.to_str().unwrap_or("")
         } else if s.path.starts_with('/') {
             s.path
         } else {
@@ -316,11 +322,7 @@ impl Rules {
     /// sits where the CFA rule is hard.
     fn hard_frames(&mut self, s: &Sample) -> (bool, bool) {
         let first = s.st.first().is_some_and(|&a| self.hard(a));
-        let any = first
-            || s.lu
-                .iter()
-                .skip(1)
-                .any(|&a| self.hard(a.wrapping_sub(1)));
+        let any = first || s.lu.iter().skip(1).any(|&a| self.hard(a.wrapping_sub(1)));
         (first, any)
     }
 }
@@ -387,7 +389,8 @@ fn fn_range(f: usize) -> (usize, usize) {
     (s.start, s.start + s.size.max(1))
 }
 
-type Compress2 = unsafe extern "C" fn(*mut u8, *mut libc::c_ulong, *const u8, libc::c_ulong, i32) -> i32;
+type Compress2 =
+    unsafe extern "C" fn(*mut u8, *mut libc::c_ulong, *const u8, libc::c_ulong, i32) -> i32;
 type Crc32 = unsafe extern "C" fn(libc::c_ulong, *const u8, u32) -> libc::c_ulong;
 type Sha512 = unsafe extern "C" fn(*const u8, usize, *mut u8) -> *mut u8;
 type CtxNew = unsafe extern "C" fn() -> *mut c_void;
@@ -466,7 +469,8 @@ fn phase_lazy_plt(libs: &Libs) -> (Vec<Sample>, Vec<(bool, bool)>, Vec<usize>) {
         )
         .expect("open the lazy-binding fixture");
         selftrace::refresh();
-        let (a_all, set_hook, resolved) = (sym!(s, 0, AAll), sym!(s, 1, SetHook), sym!(s, 2, Resolved));
+        let (a_all, set_hook, resolved) =
+            (sym!(s, 0, AAll), sym!(s, 1, SetHook), sym!(s, 2, Resolved));
         let a_range = fn_range(s[0]);
         // SAFETY: C functions of the fixture with these signatures.
         let before = unsafe { resolved() };
@@ -496,28 +500,48 @@ fn phase_lazy_plt(libs: &Libs) -> (Vec<Sample>, Vec<(bool, bool)>, Vec<usize>) {
     (samples, checks, handles)
 }
 
-/// selftrace's stack through lazy binding: (ld.so frames `_dl_fixup` and
-/// `_dl_runtime_resolve*` present, and the walk continues past them to `a_all` and this test).
+/// selftrace's stack through lazy binding: (ld.so frames present: `_dl_fixup` under
+/// `_dl_runtime_resolve*` when ld.so has names (libc6-dbg), else two frames in ld.so; and the
+/// walk continues past them to `a_all` and this test).
 fn lazy_check(st: &[usize], a_range: (usize, usize)) -> (bool, bool) {
     let names: Vec<(String, String)> = st
         .iter()
         .enumerate()
         .map(|(i, &a)| name_of(if i == 0 { a } else { a.wrapping_sub(1) }))
         .collect();
-    let fixup = names.iter().position(|(n, _)| n == "_dl_fixup");
-    let tramp = names
-        .iter()
-        .position(|(n, _)| n.starts_with("_dl_runtime_resolve"));
-    let ldso = match (fixup, tramp) {
-        (Some(f), Some(t)) => f < t,
-        _ => false,
+    let in_ldso: Vec<usize> = (0..names.len())
+        .filter(|&i| names[i].1.starts_with("ld-linux"))
+        .collect();
+    let Some(&last) = in_ldso.last() else {
+        return (false, false);
     };
-    let past = tramp.is_some_and(|t| {
-        st.get(t + 1)
-            .is_some_and(|&ra| ra > a_range.0 && ra <= a_range.1)
-            && names[t + 1..].iter().any(|(n, _)| n.contains("phase_lazy_plt"))
-    });
+    let ldso = if ldso_has_names(st[last].wrapping_sub(1)) {
+        let fixup = names.iter().position(|(n, _)| n == "_dl_fixup");
+        let tramp = names
+            .iter()
+            .position(|(n, _)| n.starts_with("_dl_runtime_resolve"));
+        matches!((fixup, tramp), (Some(f), Some(t)) if f + 1 == t && t == last)
+    } else {
+        in_ldso.len() >= 2
+    };
+    let past = st
+        .get(last + 1)
+        .is_some_and(|&ra| ra > a_range.0 && ra <= a_range.1)
+        && names[last + 1..]
+            .iter()
+            .any(|(n, _)| n.contains("phase_lazy_plt"));
     (ldso, past)
+}
+
+/// Whether selftrace has ld.so's local names at `addr` (its `.symtab`, from libc6-dbg).
+fn ldso_has_names(addr: usize) -> bool {
+    selftrace::symbolize(addr).is_some_and(|s| {
+        matches!(
+            s.source,
+            selftrace::symbolize::SymbolSource::Symtab
+                | selftrace::symbolize::SymbolSource::DebugFile
+        )
+    })
 }
 
 fn buf(n: usize) -> Vec<u8> {
@@ -541,21 +565,12 @@ fn worker(libs: &Libs) -> (Vec<PhaseResult>, Vec<(bool, bool)>, Vec<usize>) {
     out.push(run_phase(
         "libc qsort + Rust comparator",
         t,
-        Box::new(move |s| {
-            in_object(s.st[0], "libc.so") || (s.st[0] >= c0 && s.st[0] < c1)
-        }),
+        Box::new(move |s| in_object(s.st[0], "libc.so") || (s.st[0] >= c0 && s.st[0] < c1)),
         &mut || {
             v.clear();
             v.extend((0..4096u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 7));
             // SAFETY: v holds 4096 u64s; cmp_u64 compares two of them.
-            unsafe {
-                libc::qsort(
-                    v.as_mut_ptr().cast(),
-                    v.len(),
-                    8,
-                    Some(cmp_u64),
-                )
-            };
+            unsafe { libc::qsort(v.as_mut_ptr().cast(), v.len(), 8, Some(cmp_u64)) };
             black_box(&v);
         },
     ));
@@ -609,9 +624,8 @@ fn worker(libs: &Libs) -> (Vec<PhaseResult>, Vec<(bool, bool)>, Vec<usize>) {
         &mut || {
             let mut len = zout.len() as libc::c_ulong;
             // SAFETY: zout has len bytes of room; zin is valid for its length.
-            let rc = unsafe {
-                compress2(zout.as_mut_ptr(), &mut len, zin.as_ptr(), zin.len() as _, 6)
-            };
+            let rc =
+                unsafe { compress2(zout.as_mut_ptr(), &mut len, zin.as_ptr(), zin.len() as _, 6) };
             assert_eq!(rc, 0);
             // SAFETY: zin is valid for its length.
             black_box(unsafe { crc32(0, zin.as_ptr(), zin.len() as u32) });
@@ -646,12 +660,24 @@ fn worker(libs: &Libs) -> (Vec<PhaseResult>, Vec<(bool, bool)>, Vec<usize>) {
                 let ctx = ctx_new();
                 assert!(!ctx.is_null());
                 assert_eq!(
-                    init(ctx, aes_gcm(), std::ptr::null_mut(), key.as_ptr(), iv.as_ptr()),
+                    init(
+                        ctx,
+                        aes_gcm(),
+                        std::ptr::null_mut(),
+                        key.as_ptr(),
+                        iv.as_ptr()
+                    ),
                     1
                 );
                 let mut n = 0i32;
                 assert_eq!(
-                    update(ctx, ct.as_mut_ptr(), &mut n, data.as_ptr(), data.len() as i32),
+                    update(
+                        ctx,
+                        ct.as_mut_ptr(),
+                        &mut n,
+                        data.as_ptr(),
+                        data.len() as i32
+                    ),
                     1
                 );
                 let mut m = 0i32;
@@ -723,7 +749,10 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
         Err(why) => return skip(TEST, &why),
     };
     if std::env::var_os("LD_BIND_NOW").is_some_and(|v| !v.is_empty()) {
-        return skip(TEST, "LD_BIND_NOW is set: no lazy binding to sample (unset it)");
+        return skip(
+            TEST,
+            "LD_BIND_NOW is set: no lazy binding to sample (unset it)",
+        );
     }
     selftrace::init().expect("init");
     let dir = fixtures::FixtureDir::new("unwind_diff");

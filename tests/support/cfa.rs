@@ -82,7 +82,10 @@ impl CfaTable {
     /// The CFA rule at link-time address `svma`: `None` without an FDE there; an FDE without
     /// rows keeps the CIE's initial rule (`rsp+8` on x86-64).
     pub fn rule_at(&self, svma: u64) -> Option<&str> {
-        let i = self.fdes.partition_point(|f| f.start <= svma).checked_sub(1)?;
+        let i = self
+            .fdes
+            .partition_point(|f| f.start <= svma)
+            .checked_sub(1)?;
         let f = &self.fdes[i];
         if svma >= f.end {
             return None;
