@@ -250,3 +250,19 @@ pub fn ends_at_root(frames: &[usize]) -> bool {
         n == "_start" || n.contains("clone")
     })
 }
+
+/// Whether selftrace has ld.so's local names (`_dl_fixup`, ...): ld.so's `.symtab` comes
+/// from a separate debug file (Debian: libc6-dbg). Call after `selftrace::init()`.
+pub fn ldso_has_local_names() -> bool {
+    // SAFETY: dlsym with a valid C string; __tls_get_addr is defined by ld.so.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__tls_get_addr".as_ptr()) } as usize;
+    f != 0
+        && selftrace::symbolize(f).is_some_and(|s| {
+            s.path.contains("ld-linux")
+                && matches!(
+                    s.source,
+                    selftrace::symbolize::SymbolSource::Symtab
+                        | selftrace::symbolize::SymbolSource::DebugFile
+                )
+        })
+}
