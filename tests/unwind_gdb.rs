@@ -83,7 +83,7 @@ extern "C" fn on_usr2(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     FRAMES_N.store(n, Ordering::Release);
     let mut line = [0u8; 24 * DEPTH];
     let mut at = 0;
-    for &b in b"SELFTRACE_FRAMES" {
+    for &b in b"\nSELFTRACE_FRAMES" {
         line[at] = b;
         at += 1;
     }
@@ -182,19 +182,28 @@ fn hot_hard_pc_in_sha512(sha: Sha512, data: &[u8]) -> (usize, String) {
     best.expect("no sampled pc in libcrypto's SHA-512 with a CFA expression or non-rsp/rbp CFA")
 }
 
-/// The start of the stack-probe loop in `big_frame` (the first pc whose CFA is r11-based).
-fn probe_loop_pc() -> (usize, String) {
+/// A pc in `big_frame`: the start of the stack-probe loop (the first pc whose CFA is
+/// r11-based), or, for the control case, the first pc after it whose CFA is rsp-based.
+fn big_frame_pc(in_probe_loop: bool) -> (usize, String) {
     let f = fixtures::big_frame as *const () as usize;
     let s = selftrace::symbolize(f).expect("symbolize big_frame");
     let exe = std::env::current_exe().expect("current_exe");
     let table = cfa::CfaTable::load(&exe).expect("readelf on the test");
     let start = (s.start - s.bias) as u64;
-    let rows = table.rows_where(start, start + s.size.max(1) as u64, |r| {
-        r.starts_with("r11")
-    });
-    let (loc, _) = *rows
+    let end = start + s.size.max(1) as u64;
+    let probe = table.rows_where(start, end, |r| r.starts_with("r11"));
+    let (loop_start, loop_end) = *probe
         .first()
         .expect("no r11-based CFA in big_frame: no stack-probe loop?");
+    let loc = if in_probe_loop {
+        loop_start
+    } else {
+        table
+            .rows_where(loop_end, end, |r| r.starts_with("rsp+"))
+            .first()
+            .expect("an rsp-based row after the probe loop")
+            .0
+    };
     let pc = loc as usize + s.bias;
     let rule = table.rule_at(loc).unwrap_or("?").to_string();
     (pc, rule)
@@ -225,8 +234,8 @@ fn role_sha512() {
 }
 
 #[inline(never)]
-fn role_probe() {
-    let (pc, rule) = probe_loop_pc();
+fn role_probe(in_probe_loop: bool) {
+    let (pc, rule) = big_frame_pc(in_probe_loop);
     println!("ROLE_TARGET {pc:#x} cfa={rule}");
     selftrace_test_gdb_hook(pc);
     let start = Instant::now();
@@ -260,7 +269,8 @@ fn gdb_role() {
     install(libc::SIGUSR2, on_usr2);
     match role.as_str() {
         "sha512" => role_sha512(),
-        "probe" => role_probe(),
+        "probe" => role_probe(true),
+        "control" => role_probe(false),
         "lazy" => role_lazy(),
         _ => panic!("unknown role {role}"),
     }
@@ -355,11 +365,11 @@ fn run_gdb(role: &str, at_hook: &str, env: &[(&str, &str)], dir: &Path) -> Resul
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let log = format!("--- gdb stdout ---\n{stdout}\n--- gdb stderr ---\n{stderr}");
+    // A marker may follow other output on its line (libtest's `test gdb_role ... `).
     let line = |p: &str| {
         stdout
             .lines()
-            .find_map(|l| l.strip_prefix(p))
-            .map(str::to_string)
+            .find_map(|l| l.find(p).map(|i| l[i + p.len()..].trim().to_string()))
     };
     let (Some(g), Some(s)) = (line("GDB_FRAMES"), line("SELFTRACE_FRAMES")) else {
         return Err(format!(
@@ -408,6 +418,9 @@ fn tool_present(name: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// A gdb session: role, what it shows, gdb commands at the hook, extra environment.
+type Case<'a> = (&'a str, &'a str, &'a str, Vec<(&'a str, &'a str)>);
+
 #[test]
 fn selftrace_agrees_with_gdb_bt_where_cfi_needs_more_than_rsp_and_rbp() {
     if std::env::var_os(ROLE_ENV).is_some() {
@@ -439,7 +452,13 @@ fn selftrace_agrees_with_gdb_bt_where_cfi_needs_more_than_rsp_and_rbp() {
         Err(why) => return fixtures::skip(TEST, &why),
     };
 
-    let cases: [(&str, &str, &str, Vec<(&str, &str)>); 3] = [
+    let cases: [Case; 4] = [
+        (
+            "control",
+            "control: big_frame's body after the probe loop (CFA = rsp + N; agrees today)",
+            "break *$rdi",
+            vec![],
+        ),
         (
             "sha512",
             "OpenSSL SHA-512 assembly (CFA expression / other register)",
