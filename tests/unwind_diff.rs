@@ -801,9 +801,13 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
         let mut shown = 0;
         let mut counts: HashMap<Verdict, usize> = HashMap::new();
         let (mut hard0, mut hard_any) = (0, 0);
+        let mut garbage_shared = 0;
         for (i, s) in p.samples.iter().enumerate() {
             let v = classify(s);
             *counts.entry(v).or_default() += 1;
+            if v == Verdict::SelftraceGarbage && first_garbage(&s.lu) == first_garbage(&s.st) {
+                garbage_shared += 1;
+            }
             let (h0, ha) = rules.hard_frames(s);
             hard0 += h0 as usize;
             hard_any += ha as usize;
@@ -850,6 +854,13 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
                 format!("  ({:.2} s cpu)", p.cpu.as_secs_f64())
             }
         );
+        if garbage_shared > 0 {
+            eprintln!(
+                "{:<42} ({garbage_shared} of the garbage frames are libunwind's too: bad CFI in \
+                 the leaf, e.g. glibc's __mpn_addmul_1 pushes rbx/rbp without CFI)",
+                ""
+            );
+        }
         if n < 50 {
             failures.push(format!("{}: only {n} samples (need >= 50)", p.name));
         }
