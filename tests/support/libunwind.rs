@@ -1,0 +1,104 @@
+//! nongnu libunwind, loaded with `dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL)` so that its
+//! `_Unwind_*` symbols do not replace libgcc's for the whole test program, used as the peer
+//! that walks a signal handler's `ucontext_t`.
+
+use std::ffi::c_void;
+
+/// `unw_init_local2(cursor, uc, flags)`.
+type InitLocal2 = unsafe extern "C" fn(*mut u64, *mut c_void, i32) -> i32;
+/// `unw_step(cursor)`: > 0 stepped, 0 end of stack, < 0 error.
+type Step = unsafe extern "C" fn(*mut u64) -> i32;
+/// `unw_get_reg(cursor, reg, &mut value)`.
+type GetReg = unsafe extern "C" fn(*mut u64, i32, *mut u64) -> i32;
+
+/// `UNW_INIT_SIGNAL_FRAME`: the context is a signal frame (its pc is exact).
+const UNW_INIT_SIGNAL_FRAME: i32 = 1;
+/// `UNW_REG_IP` on x86-64 (`UNW_X86_64_RIP`).
+const UNW_REG_IP: i32 = 16;
+/// `unw_cursor_t` is 127 words on x86-64; generous room.
+const CURSOR_WORDS: usize = 256;
+
+/// How libunwind's walk ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// `unw_step` returned 0: the outermost frame.
+    Outermost,
+    /// `unw_step` (or init / get_reg) returned this error.
+    Error(i32),
+    /// The output buffer filled up.
+    Full,
+}
+
+/// The three entry points, resolved once.
+#[derive(Clone, Copy)]
+pub struct Libunwind {
+    init_local2: InitLocal2,
+    step: Step,
+    get_reg: GetReg,
+}
+
+impl Libunwind {
+    /// Loads libunwind; `Err` says why it is not available.
+    pub fn load() -> Result<Libunwind, String> {
+        // SAFETY: dlopen/dlsym with valid C strings; the symbols have the declared C
+        // signatures (libunwind's x86-64 local-only API, `_UL` prefix).
+        unsafe {
+            let h = libc::dlopen(
+                c"libunwind.so.8".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
+            );
+            if h.is_null() {
+                return Err("libunwind.so.8 not found (install libunwind-dev)".into());
+            }
+            let init = libc::dlsym(h, c"_ULx86_64_init_local2".as_ptr());
+            let step = libc::dlsym(h, c"_ULx86_64_step".as_ptr());
+            let get = libc::dlsym(h, c"_ULx86_64_get_reg".as_ptr());
+            if init.is_null() || step.is_null() || get.is_null() {
+                return Err("libunwind.so.8 lacks _ULx86_64_init_local2/step/get_reg".into());
+            }
+            Ok(Libunwind {
+                init_local2: std::mem::transmute::<*mut c_void, InitLocal2>(init),
+                step: std::mem::transmute::<*mut c_void, Step>(step),
+                get_reg: std::mem::transmute::<*mut c_void, GetReg>(get),
+            })
+        }
+    }
+
+    /// Walks from a signal handler's `ucontext_t` into `out` (frame 0 = the interrupted pc,
+    /// later frames return addresses); returns the count and how the walk ended. Allocates
+    /// nothing (the cursor lives on this stack).
+    ///
+    /// # Safety
+    /// `uc` is the `ucontext_t` the kernel passed to the running signal handler.
+    pub unsafe fn walk_ucontext(&self, uc: *mut c_void, out: &mut [usize]) -> (usize, End) {
+        let mut cursor = [0u64; CURSOR_WORDS];
+        // SAFETY: the cursor has room for libunwind's unw_cursor_t; uc is a live ucontext_t
+        // (the caller's contract), which is libunwind's unw_context_t on x86-64.
+        let rc = unsafe { (self.init_local2)(cursor.as_mut_ptr(), uc, UNW_INIT_SIGNAL_FRAME) };
+        if rc < 0 {
+            return (0, End::Error(rc));
+        }
+        let mut n = 0;
+        loop {
+            if n == out.len() {
+                return (n, End::Full);
+            }
+            let mut ip = 0u64;
+            // SAFETY: the cursor was initialized above; ip is valid for a write.
+            let rc = unsafe { (self.get_reg)(cursor.as_mut_ptr(), UNW_REG_IP, &mut ip) };
+            if rc < 0 {
+                return (n, End::Error(rc));
+            }
+            out[n] = ip as usize;
+            n += 1;
+            // SAFETY: the cursor was initialized above.
+            let rc = unsafe { (self.step)(cursor.as_mut_ptr()) };
+            if rc == 0 {
+                return (n, End::Outermost);
+            }
+            if rc < 0 {
+                return (n, End::Error(rc));
+            }
+        }
+    }
+}

@@ -1,0 +1,527 @@
+//! selftrace against gdb's `bt`, at a breakpoint in each class of code whose unwind rules need
+//! more than rsp/rbp + offset:
+//!
+//! - `sha512`: inside OpenSSL's SHA-512 assembly in libcrypto, at a pc where the CFA is a DWARF
+//!   expression (or based on another register), per `readelf --debug-dump=frames-interp`;
+//! - `probe`: inside LLVM's stack-probe loop of a Rust function with a 40 KiB frame (CFA =
+//!   r11 + N), a few iterations in, when rsp has moved;
+//! - `lazy`: in ld.so's `_dl_fixup` during the first call through a lazy PLT entry (under
+//!   `_dl_runtime_resolve_xsavec`, CFA based on rbx).
+//!
+//! This test binary is also the program gdb runs: with `SELFTRACE_GDB_ROLE` set, the test
+//! `gdb_role` prepares the case, calls `selftrace_test_gdb_hook(pc)` (gdb then sets the real
+//! breakpoint at `pc`), and runs the code. At the breakpoint gdb prints its frames, then resumes
+//! with `signal SIGUSR2` (gdb's `call` fails on this kernel); the SIGUSR2 handler runs
+//! `capture_from_ucontext` on its `ucontext_t` and prints the frames. The two lists must be
+//! equal, or gdb's a prefix of selftrace's when selftrace ends at `_start`/`clone3`.
+
+#[path = "support/cfa.rs"]
+mod cfa;
+#[path = "support/unwind_fixtures.rs"]
+#[allow(dead_code)]
+mod fixtures;
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+use std::hint::black_box;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const TEST: &str = "unwind_gdb";
+const ROLE_ENV: &str = "SELFTRACE_GDB_ROLE";
+const LAZY_ENV: &str = "SELFTRACE_GDB_LAZY_LIB";
+/// Each gdb session is killed after this long.
+const GDB_TIMEOUT: Duration = Duration::from_secs(50);
+
+// ---- the program gdb runs -------------------------------------------------------------------
+
+/// gdb stops here (`break *selftrace_test_gdb_hook`) and sets its real breakpoint at `pc`
+/// (from `$rdi`), or at `_dl_fixup` for the lazy case.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn selftrace_test_gdb_hook(pc: usize) {
+    black_box(pc);
+}
+
+const DEPTH: usize = 128;
+
+struct Frames(UnsafeCell<[usize; DEPTH]>);
+// SAFETY: written once by the SIGUSR2 handler before DONE is set, read after DONE.
+unsafe impl Sync for Frames {}
+
+static FRAMES: Frames = Frames(UnsafeCell::new([0; DEPTH]));
+static FRAMES_N: AtomicUsize = AtomicUsize::new(0);
+static DONE: AtomicBool = AtomicBool::new(false);
+
+/// Appends `v` in hex to `out` at `at`; returns the new position.
+fn put_hex(out: &mut [u8], mut at: usize, v: usize) -> usize {
+    for &b in b"0x" {
+        out[at] = b;
+        at += 1;
+    }
+    let digits = (usize::BITS as usize - v.leading_zeros() as usize)
+        .div_ceil(4)
+        .max(1);
+    for k in (0..digits).rev() {
+        out[at] = b"0123456789abcdef"[(v >> (4 * k)) & 15];
+        at += 1;
+    }
+    at
+}
+
+extern "C" fn on_usr2(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
+    if DONE.load(Ordering::Acquire) {
+        return;
+    }
+    // SAFETY: the only writer (one signal, sent once by gdb); uc is the kernel's ucontext_t.
+    let frames = unsafe { &mut *FRAMES.0.get() };
+    // SAFETY: as above.
+    let n = unsafe { selftrace::capture_from_ucontext(uc.cast(), frames) };
+    FRAMES_N.store(n, Ordering::Release);
+    let mut line = [0u8; 24 * DEPTH];
+    let mut at = 0;
+    for &b in b"\nSELFTRACE_FRAMES" {
+        line[at] = b;
+        at += 1;
+    }
+    for &f in &frames[..n] {
+        line[at] = b' ';
+        at = put_hex(&mut line, at + 1, f);
+    }
+    line[at] = b'\n';
+    // SAFETY: write(2) of an initialized stack buffer to stdout.
+    unsafe { libc::write(1, line.as_ptr().cast(), at + 1) };
+    DONE.store(true, Ordering::Release);
+}
+
+/// CPU-timer samples of the role itself (to find a hot pc in libcrypto).
+static PROF_PCS: Frames = Frames(UnsafeCell::new([0; DEPTH]));
+static PROF_N: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
+    let i = PROF_N.fetch_add(1, Ordering::AcqRel);
+    if i < DEPTH {
+        // SAFETY: uc is the kernel's ucontext_t; slot i was claimed by this call alone.
+        unsafe {
+            let uc = &*(uc as *const libc::ucontext_t);
+            (*PROF_PCS.0.get())[i] = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
+        }
+    }
+}
+
+fn install(sig: i32, f: extern "C" fn(i32, *mut libc::siginfo_t, *mut c_void)) {
+    // SAFETY: a SA_SIGINFO handler that touches only atomics and static buffers.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = f as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+type Sha512 = unsafe extern "C" fn(*const u8, usize, *mut u8) -> *mut u8;
+
+/// Samples SHA-512 under a CPU timer and returns a sampled pc in libcrypto whose CFA rule is
+/// hard (an expression preferred), with the rule.
+fn hot_hard_pc_in_sha512(sha: Sha512, data: &[u8]) -> (usize, String) {
+    let libcrypto = selftrace::symbolize(sha as *const () as usize).expect("libcrypto symbols");
+    let table = cfa::CfaTable::load(Path::new(libcrypto.path)).expect("readelf on libcrypto");
+    install(libc::SIGPROF, on_prof);
+    // SAFETY: a CLOCK_THREAD_CPUTIME_ID timer for this thread, deleted below.
+    let timer = unsafe {
+        let mut sev: libc::sigevent = std::mem::zeroed();
+        sev.sigev_notify = libc::SIGEV_THREAD_ID;
+        sev.sigev_signo = libc::SIGPROF;
+        sev.sigev_notify_thread_id = libc::gettid();
+        let mut id: libc::timer_t = std::mem::zeroed();
+        assert_eq!(
+            libc::timer_create(libc::CLOCK_THREAD_CPUTIME_ID, &mut sev, &mut id),
+            0
+        );
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        let spec = libc::itimerspec {
+            it_interval: ts,
+            it_value: ts,
+        };
+        assert_eq!(libc::timer_settime(id, 0, &spec, std::ptr::null_mut()), 0);
+        id
+    };
+    let mut md = [0u8; 64];
+    let start = Instant::now();
+    while PROF_N.load(Ordering::Acquire) < DEPTH && start.elapsed() < Duration::from_secs(20) {
+        // SAFETY: data is valid for its length; md has 64 bytes.
+        unsafe { sha(data.as_ptr(), data.len(), md.as_mut_ptr()) };
+        black_box(&md);
+    }
+    // SAFETY: the timer created above, deleted once.
+    unsafe { libc::timer_delete(timer) };
+    // SAFETY: the timer is gone; a signal still pending at worst writes an unread slot.
+    let pcs = unsafe { *PROF_PCS.0.get() };
+    let n = PROF_N.load(Ordering::Acquire).min(DEPTH);
+    let mut best: Option<(usize, String)> = None;
+    for &pc in &pcs[..n] {
+        if !(pc >= libcrypto.bias
+            && selftrace::symbolize(pc).is_some_and(|s| s.path == libcrypto.path))
+        {
+            continue;
+        }
+        let Some(rule) = table.rule_at((pc - libcrypto.bias) as u64) else {
+            continue;
+        };
+        if cfa::is_hard(rule) && best.as_ref().is_none_or(|b| b.1 != "exp" && rule == "exp") {
+            best = Some((pc, rule.to_string()));
+        }
+    }
+    best.expect("no sampled pc in libcrypto's SHA-512 with a CFA expression or non-rsp/rbp CFA")
+}
+
+/// A pc in `big_frame`: the start of the stack-probe loop (the first pc whose CFA is
+/// r11-based), or, for the control case, the first pc after it whose CFA is rsp-based.
+fn big_frame_pc(in_probe_loop: bool) -> (usize, String) {
+    let f = fixtures::big_frame as *const () as usize;
+    let s = selftrace::symbolize(f).expect("symbolize big_frame");
+    let exe = std::env::current_exe().expect("current_exe");
+    let table = cfa::CfaTable::load(&exe).expect("readelf on the test");
+    let start = (s.start - s.bias) as u64;
+    let end = start + s.size.max(1) as u64;
+    let probe = table.rows_where(start, end, |r| r.starts_with("r11"));
+    let (loop_start, loop_end) = *probe
+        .first()
+        .expect("no r11-based CFA in big_frame: no stack-probe loop?");
+    let loc = if in_probe_loop {
+        loop_start
+    } else {
+        table
+            .rows_where(loop_end, end, |r| r.starts_with("rsp+"))
+            .first()
+            .expect("an rsp-based row after the probe loop")
+            .0
+    };
+    let pc = loc as usize + s.bias;
+    let rule = table.rule_at(loc).unwrap_or("?").to_string();
+    (pc, rule)
+}
+
+#[inline(never)]
+fn role_sha512() {
+    let (_h, syms) = fixtures::open(
+        "libcrypto.so.3",
+        libc::RTLD_NOW | libc::RTLD_LOCAL,
+        &["SHA512"],
+    )
+    .expect("libcrypto");
+    selftrace::refresh();
+    // SAFETY: SHA512 has this C signature.
+    let sha = unsafe { std::mem::transmute::<usize, Sha512>(syms[0]) };
+    let data = vec![0x5au8; 16 << 10];
+    let (pc, rule) = hot_hard_pc_in_sha512(sha, &data);
+    println!("ROLE_TARGET {pc:#x} cfa={rule}");
+    selftrace_test_gdb_hook(pc);
+    let mut md = [0u8; 64];
+    let start = Instant::now();
+    while !DONE.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(30) {
+        // SAFETY: as in hot_hard_pc_in_sha512.
+        unsafe { sha(data.as_ptr(), data.len(), md.as_mut_ptr()) };
+        black_box(&md);
+    }
+}
+
+#[inline(never)]
+fn role_probe(in_probe_loop: bool) {
+    let (pc, rule) = big_frame_pc(in_probe_loop);
+    println!("ROLE_TARGET {pc:#x} cfa={rule}");
+    selftrace_test_gdb_hook(pc);
+    let start = Instant::now();
+    let mut i = 0u64;
+    while !DONE.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(30) {
+        black_box(fixtures::big_frame(black_box(i)));
+        i += 1;
+    }
+}
+
+#[inline(never)]
+fn role_lazy() {
+    let path = std::env::var(LAZY_ENV).expect("lazy fixture path");
+    let (_h, syms) = fixtures::open(&path, libc::RTLD_LAZY | libc::RTLD_LOCAL, &["a_all"])
+        .expect("the lazy-binding fixture");
+    selftrace::refresh();
+    // SAFETY: a_all has this C signature.
+    let a_all = unsafe { std::mem::transmute::<usize, extern "C" fn(i32) -> i32>(syms[0]) };
+    println!("ROLE_TARGET _dl_fixup");
+    selftrace_test_gdb_hook(0);
+    black_box(a_all(black_box(1)));
+}
+
+/// Entered only when gdb runs this binary with `SELFTRACE_GDB_ROLE` set.
+#[test]
+fn gdb_role() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    selftrace::init().expect("init");
+    install(libc::SIGUSR2, on_usr2);
+    match role.as_str() {
+        "sha512" => role_sha512(),
+        "probe" => role_probe(true),
+        "control" => role_probe(false),
+        "lazy" => role_lazy(),
+        _ => panic!("unknown role {role}"),
+    }
+    assert!(
+        DONE.load(Ordering::Acquire),
+        "the SIGUSR2 handler never ran"
+    );
+    // Names, in normal context, for the report (the driver cannot symbolize our addresses).
+    // SAFETY: the handler has finished (DONE).
+    let frames = unsafe { &*FRAMES.0.get() };
+    let n = FRAMES_N.load(Ordering::Acquire);
+    let mut line = String::from("SELFTRACE_NAMES");
+    for (i, &a) in frames[..n].iter().enumerate() {
+        let (name, obj) = fixtures::name_of(if i == 0 { a } else { a.wrapping_sub(1) });
+        line += &format!(" | {name} ({obj})");
+    }
+    println!("{line}");
+    println!(
+        "SELFTRACE_ROOT {}",
+        fixtures::ends_at_root(&frames[..n]) as u8
+    );
+    std::io::stdout().flush().unwrap();
+}
+
+// ---- the driver -----------------------------------------------------------------------------
+
+/// What one gdb session saw.
+struct Session {
+    gdb: Vec<usize>,
+    selftrace: Vec<usize>,
+    selftrace_names: String,
+    selftrace_at_root: bool,
+    target: String,
+    log: String,
+}
+
+fn hex_list(line: &str) -> Vec<usize> {
+    line.split_whitespace()
+        .filter_map(|w| usize::from_str_radix(w.strip_prefix("0x")?, 16).ok())
+        .collect()
+}
+
+const PY_FRAMES: &str = "python
+f = gdb.newest_frame()
+pcs = []
+while f is not None:
+    if f.type() != gdb.INLINE_FRAME:
+        pcs.append('%#x' % f.pc())
+    f = f.older()
+print('GDB_FRAMES ' + ' '.join(pcs))
+end
+";
+
+fn run_gdb(role: &str, at_hook: &str, env: &[(&str, &str)], dir: &Path) -> Result<Session, String> {
+    let script = format!(
+        "set pagination off\n\
+         set confirm off\n\
+         set width 0\n\
+         set breakpoint pending on\n\
+         set print thread-events off\n\
+         set language c\n\
+         handle SIGUSR2 nostop noprint pass\n\
+         handle SIGPROF nostop noprint pass\n\
+         break *selftrace_test_gdb_hook\n\
+         run\n\
+         {at_hook}\n\
+         continue\n\
+         bt\n\
+         {PY_FRAMES}\
+         delete\n\
+         signal SIGUSR2\n"
+    );
+    let cmd_file = dir.join(format!("{role}.gdb"));
+    std::fs::write(&cmd_file, script).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new("gdb");
+    cmd.args(["-nx", "-batch", "-x"])
+        .arg(&cmd_file)
+        .arg("--args")
+        .arg(&exe)
+        .args(["--exact", "gdb_role", "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, role)
+        .env_remove("LD_BIND_NOW")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().map_err(|e| format!("gdb: {e}"))?;
+    let out = wait_with_timeout(child, GDB_TIMEOUT)?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let log = format!("--- gdb stdout ---\n{stdout}\n--- gdb stderr ---\n{stderr}");
+    // A marker may follow other output on its line (libtest's `test gdb_role ... `).
+    let line = |p: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.find(p).map(|i| l[i + p.len()..].trim().to_string()))
+    };
+    let (Some(g), Some(s)) = (line("GDB_FRAMES"), line("SELFTRACE_FRAMES")) else {
+        return Err(format!(
+            "gdb session '{role}' did not produce both stacks\n{log}"
+        ));
+    };
+    Ok(Session {
+        gdb: hex_list(&g),
+        selftrace: hex_list(&s),
+        selftrace_names: line("SELFTRACE_NAMES").unwrap_or_default(),
+        selftrace_at_root: line("SELFTRACE_ROOT").is_some_and(|r| r.trim() == "1"),
+        target: line("ROLE_TARGET").unwrap_or_default(),
+        log,
+    })
+}
+
+fn wait_with_timeout(
+    mut child: std::process::Child,
+    limit: Duration,
+) -> Result<std::process::Output, String> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().map_err(|e| e.to_string()),
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let out = child.wait_with_output().map_err(|e| e.to_string())?;
+                return Err(format!(
+                    "gdb timed out after {limit:?}\n{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+fn tool_present(name: &str) -> bool {
+    Command::new(name)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A gdb session: role, what it shows, gdb commands at the hook, extra environment.
+type Case<'a> = (&'a str, &'a str, &'a str, Vec<(&'a str, &'a str)>);
+
+#[test]
+fn selftrace_agrees_with_gdb_bt_where_cfi_needs_more_than_rsp_and_rbp() {
+    if std::env::var_os(ROLE_ENV).is_some() {
+        return; // this process is the one gdb runs
+    }
+    for tool in ["gdb", "readelf", "cc"] {
+        if !tool_present(tool) {
+            return fixtures::skip(
+                TEST,
+                &format!("{tool} not found (install gdb, binutils, gcc)"),
+            );
+        }
+    }
+    if let Err(why) = fixtures::open("libcrypto.so.3", libc::RTLD_NOW | libc::RTLD_LOCAL, &[]) {
+        return fixtures::skip(TEST, &format!("{why} (install libssl-dev)"));
+    }
+    selftrace::init().expect("init");
+    let lazy_ok = fixtures::ldso_has_local_names();
+    if !lazy_ok {
+        fixtures::skip(
+            TEST,
+            "ld.so has no local symbols (install libc6-dbg): gdb cannot break in _dl_fixup; \
+             the lazy-binding case is left out",
+        );
+    }
+    let dir = fixtures::FixtureDir::new("unwind_gdb");
+    let lazy = match fixtures::build_lazy(&dir.0, 1) {
+        Ok(p) => p[0].to_str().unwrap().to_string(),
+        Err(why) => return fixtures::skip(TEST, &why),
+    };
+
+    let cases: [Case; 4] = [
+        (
+            "control",
+            "control: big_frame's body after the probe loop (CFA = rsp + N; agrees today)",
+            "break *$rdi",
+            vec![],
+        ),
+        (
+            "sha512",
+            "OpenSSL SHA-512 assembly (CFA expression / other register)",
+            "break *$rdi",
+            vec![],
+        ),
+        (
+            "probe",
+            "LLVM stack-probe loop, 4th iteration (CFA = r11 + N)",
+            "break *$rdi\nignore $bpnum 3",
+            vec![],
+        ),
+        (
+            "lazy",
+            "_dl_fixup in a first lazy PLT call (under _dl_runtime_resolve_xsavec, CFA rbx-based)",
+            "break _dl_fixup",
+            vec![(LAZY_ENV, lazy.as_str())],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (role, what, at_hook, env) in &cases {
+        if *role == "lazy" && !lazy_ok {
+            continue;
+        }
+        let s = match run_gdb(role, at_hook, env, &dir.0) {
+            Ok(s) => s,
+            Err(e) => {
+                failures.push(format!("{role}: {e}"));
+                continue;
+            }
+        };
+        let agree = s.gdb == s.selftrace
+            || (s.selftrace.len() > s.gdb.len()
+                && s.selftrace.starts_with(&s.gdb)
+                && s.selftrace_at_root);
+        let same = s
+            .gdb
+            .iter()
+            .zip(&s.selftrace)
+            .take_while(|(a, b)| a == b)
+            .count();
+        eprintln!(
+            "{role}: {what}\n  target {}\n  gdb {} frames, selftrace {} frames, equal prefix {same}: {}",
+            s.target,
+            s.gdb.len(),
+            s.selftrace.len(),
+            if agree { "AGREE" } else { "DIFFER" }
+        );
+        if !agree {
+            let bt: Vec<&str> = s.log.lines().filter(|l| l.starts_with('#')).collect();
+            let names: Vec<&str> = s.selftrace_names.split(" | ").skip(1).collect();
+            let mut msg =
+                format!("{role} ({what}): selftrace differs from gdb at frame {same}\n  gdb bt:\n");
+            for l in &bt {
+                msg += &format!("    {l}\n");
+            }
+            msg += "  selftrace:\n";
+            for (i, a) in s.selftrace.iter().enumerate() {
+                msg += &format!("    #{i:<2} {a:#x} {}\n", names.get(i).unwrap_or(&"?"));
+            }
+            eprintln!("{msg}");
+            failures.push(msg);
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
