@@ -237,9 +237,10 @@ fn eval_row(
         CfaRule::Expression(e) => eval_expr(section, e, encoding, None, regs, mem)?,
     };
     let old = *regs;
+    // A register without a rule keeps its value ("same value"), as libgcc, libunwind and gdb
+    // read DWARF CFI: hand-written assembly (OpenSSL's AES-GCM) bases its CFA on rax across a
+    // call to a routine that leaves rax alone.
     let mut new = old;
-    // After a call, only the callee-saved registers keep their values unless a rule says more.
-    new.keep_only(dw::CALLEE_SAVED);
     let mut ra = None;
     for (reg, rule) in row.registers() {
         let n = reg.0;

@@ -441,7 +441,8 @@ fn fast_frames(
             }
             v[PC] = ra;
         }
-        valid = (valid & dw::CALLEE_SAVED) | 1 << PC;
+        // Registers without a rule keep their values (see `cfi::eval_row`).
+        valid |= 1 << PC;
         v[SP] = cfa;
         if frames == buf.len() {
             break Fast::Full;
@@ -673,7 +674,6 @@ impl Walker<'_, '_> {
         if !self.plausible(ra, out) {
             return Step::Stop(StopReason::BadReturnAddress);
         }
-        regs.keep_only(dw::CALLEE_SAVED);
         for ((&r, &how), &v) in SAVED.iter().zip(&rule.saved).zip(&saved) {
             match how {
                 SAME => {}
