@@ -29,6 +29,7 @@
 //! | [`capture_from_ucontext`] | the interrupted stack of a signal handler's `ucontext_t` |
 //! | [`capture_from_regs`] | a stack from an explicit register state |
 //! | [`capture_walk`], [`capture_walk_with`], [`capture_walk_from_ucontext`], [`capture_walk_from_regs`] | the same, with how the walk ended ([`Walk`]) |
+//! | [`unwind::stats`] | the unwinder's counters |
 //! | [`dump_stack`], [`crash::dump_stack_to`] | the current stack, symbolized, to stderr or an fd |
 //! | [`symbolize()`] | object, bias, build-id, symbol name, offset and size of an address |
 //! | [`symbolize::symbolize_exported`] | the same, naming only what glibc's `dladdr` names |

@@ -79,14 +79,15 @@ impl<'w> CheckedMemory<'w> {
         if self.stack.contains(&sp) {
             return;
         }
+        // glibc's own record first (no thread-local access), then what selftrace learned.
+        if let Some((_, high)) = sys::own_stack_above(sp) {
+            self.stack = sp..high;
+            return;
+        }
         if let Some(stack) = thread_stack() {
             if stack.contains(&sp) {
                 self.stack = sp..stack.end;
-                return;
             }
-        }
-        if let Some((_, high)) = sys::own_stack_above(sp) {
-            self.stack = sp..high;
         }
     }
 

@@ -387,20 +387,18 @@ pub fn capture_walk_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -
 fn finish(start: Start, buf: &mut [usize], mode: UnwindMode) -> walk::Outcome {
     let out = walk::walk(start, buf, mode, true);
     let complete = out.end == WalkEnd::Complete;
-    if !out.initialized
-        || out.signal_frames != 0
-        || !AUTO_REFRESH.load(Ordering::Relaxed)
-        || IN_REFRESH.try_with(Cell::get).unwrap_or(true)
-    {
+    if !out.initialized || out.signal_frames != 0 || !AUTO_REFRESH.load(Ordering::Relaxed) {
         return out;
     }
     let sp = start.sp();
     // A complete walk that crossed no signal frame proves normal context; so does a stack with
     // no signal-return address between sp and its top (needed when the walk broke in an object
-    // without frame pointers that the snapshot does not know yet).
-    let learn_stack = complete && mem::thread_stack().is_none();
+    // without frame pointers that the snapshot does not know yet). The thread-locals are read
+    // only when there may be something to do (they cost a `__tls_get_addr` call each).
+    let learn_stack =
+        complete && crate::sys::own_stack_above(sp).is_none() && mem::thread_stack().is_none();
     let refresh = out.unknown_object && (complete || no_signal_frame_above(sp));
-    if !learn_stack && !refresh {
+    if (!learn_stack && !refresh) || IN_REFRESH.try_with(Cell::get).unwrap_or(true) {
         return out;
     }
     let _ = IN_REFRESH.try_with(|c| c.set(true));

@@ -6,10 +6,11 @@
 //! exact or a return address) to the compiled rule of its frame.
 //!
 //! # The cache
-//! A fixed table of [`ENTRIES`] entries in buckets of [`WAYS`], allocated when the unwinder is
-//! built (normal context) and published with it, so that a `dlclose` + `refresh` never leaves a
-//! stale rule behind. Readers and writers never block: each entry is a seqlock. A reader takes
-//! the entry only if its sequence number was even and unchanged around the read; a writer claims
+//! A fixed table of [`ENTRIES`] entries in buckets of [`WAYS`] (a cache line each), allocated
+//! when the unwinder is built (normal context) and published with it, so that a `dlclose` +
+//! `refresh` never leaves a stale rule behind. Readers and writers never block: each entry is a
+//! seqlock whose 16-bit sequence number shares a word with the key. A reader takes the entry
+//! only if that word (key, even sequence number) was unchanged around the read; a writer claims
 //! an entry by a compare-and-swap from even to odd and gives up if another writer holds it (the
 //! rule is then simply derived again next time). Async-signal-safe: a handler that interrupts a
 //! writer on the same thread sees an odd sequence and treats it as a miss.
@@ -171,38 +172,47 @@ pub(crate) fn key(pc: usize, exact: bool) -> u64 {
 }
 
 /// Entries in the cache (a power of two): enough for the return addresses of a large program's
-/// hot paths, 640 KiB.
+/// hot paths, 512 KiB.
 pub(crate) const ENTRIES: usize = 1 << 14;
-/// Entries per bucket.
+/// Entries per bucket (one 64-byte cache line).
 pub(crate) const WAYS: usize = 2;
 
+/// Bits of an entry's first word that hold the key (the key is a user-space pc, under 2^47,
+/// shifted left by one); the 16 bits above hold the sequence number.
+const KEY_BITS: u32 = 48;
+const KEY_MASK: u64 = (1 << KEY_BITS) - 1;
+
+/// One cached rule: `head` = sequence number (bits 48-63; odd while a writer fills the entry)
+/// and key (bits 0-47, 0 = empty), then the packed rule.
 #[derive(Default)]
 struct Entry {
-    /// Even: stable; odd: a writer is filling the entry.
-    seq: AtomicU64,
-    /// 0: empty.
-    key: AtomicU64,
+    head: AtomicU64,
     rule: [AtomicU64; 3],
 }
 
+/// [`WAYS`] entries in one cache line.
+#[derive(Default)]
+#[repr(C, align(64))]
+struct Bucket([Entry; WAYS]);
+
 /// The shared rule cache (see the module docs).
 pub(crate) struct RuleCache {
-    entries: Box<[Entry]>,
+    buckets: Box<[Bucket]>,
 }
 
 impl RuleCache {
     /// An empty cache. Allocates: normal context.
     pub(crate) fn new() -> RuleCache {
         RuleCache {
-            entries: (0..ENTRIES).map(|_| Entry::default()).collect(),
+            buckets: (0..ENTRIES / WAYS).map(|_| Bucket::default()).collect(),
         }
     }
 
-    #[inline]
-    fn bucket(&self, key: u64) -> &[Entry] {
-        let h = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize;
-        let first = (h % (ENTRIES / WAYS)) * WAYS;
-        &self.entries[first..first + WAYS]
+    #[inline(always)]
+    fn bucket(&self, key: u64) -> &Bucket {
+        // Return addresses differ mostly in their low bits; fold the page bits in.
+        let h = (key ^ (key >> 13) ^ (key >> 27)) as usize;
+        &self.buckets[h % (ENTRIES / WAYS)]
     }
 
     /// The cached rule of `key`. Async-signal-safe, wait-free.
@@ -214,9 +224,11 @@ impl RuleCache {
     /// The packed words of the cached rule of `key` (see [`Rule`]'s packing).
     #[inline(always)]
     pub(crate) fn get_raw(&self, key: u64) -> Option<[u64; 3]> {
-        for e in self.bucket(key) {
-            let s1 = e.seq.load(Ordering::Acquire);
-            if s1 & 1 != 0 || e.key.load(Ordering::Relaxed) != key {
+        debug_assert!(key <= KEY_MASK);
+        for e in &self.bucket(key).0 {
+            let h1 = e.head.load(Ordering::Acquire);
+            // The key matches and the sequence number is even.
+            if h1 & (KEY_MASK | 1 << KEY_BITS) != key {
                 continue;
             }
             let w = [
@@ -225,8 +237,8 @@ impl RuleCache {
                 e.rule[2].load(Ordering::Relaxed),
             ];
             fence(Ordering::Acquire);
-            // An unchanged even sequence number: no writer touched key or rule meanwhile.
-            if e.seq.load(Ordering::Relaxed) != s1 {
+            // An unchanged head: no writer touched the entry meanwhile.
+            if e.head.load(Ordering::Relaxed) != h1 {
                 continue;
             }
             return Some(w);
@@ -237,26 +249,33 @@ impl RuleCache {
     /// Stores the rule of `key`, replacing an entry of its bucket (an empty one, or the one
     /// chosen by the key). Gives up if another writer holds that entry. Async-signal-safe.
     pub(crate) fn put(&self, key: u64, rule: &Rule) {
-        let bucket = self.bucket(key);
+        if key > KEY_MASK {
+            return;
+        }
+        let bucket = &self.bucket(key).0;
         let e = bucket
             .iter()
-            .find(|e| e.key.load(Ordering::Relaxed) == 0)
+            .find(|e| e.head.load(Ordering::Relaxed) & KEY_MASK == 0)
             .unwrap_or(&bucket[(key >> 7) as usize % WAYS]);
-        let s = e.seq.load(Ordering::Relaxed);
-        if s & 1 != 0
-            || e.seq
-                .compare_exchange(s, s + 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
+        let h = e.head.load(Ordering::Relaxed);
+        let seq = h >> KEY_BITS;
+        if seq & 1 != 0 {
+            return;
+        }
+        // Odd sequence number: readers skip the entry while we write it.
+        let busy = ((seq + 1) & 0xffff) << KEY_BITS | (h & KEY_MASK);
+        if e.head
+            .compare_exchange(h, busy, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
         {
             return;
         }
         fence(Ordering::Release);
-        let w = rule.pack();
-        e.key.store(key, Ordering::Relaxed);
-        for (slot, w) in e.rule.iter().zip(w) {
+        for (slot, w) in e.rule.iter().zip(rule.pack()) {
             slot.store(w, Ordering::Relaxed);
         }
-        e.seq.store(s + 2, Ordering::Release);
+        e.head
+            .store(((seq + 2) & 0xffff) << KEY_BITS | key, Ordering::Release);
     }
 }
 

@@ -81,6 +81,9 @@ pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode, trusted: b
         return Outcome::default();
     }
     dwarf::with_state(|state| {
+        if let Some(out) = state.and_then(|s| walk_all_cached(s, start, buf, mode, trusted)) {
+            return out;
+        }
         // A slot from the pool: scratch space and a private stack to walk on. Without one
         // (before init, or all busy) the walk runs on the caller's stack with the rule cache
         // and frame pointers only.
@@ -106,6 +109,53 @@ pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode, trusted: b
             job.run();
         }
         job.out
+    })
+}
+
+/// The common case without a slot, a stack switch or any setup: a capture in DWARF mode whose
+/// every frame the hot loop handles (rules cached, objects never unloaded, reads on the own
+/// stack). Returns `None` as soon as a frame needs more; the caller then walks in full.
+#[inline]
+fn walk_all_cached(
+    state: &DwarfState,
+    start: Start,
+    buf: &mut [usize],
+    mode: UnwindMode,
+    trusted: bool,
+) -> Option<Outcome> {
+    let Start::Return(mut regs) = start else {
+        return None;
+    };
+    if mode != UnwindMode::Dwarf || !trusted {
+        return None;
+    }
+    let (_, high) = sys::own_stack_above(regs.sp())?;
+    buf[0] = regs.pc();
+    let mut frames = 1;
+    let mut dropped = false;
+    let end = fast_frames(
+        state,
+        &mut LoadedCheck::default(),
+        &mut (0..0),
+        regs.sp()..high,
+        &mut regs,
+        buf,
+        &mut frames,
+        buf.len().min(MAX_FRAMES),
+        false,
+        &mut dropped,
+    );
+    let end = match end {
+        Fast::Slow => return None,
+        Fast::Full => WalkEnd::BufferFull,
+        Fast::End => WalkEnd::Complete,
+    };
+    Some(Outcome {
+        frames,
+        end,
+        signal_frames: 0,
+        unknown_object: false,
+        initialized: true,
     })
 }
 
@@ -359,9 +409,13 @@ fn fast_frames(
     let mut v = regs.v;
     let mut valid = regs.valid;
     let mut frames = *n;
+    // pc, sp and rbp live in locals: the next frame's CFA base is one of them nearly always, and
+    // a register beats a store-and-reload through `v` on the walk's critical path.
+    const BP: usize = dw::RBP as usize;
+    let (mut pc, mut sp, mut bp) = (v[PC], v[SP], v[BP]);
     // The first pc's object; every later pc is checked before it is taken.
-    if v[PC].wrapping_sub(start) >= code {
-        match state.find_near(v[PC], loaded.last) {
+    if pc.wrapping_sub(start) >= code {
+        match state.find_near(pc, loaded.last) {
             Some(i) if state.objects[i].permanent || loaded.verified(i) => {
                 loaded.last = i;
                 let r = &state.objects[i].range;
@@ -373,7 +427,6 @@ fn fast_frames(
         }
     }
     let end = loop {
-        let pc = v[PC];
         let Some(w) = cache.get_raw(rules::key(pc, false)) else {
             break Fast::Slow;
         };
@@ -387,9 +440,14 @@ fn fast_frames(
         if valid & (1 << reg) == 0 {
             break Fast::Slow;
         }
-        let cfa = v[reg].wrapping_add(rules::packed_cfa_off(w[0]) as isize as usize);
+        let base = match reg {
+            SP => sp,
+            BP => bp,
+            _ => v[reg],
+        };
+        let cfa = base.wrapping_add(rules::packed_cfa_off(w[0]) as isize as usize);
         let ra_at = cfa.wrapping_add(rules::packed_ra_off(w[0]) as isize as usize);
-        if cfa <= v[SP] || !ok(ra_at) {
+        if cfa <= sp || !ok(ra_at) {
             break Fast::Slow;
         }
         let slots = (w[0] >> 8) & 0x3f;
@@ -397,6 +455,7 @@ fn fast_frames(
             let off = (w[1 + i / 4] >> (16 * (i % 4))) as u16 as i16;
             cfa.wrapping_add(off as isize as usize)
         };
+        let ra;
         if precise {
             // Check every save slot before changing any register.
             let mut all = true;
@@ -408,28 +467,29 @@ fn fast_frames(
             if !all {
                 break Fast::Slow;
             }
-            let ra = load(ra_at);
+            ra = load(ra_at);
             if ra == 0 || !trusted_code(state, loaded, &mut start, &mut code, current, ra) {
                 break Fast::Slow;
             }
+            v[BP] = bp;
             for (i, &r) in SAVED.iter().enumerate() {
                 if slots & (1 << i) != 0 {
                     v[r as usize] = load(at(i));
                     valid |= 1 << r;
                 }
             }
-            v[PC] = ra;
+            bp = v[BP];
         } else {
             let rbp_at = at(1);
             if slots & RBP_LANE != 0 && !ok(rbp_at) {
                 break Fast::Slow;
             }
-            let ra = load(ra_at);
+            ra = load(ra_at);
             if ra == 0 || !trusted_code(state, loaded, &mut start, &mut code, current, ra) {
                 break Fast::Slow;
             }
             if slots & RBP_LANE != 0 {
-                v[dw::RBP as usize] = load(rbp_at);
+                bp = load(rbp_at);
                 valid |= 1 << dw::RBP;
             }
             // The registers of the other lanes (rbx: lane 0; r12-r15: lanes 2-5) become
@@ -439,17 +499,19 @@ fn fast_frames(
                 *dropped = true;
                 valid &= !(others as u32);
             }
-            v[PC] = ra;
         }
         // Registers without a rule keep their values (see `cfi::eval_row`).
-        valid |= 1 << PC;
-        v[SP] = cfa;
+        pc = ra;
+        sp = cfa;
         if frames == buf.len() {
             break Fast::Full;
         }
-        buf[frames] = v[PC];
+        buf[frames] = ra;
         frames += 1;
     };
+    v[PC] = pc;
+    v[SP] = sp;
+    v[BP] = bp;
     regs.v = v;
     regs.valid = valid;
     *n = frames;
