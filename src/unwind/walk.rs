@@ -81,8 +81,13 @@ pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode, trusted: b
         return Outcome::default();
     }
     dwarf::with_state(|state| {
-        if let Some(out) = state.and_then(|s| walk_all_cached(s, start, buf, mode, trusted)) {
-            return out;
+        let mut resume = None;
+        if let Some(s) = state {
+            match walk_all_cached(s, start, buf, mode, trusted) {
+                Cached::Done(out) => return out,
+                Cached::Partial(r) => resume = Some(r),
+                Cached::No => {}
+            }
         }
         // A slot from the pool: scratch space and a private stack to walk on. Without one
         // (before init, or all busy) the walk runs on the caller's stack with the rule cache
@@ -91,6 +96,7 @@ pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode, trusted: b
         let top = slot.as_ref().map_or(0, SlotGuard::stack_top);
         let mut job = Job {
             start,
+            resume,
             buf,
             state,
             scratch: slot.as_mut().map(SlotGuard::scratch),
@@ -112,9 +118,9 @@ pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode, trusted: b
     })
 }
 
-/// The common case without a slot, a stack switch or any setup: a capture in DWARF mode whose
-/// every frame the hot loop handles (rules cached, objects never unloaded, reads on the own
-/// stack). Returns `None` as soon as a frame needs more; the caller then walks in full.
+/// The common case without a slot, a stack switch or any setup: a capture whose frames the hot
+/// loops handle (rules cached, objects never unloaded, reads on the own stack). Stops at the
+/// first frame that needs more; the full walker goes on from there.
 #[inline]
 fn walk_all_cached(
     state: &DwarfState,
@@ -122,35 +128,49 @@ fn walk_all_cached(
     buf: &mut [usize],
     mode: UnwindMode,
     trusted: bool,
-) -> Option<Outcome> {
+) -> Cached {
     let Start::Return(mut regs) = start else {
-        return None;
+        return Cached::No;
     };
-    if mode != UnwindMode::Dwarf || !trusted {
-        return None;
+    if !trusted {
+        return Cached::No;
     }
-    let (_, high) = sys::own_stack_above(regs.sp())?;
+    let Some((_, high)) = sys::own_stack_above(regs.sp()) else {
+        return Cached::No;
+    };
+    let mut dropped = false;
     buf[0] = regs.pc();
     let mut frames = 1;
-    let mut dropped = false;
-    let end = fast_frames(
-        state,
-        &mut LoadedCheck::default(),
-        &mut (0..0),
-        regs.sp()..high,
-        &mut regs,
-        buf,
-        &mut frames,
-        buf.len().min(MAX_FRAMES),
-        false,
-        &mut dropped,
-    );
+    let limit = buf.len().min(MAX_FRAMES);
+    let end = match mode {
+        UnwindMode::Dwarf => fast_frames(
+            state,
+            &mut LoadedCheck::default(),
+            &mut (0..0),
+            regs.sp()..high,
+            &mut regs,
+            buf,
+            &mut frames,
+            limit,
+            false,
+            &mut dropped,
+        ),
+        UnwindMode::FramePointer => fast_fp_frames(
+            state,
+            &mut LoadedCheck::default(),
+            regs.sp()..high,
+            &mut regs,
+            buf,
+            &mut frames,
+            limit,
+        ),
+    };
     let end = match end {
-        Fast::Slow => return None,
+        Fast::Slow => return Cached::Partial((regs, frames, dropped)),
         Fast::Full => WalkEnd::BufferFull,
         Fast::End => WalkEnd::Complete,
     };
-    Some(Outcome {
+    Cached::Done(Outcome {
         frames,
         end,
         signal_frames: 0,
@@ -159,9 +179,22 @@ fn walk_all_cached(
     })
 }
 
+/// What [`walk_all_cached`] got done.
+enum Cached {
+    /// The whole walk.
+    Done(Outcome),
+    /// Frames up to one that needs the full walker, which goes on from there.
+    Partial((RegSet, usize, bool)),
+    /// Nothing (not a capture from the own stack).
+    No,
+}
+
 /// Everything one walk needs, passed through [`sys::call_on_stack`].
 struct Job<'a, 'b> {
     start: Start,
+    /// Where the slot-free attempt stopped: its registers, frames written, and whether it
+    /// dropped registers.
+    resume: Option<(RegSet, usize, bool)>,
     buf: &'a mut [usize],
     state: Option<&'b DwarfState>,
     scratch: Option<&'a mut Scratch>,
@@ -232,9 +265,18 @@ impl Job<'_, '_> {
         let buf = &mut *self.buf;
         let out = &mut self.out;
         let limit = buf.len().min(MAX_FRAMES);
-        buf[0] = regs.pc();
-        out.frames = 1;
         let mut dropped = false;
+        match self.resume.take().filter(|_| !precise) {
+            Some((r, frames, d)) => {
+                regs = r;
+                out.frames = frames;
+                dropped = d;
+            }
+            None => {
+                buf[0] = regs.pc();
+                out.frames = 1;
+            }
+        }
         loop {
             if let (Some(state), UnwindMode::FramePointer) = (w.state, w.mode) {
                 let stack = w.mem.stack();
@@ -551,11 +593,12 @@ fn fast_fp_frames(
         None => (0, 0),
     };
     let buf = &mut buf[..limit];
+    let (restorer_lo, restorer_hi) = state.restorer_span;
     let (mut sp, mut fp, mut pc) = (regs.v[SP], regs.v[FP], regs.v[PC]);
     let mut frames = *n;
     let end = loop {
         // A return address into a signal trampoline needs the general step.
-        if state.restorer_span.0 <= pc && pc <= state.restorer_span.1 {
+        if restorer_lo <= pc && pc <= restorer_hi {
             break Fast::Slow;
         }
         if fp == 0 {
