@@ -169,6 +169,10 @@ fn walk_all_cached(
         Fast::Slow => return Cached::Partial((regs, frames, dropped)),
         Fast::Full => WalkEnd::BufferFull,
         Fast::End => WalkEnd::Complete,
+        Fast::Stop(reason) => WalkEnd::Truncated(super::Truncation {
+            pc: buf[frames - 1],
+            reason,
+        }),
     };
     Cached::Done(Outcome {
         frames,
@@ -298,6 +302,11 @@ impl Job<'_, '_> {
                         out.end = WalkEnd::Complete;
                         break;
                     }
+                    Fast::Stop(reason) => {
+                        let pc = buf[out.frames - 1];
+                        out.end = WalkEnd::Truncated(super::Truncation { pc, reason });
+                        break;
+                    }
                 }
             }
             if let Some(state) = w.fast {
@@ -322,6 +331,11 @@ impl Job<'_, '_> {
                         }
                         Fast::End => {
                             out.end = WalkEnd::Complete;
+                            break;
+                        }
+                        Fast::Stop(reason) => {
+                            let pc = buf[out.frames - 1];
+                            out.end = WalkEnd::Truncated(super::Truncation { pc, reason });
                             break;
                         }
                     }
@@ -402,6 +416,8 @@ enum Fast {
     Full,
     /// The outermost frame.
     End,
+    /// The walk cannot go on from the last frame written.
+    Stop(StopReason),
 }
 
 /// The hot loop: steps frames whose pc (a return address) lies in `current` (an object this
@@ -448,7 +464,7 @@ fn fast_frames(
     let mut start = current.start;
     let mut code = current.end.wrapping_sub(current.start);
     let buf = &mut buf[..limit];
-    let mut v = regs.v;
+    let v = &mut regs.v;
     let mut valid = regs.valid;
     let mut frames = *n;
     // pc, sp and rbp live in locals: the next frame's CFA base is one of them nearly always, and
@@ -479,11 +495,9 @@ fn fast_frames(
             break Fast::Slow;
         }
         let reg = ((w[0] >> 4) & 0xf) as usize;
-        if valid & (1 << reg) == 0 {
-            break Fast::Slow;
-        }
         let base = match reg {
             SP => sp,
+            _ if valid & (1 << reg) == 0 => break Fast::Slow,
             BP => bp,
             _ => v[reg],
         };
@@ -554,7 +568,6 @@ fn fast_frames(
     v[PC] = pc;
     v[SP] = sp;
     v[BP] = bp;
-    regs.v = v;
     regs.valid = valid;
     *n = frames;
     end
@@ -588,23 +601,29 @@ fn fast_fp_frames(
     if regs.valid & (1 << FP) == 0 {
         return Fast::Slow;
     }
-    let (mut text_start, mut text_len) = match state.objects.get(loaded.last) {
-        Some(o) => (o.text.start, o.text.end - o.text.start),
-        None => (0, 0),
-    };
-    let buf = &mut buf[..limit];
     let (restorer_lo, restorer_hi) = state.restorer_span;
     let (mut sp, mut fp, mut pc) = (regs.v[SP], regs.v[FP], regs.v[PC]);
+    // A return address into a signal trampoline needs the general step.
+    if restorer_lo <= pc && pc <= restorer_hi {
+        return Fast::Slow;
+    }
+    // The code range return addresses are checked against in one comparison: the previous
+    // frame's object, cut below a signal trampoline in it (so no frame in it needs a check).
+    let (mut text_start, mut text_len) = state
+        .objects
+        .get(loaded.last)
+        .map_or((0, 0), |o| fp_text(o, restorer_lo));
+    let buf = &mut buf[..limit];
     let mut frames = *n;
     let end = loop {
-        // A return address into a signal trampoline needs the general step.
-        if restorer_lo <= pc && pc <= restorer_hi {
-            break Fast::Slow;
-        }
         if fp == 0 {
             break Fast::End;
         }
-        if fp.wrapping_sub(stack.start) > span || !fp.is_multiple_of(W) || fp < sp {
+        if !fp.is_multiple_of(W) || fp < sp {
+            break Fast::Stop(StopReason::NoFramePointer);
+        }
+        if fp.wrapping_sub(stack.start) > span {
+            // Another stack (an alternate signal stack, say): the general step reads it.
             break Fast::Slow;
         }
         // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack, between the
@@ -618,18 +637,13 @@ fn fast_fp_frames(
         if ra == 0 {
             break Fast::End;
         }
+        let mut then_slow = false;
         if (ra - 1).wrapping_sub(text_start) >= text_len {
-            match state.find_near(ra, loaded.last) {
-                Some(i) if state.objects[i].permanent || loaded.verified(i) => {
-                    let o = &state.objects[i];
-                    if !o.is_code(ra - 1, 1) {
-                        break Fast::Slow;
-                    }
-                    loaded.last = i;
-                    text_start = o.text.start;
-                    text_len = o.text.end - o.text.start;
-                }
-                _ => break Fast::Slow,
+            match fp_other_object(state, loaded, ra) {
+                Other::Code(start, len) => (text_start, text_len) = (start, len),
+                Other::Trampoline => then_slow = true,
+                Other::Stop => break Fast::Stop(StopReason::NoFramePointer),
+                Other::Slow => break Fast::Slow,
             }
         }
         sp = fp + 2 * W;
@@ -640,6 +654,9 @@ fn fast_fp_frames(
         }
         buf[frames] = ra;
         frames += 1;
+        if then_slow {
+            break Fast::Slow;
+        }
     };
     if frames != *n {
         regs.keep_only(1 << SP | 1 << FP | 1 << PC);
@@ -649,6 +666,60 @@ fn fast_fp_frames(
     }
     *n = frames;
     end
+}
+
+/// The code range of `o` that frame-pointer mode checks return addresses against in one
+/// comparison: its first executable segment, cut below a signal trampoline in it.
+fn fp_text(o: &super::dwarf::ObjectCheck, restorer_lo: usize) -> (usize, usize) {
+    let mut end = o.text.end;
+    if o.text.start <= restorer_lo && restorer_lo < end {
+        end = restorer_lo;
+    }
+    (o.text.start, end - o.text.start)
+}
+
+/// What [`fp_other_object`] found at a return address outside the current code range.
+enum Other {
+    /// Code of a trusted object: its range.
+    Code(usize, usize),
+    /// A signal trampoline.
+    Trampoline,
+    /// No code there: the chain is broken.
+    Stop,
+    /// Needs the general step (an object not yet checked in this walk).
+    Slow,
+}
+
+/// The cold part of [`fast_fp_frames`]: a return address outside the current code range.
+#[cold]
+#[inline(never)]
+fn fp_other_object(state: &DwarfState, loaded: &mut LoadedCheck, ra: usize) -> Other {
+    let (lo, hi) = state.restorer_span;
+    if lo <= ra && ra <= hi {
+        return Other::Trampoline;
+    }
+    match state.find_near(ra - 1, loaded.last) {
+        Some(i) if state.objects[i].permanent || loaded.verified(i) => {
+            let o = &state.objects[i];
+            if !o.is_code(ra - 1, 1) {
+                return Other::Stop;
+            }
+            loaded.last = i;
+            let (start, len) = fp_text(o, lo);
+            if (ra - 1).wrapping_sub(start) < len {
+                Other::Code(start, len)
+            } else {
+                // Another executable segment, or above the trampoline: fine, checked again
+                // next time.
+                Other::Code(0, 0)
+            }
+        }
+        Some(_) => Other::Slow,
+        None => match sys::dl_find_object(ra) {
+            Ok(None) => Other::Stop,
+            _ => Other::Slow,
+        },
+    }
 }
 
 /// The per-walk state of the stepping.
