@@ -54,10 +54,12 @@ pub mod modules;
 mod published;
 pub mod symbolize;
 mod sys;
+pub mod threads;
 pub mod trace;
 pub mod tracefs;
 pub mod unwind;
 pub mod usdt;
+pub mod watchdog;
 
 pub use crash::dump_stack;
 pub use error::Error;

@@ -3,6 +3,9 @@
 // Some wrappers serve only some features (crash reports, markers).
 #![allow(dead_code)]
 
+mod task;
+pub(crate) use task::*;
+
 /// The calling thread's `errno`.
 pub(crate) fn errno() -> i32 {
     // SAFETY: __errno_location always returns a valid pointer to this thread's errno.

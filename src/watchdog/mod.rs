@@ -1,0 +1,1 @@
+//! Stall watchdog (WIP).
