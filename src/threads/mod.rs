@@ -315,9 +315,5 @@ pub(crate) fn write_thread(
         }
         Err(_) => dump::thread_body(out, request::Answer::Timeout, &[], true, &mut objects),
     }
-}
-
-/// `ns` as `1.234s`, into a line. Async-signal-safe.
-pub(crate) fn push_seconds(w: &mut crate::symbolize::FixedBuf<'_>, ns: u64) {
-    dump::push_seconds(w, ns)
+    objects.write(out);
 }
