@@ -99,6 +99,10 @@ pub(crate) enum Answer {
 /// when `tgkill` says the thread does not exist; `Ok(None)` when every slot is busy.
 pub(crate) fn post(tid: i32) -> Result<Option<Ticket>, Answer> {
     let sig = SIGNAL.load(Ordering::Acquire);
+    if sig == 0 {
+        // No handler (it could not be installed): nobody would answer.
+        return Err(Answer::Timeout);
+    }
     for (i, slot) in TABLE.iter().enumerate() {
         let w = slot.word.load(Ordering::Relaxed);
         if state(w) != FREE {

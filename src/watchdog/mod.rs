@@ -23,7 +23,7 @@
 //!   lockup, `BUG: soft lockup - CPU#1 stuck for 22s!`) or **blocked** (it did not: the
 //!   kernel's hung task, `INFO: task name:pid blocked for more than 120 seconds.`);
 //! * how long it has not petted;
-//! * a trace marker instant ([`crate::trace::instant`]) so that the stall shows on the
+//! * a trace marker instant ([`crate::trace::instant()`]) so that the stall shows on the
 //!   Perfetto timeline.
 //!
 //! When it pets again: `watchdog: thread worker:4243 recovered after 2.300s` (and another
