@@ -93,7 +93,8 @@ pub fn install() -> Result<(), Error> {
 /// ideally a real-time one: those queue instead of merging). Later requests use `sig`.
 ///
 /// Errors: [`Error::InvalidInput`] for a signal that cannot be caught or that the dump signal
-/// uses, [`Error::AlreadyExists`] when the program installed another handler for `sig`.
+/// uses, [`Error::AlreadyExists`] when the program installed another handler for `sig`,
+/// [`Error::Timeout`] when another installation did not finish within a second.
 pub fn install_with_signal(sig: i32) -> Result<(), Error> {
     if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
         return Err(Error::InvalidInput("signal cannot be handled"));
@@ -104,7 +105,10 @@ pub fn install_with_signal(sig: i32) -> Result<(), Error> {
         ));
     }
     let ours = request::on_capture_signal as *const () as usize;
-    // One installer at a time; others wait for it (it takes two system calls).
+    // One installer at a time; others wait for it (it takes two system calls), but not
+    // forever: a signal handler that interrupted the installing thread itself would wait for
+    // itself.
+    let mut waited_ms = 0;
     loop {
         match INSTALL.compare_exchange(0, 1, Ordering::Acquire, Ordering::Acquire) {
             Ok(_) => break,
@@ -117,7 +121,11 @@ pub fn install_with_signal(sig: i32) -> Result<(), Error> {
                     break;
                 }
             }
-            Err(_) => core::hint::spin_loop(),
+            Err(_) if waited_ms < 1000 => {
+                sys::sleep_ns(1_000_000);
+                waited_ms += 1;
+            }
+            Err(_) => return Err(Error::Timeout),
         }
     }
     let result = (|| {

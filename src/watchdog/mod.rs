@@ -18,10 +18,11 @@
 //! ```
 //!
 //! * its stack, captured through [`crate::threads`]'s signal;
-//! * whether it was **busy** (its CPU time grew by at least a tenth of the time the monitor
-//!   watched it stalled, so that a spinning thread on a loaded machine still counts: the kernel's soft
-//!   lockup, `BUG: soft lockup - CPU#1 stuck for 22s!`) or **blocked** (it did not: the
-//!   kernel's hung task, `INFO: task name:pid blocked for more than 120 seconds.`);
+//! * whether it was **busy** (its CPU time grew during the stall, by at least a tenth of the
+//!   time the monitor watched it, or it is runnable: the kernel's soft lockup,
+//!   `BUG: soft lockup - CPU#1 stuck for 22s!`) or **blocked** (neither: the kernel's hung
+//!   task, `INFO: task name:pid blocked for more than 120 seconds.`). The tenth and the state
+//!   keep a spinning thread "busy" on a loaded machine, where it gets much less than a core;
 //! * how long it has not petted;
 //! * a trace marker instant ([`crate::trace::instant()`]) so that the stall shows on the
 //!   Perfetto timeline.
@@ -91,7 +92,8 @@ pub struct Stall {
     pub cpu: Duration,
     /// The window over which [`Stall::cpu`] was measured.
     pub observed: Duration,
-    /// Whether the thread was busy (CPU time grew by at least a tenth of the window: a soft lockup)
+    /// Whether the thread was busy (runnable when the stall was found, or CPU time grew by at
+    /// least a tenth of the window: a soft lockup)
     /// rather than blocked (a hung task).
     pub busy: bool,
     /// The thread's stack (frame 0 exact), or why there is none.
@@ -318,9 +320,11 @@ fn check(slot: &Slot, now: u64) {
     // The window over which CPU time was measured: from the tick that first saw this pet (the
     // registration, for a thread that never petted).
     let observed_ms = now.saturating_sub(st.seen_at).max(1);
-    // A blocked thread uses next to no CPU; a spinning one gets less than all of a core on a
-    // loaded machine, so a tenth of the window already counts as busy.
-    let busy = cpu.saturating_mul(10) >= observed_ms * 1_000_000;
+    // A blocked thread uses next to no CPU and sleeps (S, D); a spinning one is runnable (R)
+    // but may get much less than a core on a loaded machine: so a tenth of the window, or the
+    // runnable state, counts as busy.
+    let running = threads::info(slot.tid).is_some_and(|i| i.state == b'R');
+    let busy = running || cpu.saturating_mul(10) >= observed_ms * 1_000_000;
     drop(st);
     let mut frames = vec![0usize; 256];
     let stack = threads::capture_thread(slot.tid, &mut frames, Duration::from_secs(1)).map(|n| {
