@@ -3,9 +3,6 @@
 // Some wrappers serve only some features (crash reports, markers).
 #![allow(dead_code)]
 
-mod task;
-pub(crate) use task::*;
-
 /// The calling thread's `errno`.
 pub(crate) fn errno() -> i32 {
     // SAFETY: __errno_location always returns a valid pointer to this thread's errno.
@@ -578,3 +575,7 @@ pub(crate) fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
         Some(unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
     }
 }
+
+// Threads: tgkill, /proc/self/task, futex, clocks, signal actions.
+mod task;
+pub(crate) use task::*;
