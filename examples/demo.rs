@@ -12,6 +12,8 @@
 //!    through tracefs: the semaphore rises and every hit is read back with its values.
 //! 5. Trace markers: sections, async sections and counters, read back from a private ftrace
 //!    instance.
+//! 6. Other threads: an all-thread dump (a thread blocked on a `Mutex` held by another), and
+//!    the stall watchdog catching a thread that stops checking in, then its recovery.
 //!
 //! Parts 4 and 5 need root and tracefs; without them the demo says why and goes on.
 
@@ -143,6 +145,87 @@ fn main() {
 
     heading("5. trace markers (Android's Trace API over ftrace)");
     markers();
+
+    heading("6. other threads: an all-thread dump and the stall watchdog");
+    other_threads();
+}
+
+/// Holds `lock` until `release` is set.
+#[inline(never)]
+fn hold_the_lock(lock: &std::sync::Mutex<u32>, release: &std::sync::atomic::AtomicBool) {
+    let _g = lock.lock().unwrap();
+    while !release.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Blocks on `lock`.
+#[inline(never)]
+fn wait_for_the_lock(lock: &std::sync::Mutex<u32>) {
+    let g = lock.lock().unwrap();
+    black_box(*g);
+}
+
+/// A loop that forgets to check in for a while: the watchdog's soft lockup.
+#[inline(never)]
+fn rebuild_index(d: std::time::Duration) -> u64 {
+    let start = std::time::Instant::now();
+    let mut x = 0u64;
+    while start.elapsed() < d {
+        x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+    x
+}
+
+fn other_threads() {
+    use selftrace::{threads, watchdog};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    // Two threads: one holds a lock, the other waits for it. The dump shows both stacks.
+    let lock = Arc::new(Mutex::new(0u32));
+    let release = Arc::new(AtomicBool::new(false));
+    let (l1, r1) = (lock.clone(), release.clone());
+    let holder = std::thread::Builder::new()
+        .name("holder".into())
+        .spawn(move || hold_the_lock(&l1, &r1))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let l2 = lock.clone();
+    let waiter = std::thread::Builder::new()
+        .name("waiter".into())
+        .spawn(move || wait_for_the_lock(&l2))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let summary = threads::dump_all(1);
+    println!("({summary:?})");
+    release.store(true, Ordering::SeqCst);
+    holder.join().unwrap();
+    waiter.join().unwrap();
+
+    // A worker that checks in every few milliseconds, then gets stuck for 0.8 s.
+    println!("\nthe watchdog (timeout 300 ms, checks every 50 ms):");
+    let _ = std::io::stdout().flush();
+    watchdog::set_period(Duration::from_millis(50));
+    watchdog::set_fd(1);
+    let worker = std::thread::Builder::new()
+        .name("indexer".into())
+        .spawn(|| {
+            let w = watchdog::watch_with_timeout("indexer", Duration::from_millis(300));
+            for round in 0..60 {
+                w.pet();
+                if round == 20 {
+                    black_box(rebuild_index(Duration::from_millis(800)));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+        .unwrap();
+    worker.join().unwrap();
+    // One more tick, for the recovery line.
+    std::thread::sleep(Duration::from_millis(100));
 }
 
 /// A request handler with a probe: `demo:request` fires with the id, the status and the path.

@@ -32,6 +32,11 @@ pub enum Error {
     AlreadyExists(&'static str),
     /// The kernel lacks a feature this operation needs; says which.
     Unsupported(&'static str),
+    /// Another thread did not answer in time (it has the signal blocked, is stopped, or sleeps
+    /// uninterruptibly).
+    Timeout,
+    /// The thread does not exist (any more).
+    ThreadGone,
 }
 
 impl Error {
@@ -63,6 +68,8 @@ impl fmt::Display for Error {
             Error::NotFound(what) => write!(f, "not found: {what}"),
             Error::AlreadyExists(what) => write!(f, "already exists: {what}"),
             Error::Unsupported(what) => write!(f, "unsupported: {what}"),
+            Error::Timeout => f.write_str("the thread did not answer in time"),
+            Error::ThreadGone => f.write_str("the thread does not exist"),
         }
     }
 }

@@ -9,6 +9,8 @@
 //! * **Probes**: USDT probe points for bpftrace, perf, gdb and the kernel's `uprobe_events`
 //!   ([`usdt`]).
 //! * **Markers**: Android's `Trace` API over ftrace's `trace_marker` ([`trace`]).
+//! * **Other threads**: any thread's stack, all-thread dumps (on demand, on `SIGQUIT`, in crash
+//!   reports) ([`threads`]), and a stall watchdog ([`watchdog`]).
 //!
 //! ```
 //! selftrace::init().expect("init");
@@ -42,6 +44,15 @@
 //! | [`trace::instant()`], [`trace::instant_for_track`], [`trace::set_counter`] | `I`, `N`, `C` markers |
 //! | [`trace::is_enabled`], [`trace::stats`], [`trace::status`] | marker state, one atomic load each |
 //! | [`probe!`], [`probe_lazy!`], [`probe_enabled!`] | a USDT probe site: a `nop`, plus a load for the last two |
+//! | [`threads::capture_thread`] | another thread's stack by tid (signal + lock-free handshake, with a timeout) |
+//! | [`threads::dump_all`], [`threads::dump_all_with_timeout`] | every thread's name, tid, state, CPU time and stack to an fd |
+//! | [`threads::list`], [`threads::info`], [`threads::current_tid`] | thread ids from `/proc/self/task`; one thread's name, state and CPU time |
+//! | [`threads::install`] | installs the stack-request handler (`sigaction` only) |
+//! | [`watchdog::pet`], [`watchdog::Watch::pet`] | a watched thread checks in: one relaxed load and store |
+//!
+//! The signal handlers selftrace installs are held to the same rules: the stack-request
+//! handler of [`threads`], the dump handler of [`threads::install_dump_signal`], and the crash
+//! handler of [`crash::install`], also with [`crash::Builder::all_threads`].
 //!
 //! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context:
 //! a capture that meets an object loaded after the last snapshot refreshes it only when it can
@@ -57,10 +68,12 @@ pub mod modules;
 mod published;
 pub mod symbolize;
 mod sys;
+pub mod threads;
 pub mod trace;
 pub mod tracefs;
 pub mod unwind;
 pub mod usdt;
+pub mod watchdog;
 
 pub use crash::dump_stack;
 pub use error::Error;

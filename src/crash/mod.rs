@@ -66,6 +66,7 @@ pub struct Builder {
     alt_stack_size: usize,
     panic_hook: bool,
     symbolizer: bool,
+    all_threads: bool,
 }
 
 /// Options with their defaults: [`DEFAULT_SIGNALS`], stderr, a 64 KiB alternate stack, no
@@ -78,6 +79,7 @@ pub fn builder() -> Builder {
         alt_stack_size: 64 * 1024,
         panic_hook: false,
         symbolizer: true,
+        all_threads: false,
     }
 }
 
@@ -128,6 +130,15 @@ impl Builder {
         self
     }
 
+    /// After the crashing thread, list every other thread with its stack, like an Android
+    /// tombstone (default: off). Each thread gets [`crate::threads::timeout`] to answer; one
+    /// that does not is listed with its state and `no stack (timeout)`. Installs the
+    /// stack-request handler of [`crate::threads`].
+    pub fn all_threads(mut self, enabled: bool) -> Builder {
+        self.all_threads = enabled;
+        self
+    }
+
     /// Installs the handler. Calls `selftrace::init()` first (symbol tables and unwinder must
     /// exist before any crash). Not async-signal-safe; call it early in `main`.
     pub fn install(self) -> Result<(), Error> {
@@ -159,6 +170,10 @@ impl Builder {
             })?;
             REPORT_STACK.store(top, Ordering::Relaxed);
         }
+        if self.all_threads {
+            crate::threads::install()?;
+        }
+        ALL_THREADS.store(self.all_threads, Ordering::Relaxed);
         install_thread()?;
         for &sig in &self.signals {
             install_signal(sig)?;
@@ -232,6 +247,13 @@ pub fn dump_stack_to(fd: RawFd) {
 // ---- state ----------------------------------------------------------------------------------
 
 static OUT_FD: AtomicI32 = AtomicI32::new(2);
+/// Crash reports list every other thread too.
+static ALL_THREADS: AtomicBool = AtomicBool::new(false);
+
+/// Whether crash reports list every thread ([`Builder::all_threads`]).
+pub fn all_threads_enabled() -> bool {
+    ALL_THREADS.load(Ordering::Relaxed)
+}
 static ALT_STACK_SIZE: AtomicUsize = AtomicUsize::new(64 * 1024);
 /// High end of the private stack the report runs on.
 static REPORT_STACK: AtomicUsize = AtomicUsize::new(0);
@@ -254,53 +276,9 @@ static PREV: Shared<[Option<libc::sigaction>; 65]> = Shared(UnsafeCell::new([Non
 /// reports stack overflows itself).
 static SKIP_CHAIN: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 
-/// The thread writing a report (0 = nobody).
-static OWNER: AtomicI32 = AtomicI32::new(0);
-
-/// The report lock: one report at a time, across threads. A thread that already holds it
-/// (a crash while reporting, or `dump_stack` inside a report) goes on without waiting.
-struct ReportLock {
-    release: bool,
-}
-
-impl ReportLock {
-    fn acquire() -> ReportLock {
-        let tid = sys::gettid();
-        let mut waited_ms = 0u32;
-        loop {
-            match OWNER.compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return ReportLock { release: true },
-                Err(t) if t == tid => return ReportLock { release: false },
-                Err(_) => {
-                    // Another thread reports; wait (a report takes milliseconds), but not
-                    // forever: after 10 s assume it died and go on.
-                    if waited_ms >= 10_000 {
-                        return ReportLock { release: false };
-                    }
-                    sleep_ms(5);
-                    waited_ms += 5;
-                }
-            }
-        }
-    }
-}
-
-impl Drop for ReportLock {
-    fn drop(&mut self) {
-        if self.release {
-            OWNER.store(0, Ordering::Release);
-        }
-    }
-}
-
-fn sleep_ms(ms: u32) {
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: ms as libc::c_long * 1_000_000,
-    };
-    // SAFETY: nanosleep is async-signal-safe; ts is valid.
-    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
-}
+/// The report lock: one report at a time, across threads, shared with all-thread dumps (see
+/// `threads::lock`).
+use crate::threads::lock::OutputLock as ReportLock;
 
 fn install_signal(sig: i32) -> Result<(), Error> {
     // SAFETY: all-zero is a valid sigaction.
@@ -343,7 +321,7 @@ struct Crash {
 extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     let errno = sys::errno();
     let tid = sys::gettid();
-    if OWNER.load(Ordering::Acquire) == tid && IN_CRASH.load(Ordering::Relaxed) == tid {
+    if crate::threads::lock::owner() == tid && IN_CRASH.load(Ordering::Relaxed) == tid {
         // A crash inside our own report: give up at once, die by the default action.
         die(sig);
         return;
@@ -472,6 +450,9 @@ fn write_report(c: &Crash) {
     };
     report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), walk.end, lines);
     report::objects(out, &frames[..n]);
+    if ALL_THREADS.load(Ordering::Relaxed) {
+        crate::threads::write_other_threads(out.fd, sys::gettid());
+    }
     out.line(|w| w.push_bytes(b"---[ end of report ]---"));
 }
 

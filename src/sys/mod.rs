@@ -579,3 +579,7 @@ pub(crate) fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
         Some(unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes())
     }
 }
+
+// Threads: tgkill, /proc/self/task, futex, clocks, signal actions.
+mod task;
+pub(crate) use task::*;

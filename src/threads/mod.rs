@@ -1,0 +1,327 @@
+//! Other threads' stacks: one thread's stack by tid, all-thread dumps, and a dump on a signal
+//! (the JVM's `kill -3`, Android's ANR traces, Go's SIGQUIT).
+//!
+//! # How another thread's stack is captured
+//! [`capture_thread`] posts a request in a lock-free table and sends the thread a signal with
+//! `tgkill` (a real-time signal by default, [`default_signal`]; configurable with
+//! [`install_with_signal`]). The thread's handler runs [`crate::capture_from_ucontext`] on the
+//! interrupted context into the request's slot, marks it done and wakes the requester with a
+//! futex. So frame 0 is the thread's exact pc: for a thread blocked in a system call, the libc
+//! wrapper of that call (`syscall`, `read`, `clock_nanosleep`, ...).
+//!
+//! * A thread that has the signal blocked, is stopped (`T`), or sleeps uninterruptibly (`D`)
+//!   cannot run the handler: the request ends with [`Error::Timeout`] at its deadline, never a
+//!   hang, and a late signal finds nothing to do.
+//! * A thread that exits before it answers gives [`Error::ThreadGone`] (checked with
+//!   `tgkill(tid, 0)` every 10 ms while waiting).
+//! * Requests from several threads at once, and a request for the calling thread itself, work:
+//!   each request has its own slot (64 in flight at most; a requester that finds none waits
+//!   for one until its deadline).
+//! * The handler never allocates, locks or blocks: atomics, one `capture_from_ucontext` into a
+//!   static buffer, one `futex` wake. It keeps `errno`.
+//!
+//! # `EINTR` in the interrupted thread
+//! The handler is installed with `SA_RESTART`, so the kernel restarts most interrupted system
+//! calls and the program does not see the signal: `read`/`write` on pipes, sockets and
+//! terminals, `wait`, `open` of a FIFO, `flock`/`fcntl(F_SETLKW)`, and `futex` waits (so
+//! `std::sync::Mutex`, `Condvar`, `thread::park`, `JoinHandle::join`). Per signal(7), these
+//! return `EINTR` whatever the flags: `nanosleep`/`clock_nanosleep`/`usleep` (std's
+//! `thread::sleep` resumes the rest itself), `poll`/`ppoll`/`select`/`pselect`,
+//! `epoll_wait`/`epoll_pwait`, `sigtimedwait`/`sigwaitinfo`/`sigsuspend`/`pause`,
+//! `io_getevents`, `semop`/`semtimedop`, `msgrcv`/`msgsnd`, `inotify` reads before Linux 3.8,
+//! and socket calls with a `SO_RCVTIMEO`/`SO_SNDTIMEO` timeout. Code that calls those directly
+//! must retry on `EINTR` (most event loops do) — as it must for any other signal.
+//!
+//! # All threads
+//! [`dump_all`] lists the threads from `/proc/self/task` (read with `getdents64`), and writes
+//! each one's name, tid, state and CPU time (from `stat` and the thread's CPU clock) and its
+//! symbolized stack in [`crate::dump_stack`]'s frame format. It is async-signal-safe: use it
+//! from normal code, from [`install_dump_signal`]'s handler (dump and continue), or from the
+//! crash handler ([`crate::crash::Builder::all_threads`]). Dumps, crash reports and
+//! `dump_stack` share one lock, so each report is one uninterleaved block.
+//!
+//! ```
+//! selftrace::init().expect("init");
+//! let worker = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(200)));
+//! let summary = selftrace::threads::dump_all(2);
+//! assert!(summary.stacks >= 2);
+//! worker.join().unwrap();
+//! ```
+
+mod dump;
+pub(crate) mod lock;
+mod proc;
+mod request;
+
+pub use dump::DumpSummary;
+pub use proc::{info, ThreadInfo};
+
+use crate::sys;
+use crate::Error;
+use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use core::time::Duration;
+
+/// The default time a thread has to answer: 1 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+static TIMEOUT_NS: AtomicU64 = AtomicU64::new(1_000_000_000);
+/// 0 = not installed, 1 = being installed, 2 = installed.
+static INSTALL: AtomicI32 = AtomicI32::new(0);
+static DUMP_FD: AtomicI32 = AtomicI32::new(2);
+static DUMP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// The signal used to ask a thread for its stack unless configured otherwise: `SIGRTMIN + 4`
+/// (glibc keeps the first real-time signals for itself; +4 stays clear of most runtimes).
+pub fn default_signal() -> i32 {
+    libc::SIGRTMIN() + 4
+}
+
+/// Installs the stack-request handler for [`default_signal`] (`SA_SIGINFO | SA_RESTART`).
+/// Idempotent. Called by [`capture_thread`] and [`dump_all`] when needed, so calling it is
+/// optional; calling it early makes a conflict show up at start-up.
+///
+/// Errors: [`Error::AlreadyExists`] when another handler is installed for the signal.
+/// Async-signal-safe (`sigaction` only).
+pub fn install() -> Result<(), Error> {
+    if INSTALL.load(Ordering::Acquire) == 2 {
+        return Ok(());
+    }
+    install_with_signal(default_signal())
+}
+
+/// Installs the stack-request handler for `sig` (a signal the program does not use otherwise,
+/// ideally a real-time one: those queue instead of merging). Later requests use `sig`.
+///
+/// Errors: [`Error::InvalidInput`] for a signal that cannot be caught or that the dump signal
+/// uses, [`Error::AlreadyExists`] when the program installed another handler for `sig`,
+/// [`Error::Timeout`] when another installation did not finish within a second.
+pub fn install_with_signal(sig: i32) -> Result<(), Error> {
+    if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
+        return Err(Error::InvalidInput("signal cannot be handled"));
+    }
+    if sig == DUMP_SIGNAL.load(Ordering::Relaxed) {
+        return Err(Error::InvalidInput(
+            "the dump signal cannot also request stacks",
+        ));
+    }
+    let ours = request::on_capture_signal as *const () as usize;
+    // One installer at a time; others wait for it (it takes two system calls), but not
+    // forever: a signal handler that interrupted the installing thread itself would wait for
+    // itself.
+    let mut waited_ms = 0;
+    loop {
+        match INSTALL.compare_exchange(0, 1, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(2) if request::SIGNAL.load(Ordering::Acquire) == sig => return Ok(()),
+            Err(2) => {
+                if INSTALL
+                    .compare_exchange(2, 1, Ordering::Acquire, Ordering::Acquire)
+                    .is_ok()
+                {
+                    break;
+                }
+            }
+            Err(_) if waited_ms < 1000 => {
+                sys::sleep_ns(1_000_000);
+                waited_ms += 1;
+            }
+            Err(_) => return Err(Error::Timeout),
+        }
+    }
+    let result = (|| {
+        let cur = sys::current_handler(sig).map_err(|errno| Error::Sys {
+            call: "sigaction",
+            errno,
+        })?;
+        if cur != ours && cur != libc::SIG_DFL && cur != libc::SIG_IGN {
+            return Err(Error::AlreadyExists(
+                "a handler for the stack-request signal",
+            ));
+        }
+        sys::install_siginfo_handler(sig, request::on_capture_signal, libc::SA_RESTART).map_err(
+            |errno| Error::Sys {
+                call: "sigaction",
+                errno,
+            },
+        )?;
+        request::SIGNAL.store(sig, Ordering::Release);
+        Ok(())
+    })();
+    let installed = request::SIGNAL.load(Ordering::Acquire) != 0;
+    INSTALL.store(if installed { 2 } else { 0 }, Ordering::Release);
+    result
+}
+
+/// The signal stacks are requested with, if the handler is installed.
+pub fn signal() -> Option<i32> {
+    match request::SIGNAL.load(Ordering::Acquire) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// Sets how long [`dump_all`], the dump signal and the crash report wait for each thread
+/// (default [`DEFAULT_TIMEOUT`]).
+pub fn set_timeout(timeout: Duration) {
+    TIMEOUT_NS.store(duration_ns(timeout), Ordering::Relaxed);
+}
+
+/// The per-thread timeout of dumps (see [`set_timeout`]).
+pub fn timeout() -> Duration {
+    Duration::from_nanos(TIMEOUT_NS.load(Ordering::Relaxed))
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The calling thread's id (`gettid(2)`). Async-signal-safe.
+pub fn current_tid() -> i32 {
+    sys::gettid()
+}
+
+/// Captures the stack of thread `tid` of this process into `buf` (at most 256 frames); returns
+/// the number of frames. Frame 0 is the thread's exact pc (see the module docs); for the
+/// calling thread itself with the request signal blocked, frame 0 is in this function.
+///
+/// Errors: [`Error::Timeout`] when the thread does not answer within `timeout` (signal
+/// blocked, stopped, uninterruptible sleep), [`Error::ThreadGone`] when it does not exist or
+/// exits meanwhile, and the errors of [`install`].
+///
+/// Async-signal-safe.
+#[inline(never)]
+pub fn capture_thread(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<usize, Error> {
+    install()?;
+    let deadline = sys::monotonic_ns().saturating_add(duration_ns(timeout));
+    if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
+        return Ok(crate::capture(buf));
+    }
+    loop {
+        match request::post(tid) {
+            Ok(Some(t)) => {
+                return match request::wait_one(&t, deadline, buf) {
+                    request::Answer::Frames(n) => Ok(n),
+                    request::Answer::Timeout => Err(Error::Timeout),
+                    request::Answer::Gone => Err(Error::ThreadGone),
+                };
+            }
+            Err(request::Answer::Gone) => return Err(Error::ThreadGone),
+            Err(_) => return Err(Error::Timeout),
+            // Every slot is busy: wait for one until the deadline.
+            Ok(None) if sys::monotonic_ns() < deadline => sys::sleep_ns(1_000_000),
+            Ok(None) => return Err(Error::Timeout),
+        }
+    }
+}
+
+/// Writes the ids of this process's threads (from `/proc/self/task`) into `buf`; returns how
+/// many there are (which may exceed `buf.len()`: only the first fit). Async-signal-safe.
+pub fn list(buf: &mut [i32]) -> Result<usize, Error> {
+    let mut n = 0;
+    sys::for_each_task(|tid| {
+        if let Some(slot) = buf.get_mut(n) {
+            *slot = tid;
+        }
+        n += 1;
+    })
+    .map_err(|errno| Error::Sys {
+        call: "getdents64",
+        errno,
+    })?;
+    Ok(n)
+}
+
+/// Writes every thread's name, tid, state, CPU time and stack to `fd` (see the module docs),
+/// waiting up to [`timeout`] for each thread. Returns what the dump saw.
+///
+/// Async-signal-safe.
+pub fn dump_all(fd: i32) -> DumpSummary {
+    dump_all_with_timeout(fd, timeout())
+}
+
+/// [`dump_all`] with an explicit per-thread timeout. Async-signal-safe.
+pub fn dump_all_with_timeout(fd: i32, timeout: Duration) -> DumpSummary {
+    if install().is_err() {
+        // Without the handler every thread would time out; still list them.
+    }
+    dump::dump_all(fd, duration_ns(timeout))
+}
+
+/// Installs a handler for `sig` (typically `SIGQUIT`) that writes [`dump_all`] to stderr and
+/// lets the program continue, like the JVM's `kill -3`. See [`install_dump_signal_to`].
+pub fn install_dump_signal(sig: i32) -> Result<(), Error> {
+    install_dump_signal_to(sig, 2)
+}
+
+/// Like [`install_dump_signal`], writing the dump to `fd` (which must stay open). The handler
+/// is installed with `SA_RESTART`; it replaces the signal's previous action.
+pub fn install_dump_signal_to(sig: i32, fd: i32) -> Result<(), Error> {
+    if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
+        return Err(Error::InvalidInput("signal cannot be handled"));
+    }
+    install()?;
+    if Some(sig) == signal() {
+        return Err(Error::InvalidInput(
+            "the stack-request signal cannot also be the dump signal",
+        ));
+    }
+    crate::symbolize::prepare()?;
+    DUMP_FD.store(fd, Ordering::Relaxed);
+    DUMP_SIGNAL.store(sig, Ordering::Relaxed);
+    sys::install_siginfo_handler(sig, on_dump_signal, libc::SA_RESTART).map_err(|errno| {
+        Error::Sys {
+            call: "sigaction",
+            errno,
+        }
+    })
+}
+
+extern "C" fn on_dump_signal(_sig: i32, _info: *mut libc::siginfo_t, _uc: *mut libc::c_void) {
+    let errno = sys::errno();
+    dump::dump_all(
+        DUMP_FD.load(Ordering::Relaxed),
+        TIMEOUT_NS.load(Ordering::Relaxed),
+    );
+    // SAFETY: restores the interrupted code's errno.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// For the crash report: every thread but `skip` (the crashing one), with the shared objects
+/// list written by the caller. Async-signal-safe.
+pub(crate) fn write_other_threads(fd: i32, skip: i32) {
+    let out = dump::Out { fd };
+    if install().is_err() {
+        out.line(|w| w.push_bytes(b"(stack-request handler not installed)"));
+    }
+    out.line(|w| w.push_bytes(b"Other threads:"));
+    let mut objects = dump::Objects::new();
+    dump::threads_section(out, skip, TIMEOUT_NS.load(Ordering::Relaxed), &mut objects);
+    objects.write(out);
+}
+
+/// Writes one thread's header and stack (or why there is none), for the watchdog's reports.
+/// Async-signal-safe.
+pub(crate) fn write_thread(
+    fd: i32,
+    tid: i32,
+    info: Option<&ThreadInfo>,
+    stack: Result<&[usize], Error>,
+) {
+    let out = dump::Out { fd };
+    dump::thread_header(out, tid, info);
+    let mut objects = dump::Objects::new();
+    match stack {
+        Ok(frames) => dump::thread_body(
+            out,
+            request::Answer::Frames(frames.len()),
+            frames,
+            true,
+            &mut objects,
+        ),
+        Err(Error::ThreadGone) => {
+            dump::thread_body(out, request::Answer::Gone, &[], true, &mut objects)
+        }
+        Err(_) => dump::thread_body(out, request::Answer::Timeout, &[], true, &mut objects),
+    }
+    objects.write(out);
+}

@@ -1,0 +1,306 @@
+//! The request/answer handshake between a requesting thread and the thread whose stack it
+//! wants. Lock-free: atomics and one futex.
+//!
+//! A fixed table of [`SLOTS`] slots, each with a 32-bit state word (`generation << 8 | state`),
+//! the target tid and a frame buffer owned by the slot (never the requester's memory, so a
+//! requester that gives up can return at once while a late handler still writes).
+//!
+//! ```text
+//! requester                         target thread's handler
+//! FREE -> CLAIMED (CAS, gen+1)
+//! target = tid; -> PENDING
+//! tgkill(tid, SIG)  ------------->  for each slot: PENDING and target == me:
+//!                                      CAS PENDING -> RUNNING (same generation)
+//!                                      capture_from_ucontext into the slot
+//!                                      CAS RUNNING -> DONE   (or, if ABANDONED, -> FREE)
+//! futex_wait(ANSWERS) <------------  ANSWERS += 1; futex_wake(ANSWERS)
+//! DONE: copy out, -> FREE
+//! deadline passed: CAS PENDING -> FREE (timeout; a late signal finds nothing to do)
+//!                  or CAS RUNNING -> ABANDONED (the handler frees the slot)
+//! ```
+//!
+//! The generation in the state word makes every CAS fail if the slot was released and claimed
+//! again in between (no ABA): a handler never answers a request it did not see.
+//!
+//! # Signal Safe Methods
+//! Everything here is async-signal-safe: atomics, `tgkill`, `futex`, `clock_gettime`,
+//! `capture_from_ucontext`.
+
+use crate::sys;
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering};
+
+/// Requests that can be in flight at once, across all requesters.
+pub(crate) const SLOTS: usize = 64;
+/// The most frames captured for another thread.
+pub(crate) const SLOT_FRAMES: usize = 256;
+
+const FREE: u32 = 0;
+const CLAIMED: u32 = 1;
+const PENDING: u32 = 2;
+const RUNNING: u32 = 3;
+const DONE: u32 = 4;
+const ABANDONED: u32 = 5;
+
+fn state(w: u32) -> u32 {
+    w & 0xff
+}
+
+fn with_state(w: u32, s: u32) -> u32 {
+    (w & !0xff) | s
+}
+
+struct Slot {
+    word: AtomicU32,
+    target: AtomicI32,
+    frames: AtomicUsize,
+    buf: UnsafeCell<[usize; SLOT_FRAMES]>,
+}
+
+// SAFETY: `buf` is written only by the handler that moved the slot to RUNNING and read only by
+// the requester after it saw DONE (Acquire), so accesses never overlap.
+unsafe impl Sync for Slot {}
+
+static TABLE: [Slot; SLOTS] = [const {
+    Slot {
+        word: AtomicU32::new(0),
+        target: AtomicI32::new(0),
+        frames: AtomicUsize::new(0),
+        buf: UnsafeCell::new([0; SLOT_FRAMES]),
+    }
+}; SLOTS];
+
+/// Bumped (and futex-woken) whenever a handler finishes an answer.
+static ANSWERS: AtomicU32 = AtomicU32::new(0);
+
+/// The signal the handler is installed for (0 = not installed).
+pub(crate) static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// A posted request: a slot and the generation it was claimed with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ticket {
+    slot: usize,
+    word: u32,
+    pub(crate) tid: i32,
+}
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The handler ran: this many frames are in the slot.
+    Frames(usize),
+    /// The thread no longer exists.
+    Gone,
+    /// No answer by the deadline.
+    Timeout,
+}
+
+/// Claims a slot for `tid`, publishes the request and signals the thread. `Err(Answer::Gone)`
+/// when `tgkill` says the thread does not exist; `Ok(None)` when every slot is busy.
+pub(crate) fn post(tid: i32) -> Result<Option<Ticket>, Answer> {
+    let sig = SIGNAL.load(Ordering::Acquire);
+    if sig == 0 {
+        // No handler (it could not be installed): nobody would answer.
+        return Err(Answer::Timeout);
+    }
+    for (i, slot) in TABLE.iter().enumerate() {
+        let w = slot.word.load(Ordering::Relaxed);
+        if state(w) != FREE {
+            continue;
+        }
+        let claimed = w.wrapping_add(1 << 8) & !0xff | CLAIMED;
+        if slot
+            .word
+            .compare_exchange(w, claimed, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        slot.target.store(tid, Ordering::Relaxed);
+        let pending = with_state(claimed, PENDING);
+        slot.word.store(pending, Ordering::Release);
+        if let Err(e) = sys::tgkill(tid, sig) {
+            // Nobody got the signal; a handler of another thread ignores this target.
+            slot.word
+                .store(with_state(claimed, FREE), Ordering::Release);
+            return Err(if e == libc::ESRCH {
+                Answer::Gone
+            } else {
+                Answer::Timeout
+            });
+        }
+        return Ok(Some(Ticket {
+            slot: i,
+            word: pending,
+            tid,
+        }));
+    }
+    Ok(None)
+}
+
+/// The answer if there is one now: `Some(Frames(n))` once the handler finished.
+pub(crate) fn poll(t: &Ticket) -> Option<Answer> {
+    let slot = &TABLE[t.slot];
+    let w = slot.word.load(Ordering::Acquire);
+    if w == with_state(t.word, DONE) {
+        return Some(Answer::Frames(slot.frames.load(Ordering::Relaxed)));
+    }
+    None
+}
+
+/// The frames of a finished request (valid until [`release`]).
+pub(crate) fn frames(t: &Ticket, n: usize) -> &[usize] {
+    // SAFETY: the slot is DONE for this generation (the caller saw `Frames`), so the handler
+    // finished writing (Release/Acquire on the word) and nobody writes until we release it.
+    let buf = unsafe { &*TABLE[t.slot].buf.get() };
+    &buf[..n.min(SLOT_FRAMES)]
+}
+
+/// Releases a slot whose request is finished (after [`poll`] gave an answer).
+pub(crate) fn release(t: &Ticket) {
+    let slot = &TABLE[t.slot];
+    let _ = slot.word.compare_exchange(
+        with_state(t.word, DONE),
+        with_state(t.word, FREE),
+        Ordering::Release,
+        Ordering::Relaxed,
+    );
+}
+
+/// Gives up on a request. Returns an answer if it finished meanwhile (then the caller still
+/// owns the slot and must [`release`] it), else `None` (the slot is freed now, or by the
+/// handler that is writing it).
+pub(crate) fn cancel(t: &Ticket) -> Option<Answer> {
+    let slot = &TABLE[t.slot];
+    let pending = with_state(t.word, PENDING);
+    let free = with_state(t.word, FREE);
+    if slot
+        .word
+        .compare_exchange(pending, free, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        return None;
+    }
+    let running = with_state(t.word, RUNNING);
+    let abandoned = with_state(t.word, ABANDONED);
+    if slot
+        .word
+        .compare_exchange(running, abandoned, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        return None;
+    }
+    poll(t)
+}
+
+/// The current value of the answer counter (read before checking, then [`wait`] on it).
+pub(crate) fn answers() -> u32 {
+    ANSWERS.load(Ordering::Acquire)
+}
+
+/// Sleeps until some handler answers after `seen` was read, or `timeout_ns` passes, or a
+/// signal interrupts.
+pub(crate) fn wait(seen: u32, timeout_ns: u64) {
+    sys::futex_wait(&ANSWERS, seen, timeout_ns);
+}
+
+/// Waits for one request until `deadline` (monotonic ns). Checks every 10 ms that the thread
+/// still exists, so an exit after the signal was queued gives [`Answer::Gone`] at once. The
+/// slot is released (or left to the handler) when this returns.
+pub(crate) fn wait_one(t: &Ticket, deadline: u64, out: &mut [usize]) -> Answer {
+    loop {
+        let seen = answers();
+        if let Some(a) = poll(t) {
+            return finish(t, a, out);
+        }
+        let now = sys::monotonic_ns();
+        if now >= deadline {
+            return give_up(t, out);
+        }
+        if sys::tgkill(t.tid, 0) == Err(libc::ESRCH) {
+            if let Some(a) = cancel(t) {
+                return finish(t, a, out);
+            }
+            return Answer::Gone;
+        }
+        wait(seen, (deadline - now).min(10_000_000));
+    }
+}
+
+fn finish(t: &Ticket, a: Answer, out: &mut [usize]) -> Answer {
+    let a = match a {
+        Answer::Frames(n) => {
+            let f = frames(t, n);
+            let k = f.len().min(out.len());
+            out[..k].copy_from_slice(&f[..k]);
+            Answer::Frames(k)
+        }
+        other => other,
+    };
+    release(t);
+    a
+}
+
+/// Timeout of one request: cancels it (or takes the answer that came in meanwhile).
+pub(crate) fn give_up(t: &Ticket, out: &mut [usize]) -> Answer {
+    match cancel(t) {
+        Some(a) => finish(t, a, out),
+        None => Answer::Timeout,
+    }
+}
+
+/// The signal handler: answers every request addressed to this thread.
+pub(crate) extern "C" fn on_capture_signal(
+    _sig: i32,
+    _info: *mut libc::siginfo_t,
+    uc: *mut libc::c_void,
+) {
+    let errno = sys::errno();
+    let me = sys::gettid();
+    let mut served = false;
+    for slot in TABLE.iter() {
+        let w = slot.word.load(Ordering::Acquire);
+        if state(w) != PENDING || slot.target.load(Ordering::Relaxed) != me {
+            continue;
+        }
+        // The CAS fails if the slot moved on (another generation): the target read above then
+        // belonged to another request.
+        if slot
+            .word
+            .compare_exchange(
+                w,
+                with_state(w, RUNNING),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            continue;
+        }
+        // SAFETY: RUNNING for this generation makes the buffer ours until DONE/FREE.
+        let buf = unsafe { &mut *slot.buf.get() };
+        // SAFETY: uc is the ucontext_t the kernel passed to this SA_SIGINFO handler.
+        let n = unsafe { crate::capture_from_ucontext(uc as *const libc::ucontext_t, buf) };
+        slot.frames.store(n, Ordering::Relaxed);
+        if slot
+            .word
+            .compare_exchange(
+                with_state(w, RUNNING),
+                with_state(w, DONE),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            // The requester gave up (ABANDONED): the slot is ours to free.
+            slot.word.store(with_state(w, FREE), Ordering::Release);
+        }
+        served = true;
+    }
+    if served {
+        ANSWERS.fetch_add(1, Ordering::Release);
+        sys::futex_wake(&ANSWERS, i32::MAX);
+    }
+    // SAFETY: restores the interrupted code's errno (tgkill/futex may have changed it).
+    unsafe { *libc::__errno_location() = errno };
+}

@@ -1,0 +1,428 @@
+//! A stall watchdog: threads check in, a monitor thread reports the ones that stop.
+//!
+//! A thread registers with [`watch`] (`watch("worker")`) and calls [`Watch::pet`] (or the free
+//! [`pet`]) in its loop: one relaxed load of the monitor's clock and one relaxed store, about a
+//! nanosecond. The monitor thread (named `watchdog`, started by the first [`watch`]) wakes every
+//! [`set_period`] (default 100 ms) and checks each watched thread's last pet against its
+//! timeout. A thread that misses its deadline gets **one** report, not one per tick:
+//!
+//! ```text
+//! ------------[ selftrace: watchdog ]------------
+//! watchdog: BUG: soft lockup - thread worker:4243 stuck for 1.200s! (timeout 1.000s)
+//! busy: the thread used 1.196s of cpu in the last 1.200s
+//! thread "worker" tid 4243, state R (running), cpu 3.012s
+//! Call Trace:
+//!  #0 0x55d0c0a3d1f0 : myapp::checksum+0x1d/0x80 [myapp+0x1d1f0]
+//!  ...
+//! ---[ end of watchdog report ]---
+//! ```
+//!
+//! * its stack, captured through [`crate::threads`]'s signal;
+//! * whether it was **busy** (its CPU time grew during the stall, by at least a tenth of the
+//!   time the monitor watched it, or it is runnable: the kernel's soft lockup,
+//!   `BUG: soft lockup - CPU#1 stuck for 22s!`) or **blocked** (neither: the kernel's hung
+//!   task, `INFO: task name:pid blocked for more than 120 seconds.`). The tenth and the state
+//!   keep a spinning thread "busy" on a loaded machine, where it gets much less than a core;
+//! * how long it has not petted;
+//! * a trace marker instant ([`crate::trace::instant()`]) so that the stall shows on the
+//!   Perfetto timeline.
+//!
+//! When it pets again: `watchdog: thread worker:4243 recovered after 2.300s` (and another
+//! instant). What happens on a stall besides the report is the [`Action`]: nothing more
+//! (default), a callback, or abort with an all-thread report (like the kernel's
+//! `softlockup_panic`).
+//!
+//! ```
+//! use std::time::Duration;
+//! let w = selftrace::watchdog::watch_with_timeout("worker", Duration::from_secs(5));
+//! for _ in 0..1000 {
+//!     w.pet();
+//!     // ... one unit of work ...
+//! }
+//! drop(w); // stops watching this thread
+//! ```
+
+use crate::sys;
+use crate::threads;
+use crate::Error;
+use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use core::time::Duration;
+use std::cell::Cell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, Once};
+
+/// What the watchdog does on a stall, after writing its report.
+#[derive(Clone, Default)]
+pub enum Action {
+    /// Only the report (and the trace marker instant).
+    #[default]
+    Report,
+    /// Also call this function (on the monitor thread) with the stall.
+    Callback(Arc<dyn Fn(&Stall) + Send + Sync>),
+    /// Abort the process with an all-thread report: `abort()` after [`threads::dump_all`], or,
+    /// when the crash handler is installed with [`crate::crash::Builder::all_threads`], through
+    /// the crash handler's report, which lists every thread.
+    Abort,
+}
+
+impl fmt::Debug for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Report => f.write_str("Report"),
+            Action::Callback(_) => f.write_str("Callback(..)"),
+            Action::Abort => f.write_str("Abort"),
+        }
+    }
+}
+
+/// A stall as the monitor saw it.
+#[derive(Clone, Debug)]
+pub struct Stall {
+    /// The name given to [`watch`].
+    pub name: String,
+    /// The stalled thread's id.
+    pub tid: i32,
+    /// How long the thread has not petted when the stall was reported.
+    pub stalled_for: Duration,
+    /// The thread's timeout.
+    pub timeout: Duration,
+    /// CPU time the thread used while it did not pet (over the monitor's observation window,
+    /// [`Stall::observed`]).
+    pub cpu: Duration,
+    /// The window over which [`Stall::cpu`] was measured.
+    pub observed: Duration,
+    /// Whether the thread was busy (runnable when the stall was found, or CPU time grew by at
+    /// least a tenth of the window: a soft lockup)
+    /// rather than blocked (a hung task).
+    pub busy: bool,
+    /// The thread's stack (frame 0 exact), or why there is none.
+    pub stack: Result<Vec<usize>, Error>,
+}
+
+/// One watched thread.
+struct Slot {
+    /// The monitor tick (ms) of the last pet.
+    last: AtomicU64,
+    tid: i32,
+    name: String,
+    timeout_ms: u64,
+    state: Mutex<MonitorState>,
+}
+
+#[derive(Default)]
+struct MonitorState {
+    /// The last pet value the monitor saw, when (ms), and the thread's CPU time then.
+    seen: u64,
+    seen_at: u64,
+    cpu_at_seen: u64,
+    /// Reported as stalled, not yet recovered.
+    stalled: bool,
+}
+
+/// The monitor's clock: milliseconds since the watchdog started, advanced every tick.
+static TICK: AtomicU64 = AtomicU64::new(0);
+static START_NS: AtomicU64 = AtomicU64::new(0);
+static PERIOD_MS: AtomicU64 = AtomicU64::new(100);
+static DEFAULT_TIMEOUT_MS: AtomicU64 = AtomicU64::new(2000);
+static FD: AtomicI32 = AtomicI32::new(2);
+static REGISTRY: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
+static ACTION: Mutex<Option<Action>> = Mutex::new(None);
+static MONITOR: Once = Once::new();
+
+thread_local! {
+    static CURRENT: Cell<*const Slot> = const { Cell::new(core::ptr::null()) };
+}
+
+/// A registered thread. Pet it with [`Watch::pet`]; dropping it stops the watch. Not `Send`:
+/// it watches the thread that created it.
+pub struct Watch {
+    slot: Arc<Slot>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watch")
+            .field("name", &self.slot.name)
+            .field("tid", &self.slot.tid)
+            .finish()
+    }
+}
+
+impl Watch {
+    /// Checks in: one relaxed load and one relaxed store. Async-signal-safe.
+    #[inline(always)]
+    pub fn pet(&self) {
+        self.slot
+            .last
+            .store(TICK.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// The watched thread's id.
+    pub fn tid(&self) -> i32 {
+        self.slot.tid
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let me = Arc::as_ptr(&self.slot);
+        let _ = CURRENT.try_with(|c| {
+            if c.get() == me {
+                c.set(core::ptr::null());
+            }
+        });
+        if let Ok(mut r) = REGISTRY.lock() {
+            r.retain(|s| !Arc::ptr_eq(s, &self.slot));
+        }
+    }
+}
+
+/// Pets the calling thread's most recent [`Watch`] (nothing if it has none): a thread-local
+/// read, one relaxed load and one relaxed store. Async-signal-safe.
+#[inline(always)]
+pub fn pet() {
+    let _ = CURRENT.try_with(|c| {
+        // SAFETY: CURRENT points into the Arc owned by this thread's live Watch; Watch::drop
+        // clears it before the Arc can go away (the registry may hold the other reference).
+        if let Some(slot) = unsafe { c.get().as_ref() } {
+            slot.last
+                .store(TICK.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    });
+}
+
+/// Watches the calling thread as `name` with the default timeout ([`set_default_timeout`],
+/// 2 s unless changed). Starts the monitor thread on first use. Normal context.
+pub fn watch(name: &str) -> Watch {
+    watch_with_timeout(
+        name,
+        Duration::from_millis(DEFAULT_TIMEOUT_MS.load(Ordering::Relaxed)),
+    )
+}
+
+/// Watches the calling thread as `name`: it must pet at least every `timeout`.
+pub fn watch_with_timeout(name: &str, timeout: Duration) -> Watch {
+    start_monitor();
+    let _ = threads::install();
+    let now = TICK.load(Ordering::Relaxed);
+    let tid = sys::gettid();
+    let slot = Arc::new(Slot {
+        last: AtomicU64::new(now),
+        tid,
+        name: name.to_string(),
+        timeout_ms: u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1),
+        state: Mutex::new(MonitorState {
+            seen: now,
+            seen_at: now,
+            cpu_at_seen: sys::thread_cpu_ns(tid).unwrap_or(0),
+            stalled: false,
+        }),
+    });
+    if let Ok(mut r) = REGISTRY.lock() {
+        r.push(slot.clone());
+    }
+    let _ = CURRENT.try_with(|c| c.set(Arc::as_ptr(&slot)));
+    Watch {
+        slot,
+        _not_send: PhantomData,
+    }
+}
+
+/// How often the monitor checks (default 100 ms; at least 1 ms). Stall durations are measured
+/// in these steps.
+pub fn set_period(period: Duration) {
+    let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+    PERIOD_MS.store(ms, Ordering::Relaxed);
+}
+
+/// The timeout of [`watch`] (default 2 s).
+pub fn set_default_timeout(timeout: Duration) {
+    let ms = u64::try_from(timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    DEFAULT_TIMEOUT_MS.store(ms, Ordering::Relaxed);
+}
+
+/// What to do on a stall besides the report (default [`Action::Report`]).
+pub fn set_action(action: Action) {
+    if let Ok(mut a) = ACTION.lock() {
+        *a = Some(action);
+    }
+}
+
+/// Where reports go (default 2, stderr). The fd must stay open.
+pub fn set_fd(fd: i32) {
+    FD.store(fd, Ordering::Relaxed);
+}
+
+fn now_ms() -> u64 {
+    sys::monotonic_ns().saturating_sub(START_NS.load(Ordering::Relaxed)) / 1_000_000
+}
+
+fn start_monitor() {
+    MONITOR.call_once(|| {
+        START_NS.store(sys::monotonic_ns(), Ordering::Relaxed);
+        TICK.store(0, Ordering::Relaxed);
+        let _ = crate::init();
+        let spawned = std::thread::Builder::new()
+            .name("watchdog".into())
+            .spawn(monitor);
+        if spawned.is_err() {
+            let _ = sys::write_all(
+                FD.load(Ordering::Relaxed),
+                b"watchdog: cannot start the monitor thread\n",
+            );
+        }
+    });
+}
+
+fn monitor() {
+    loop {
+        std::thread::sleep(Duration::from_millis(PERIOD_MS.load(Ordering::Relaxed)));
+        let now = now_ms();
+        TICK.store(now, Ordering::Relaxed);
+        let slots: Vec<Arc<Slot>> = match REGISTRY.lock() {
+            Ok(r) => r.clone(),
+            Err(_) => continue,
+        };
+        for slot in slots {
+            check(&slot, now);
+        }
+    }
+}
+
+fn check(slot: &Slot, now: u64) {
+    let Ok(mut st) = slot.state.lock() else {
+        return;
+    };
+    let last = slot.last.load(Ordering::Relaxed);
+    if last != st.seen {
+        if st.stalled {
+            st.stalled = false;
+            recovered(slot, last.saturating_sub(st.seen));
+        }
+        st.seen = last;
+        st.seen_at = now;
+        st.cpu_at_seen = sys::thread_cpu_ns(slot.tid).unwrap_or(st.cpu_at_seen);
+        return;
+    }
+    let silent = now.saturating_sub(last);
+    if st.stalled || silent <= slot.timeout_ms {
+        return;
+    }
+    st.stalled = true;
+    let cpu_now = sys::thread_cpu_ns(slot.tid).unwrap_or(st.cpu_at_seen);
+    let cpu = cpu_now.saturating_sub(st.cpu_at_seen);
+    // The window over which CPU time was measured: from the tick that first saw this pet (the
+    // registration, for a thread that never petted).
+    let observed_ms = now.saturating_sub(st.seen_at).max(1);
+    // A blocked thread uses next to no CPU and sleeps (S, D); a spinning one is runnable (R)
+    // but may get much less than a core on a loaded machine: so a tenth of the window, or the
+    // runnable state, counts as busy.
+    let running = threads::info(slot.tid).is_some_and(|i| i.state == b'R');
+    let busy = running || cpu.saturating_mul(10) >= observed_ms * 1_000_000;
+    drop(st);
+    let mut frames = vec![0usize; 256];
+    let stack = threads::capture_thread(slot.tid, &mut frames, Duration::from_secs(1)).map(|n| {
+        frames.truncate(n);
+        frames
+    });
+    let stall = Stall {
+        name: slot.name.clone(),
+        tid: slot.tid,
+        stalled_for: Duration::from_millis(silent),
+        timeout: Duration::from_millis(slot.timeout_ms),
+        cpu: Duration::from_nanos(cpu),
+        observed: Duration::from_millis(observed_ms),
+        busy,
+        stack,
+    };
+    report(&stall);
+    let action = ACTION
+        .lock()
+        .ok()
+        .and_then(|a| a.clone())
+        .unwrap_or_default();
+    match action {
+        Action::Report => {}
+        Action::Callback(f) => f(&stall),
+        Action::Abort => {
+            let fd = FD.load(Ordering::Relaxed);
+            let _ = sys::write_all(fd, b"watchdog: aborting (Action::Abort)\n");
+            if !crate::crash::all_threads_enabled() {
+                threads::dump_all(fd);
+            }
+            sys::abort();
+        }
+    }
+}
+
+impl Stall {
+    /// The report's first line, in the kernel's words: `BUG: soft lockup - thread
+    /// worker:4243 stuck for 1.200s! (timeout 1.000s)` or `INFO: task worker:4243 blocked for
+    /// more than 1.000s (1.200s)`.
+    pub fn headline(&self) -> String {
+        let secs = |d: Duration| format!("{}.{:03}s", d.as_secs(), d.subsec_millis());
+        if self.busy {
+            format!(
+                "watchdog: BUG: soft lockup - thread {}:{} stuck for {}! (timeout {})",
+                self.name,
+                self.tid,
+                secs(self.stalled_for),
+                secs(self.timeout)
+            )
+        } else {
+            format!(
+                "watchdog: INFO: task {}:{} blocked for more than {} ({})",
+                self.name,
+                self.tid,
+                secs(self.timeout),
+                secs(self.stalled_for)
+            )
+        }
+    }
+}
+
+fn report(s: &Stall) {
+    let fd = FD.load(Ordering::Relaxed);
+    let secs = |d: Duration| format!("{}.{:03}s", d.as_secs(), d.subsec_millis());
+    crate::trace::instant(&format!(
+        "watchdog: {} {}:{} stalled {}",
+        if s.busy { "busy" } else { "blocked" },
+        s.name,
+        s.tid,
+        secs(s.stalled_for)
+    ));
+    let mut text = String::new();
+    text.push_str("------------[ selftrace: watchdog ]------------\n");
+    text.push_str(&s.headline());
+    text.push('\n');
+    text.push_str(&format!(
+        "{}: the thread used {} of cpu in the last {}\n",
+        if s.busy { "busy" } else { "blocked" },
+        secs(s.cpu),
+        secs(s.observed)
+    ));
+    let _lock = threads::lock::OutputLock::acquire();
+    let _ = sys::write_all(fd, text.as_bytes());
+    let info = threads::info(s.tid);
+    threads::write_thread(fd, s.tid, info.as_ref(), s.stack.as_deref().map_err(|e| *e));
+    let _ = sys::write_all(fd, b"---[ end of watchdog report ]---\n");
+}
+
+fn recovered(slot: &Slot, after_ms: u64) {
+    let line = format!(
+        "watchdog: thread {}:{} recovered after {}.{:03}s\n",
+        slot.name,
+        slot.tid,
+        after_ms / 1000,
+        after_ms % 1000
+    );
+    crate::trace::instant(&format!("watchdog: {}:{} recovered", slot.name, slot.tid));
+    let _lock = threads::lock::OutputLock::acquire();
+    let _ = sys::write_all(FD.load(Ordering::Relaxed), line.as_bytes());
+}

@@ -1,0 +1,853 @@
+//! Other threads' stacks (`selftrace::threads`) and crash reports with every thread. Each
+//! scenario runs in a child process (it spins, blocks or crashes on purpose); the parent checks
+//! what the child printed and how it ended, and kills it if it hangs.
+
+#[path = "support/counting.rs"]
+mod counting;
+#[path = "support/spinner.rs"]
+mod spinner;
+
+use selftrace::threads;
+use std::hint::black_box;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+#[global_allocator]
+static GLOBAL: counting::Counting = counting::Counting;
+
+// ---- the child's side -----------------------------------------------------------------------
+
+/// A named thread that runs `f`; returns its tid once it runs.
+fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) -> i32 {
+    let tid = Arc::new(AtomicI32::new(0));
+    let t2 = tid.clone();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            t2.store(threads::current_tid(), Ordering::SeqCst);
+            f();
+        })
+        .expect("spawn");
+    loop {
+        let t = tid.load(Ordering::SeqCst);
+        if t != 0 {
+            return t;
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[inline(never)]
+fn caller_spin() {
+    spinner::spin_until_stopped();
+    black_box(());
+}
+
+/// Holds `lock` while blocked in `read` on `fd` (until a byte arrives).
+#[inline(never)]
+fn hold_lock(lock: &Mutex<u32>, fd: i32) {
+    let g = lock.lock().unwrap();
+    let mut b = [0u8; 1];
+    // SAFETY: reading into a valid buffer.
+    let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+    println!("holder read returned {n}");
+    black_box(&g);
+}
+
+/// Blocks on `lock` (held by `hold_lock`).
+#[inline(never)]
+fn wait_for_lock(lock: &Mutex<u32>) {
+    let g = lock.lock().unwrap();
+    black_box(&g);
+}
+
+#[inline(never)]
+fn sleeper(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+    black_box(());
+}
+
+/// Reads one byte from `fd`: the read must not fail with EINTR (SA_RESTART).
+#[inline(never)]
+fn pipe_reader(fd: i32) {
+    let mut b = [0u8; 1];
+    // SAFETY: reading into a valid buffer.
+    let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+    let e = std::io::Error::last_os_error();
+    println!(
+        "reader read returned {n} ({})",
+        if n < 0 { e.to_string() } else { "ok".into() }
+    );
+    black_box(b);
+}
+
+#[inline(never)]
+fn parked_worker(b: Arc<Barrier>, stop: Arc<AtomicBool>) {
+    b.wait();
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::park();
+    }
+    black_box(());
+}
+
+/// Spins in `blocked_spin` with the stack-request signal blocked.
+#[inline(never)]
+fn blocked_spin(stop: &AtomicBool, ready: &AtomicBool) {
+    let sig = threads::signal().expect("installed");
+    // SAFETY: blocks one signal in this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    ready.store(true, Ordering::SeqCst);
+    while !stop.load(Ordering::Relaxed) {
+        std::hint::spin_loop();
+    }
+    black_box(());
+}
+
+fn pipe() -> (i32, i32) {
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    (fds[0], fds[1])
+}
+
+fn write_byte(fd: i32) {
+    // SAFETY: writing one byte from a valid buffer.
+    unsafe { libc::write(fd, b"x".as_ptr().cast(), 1) };
+}
+
+/// The demangled names of `frames` (frame 0 exact).
+fn names(frames: &[usize]) -> Vec<String> {
+    (0..frames.len())
+        .map(|i| {
+            let kind = selftrace::symbolize::frame_kind(frames, i, true);
+            selftrace::symbolize(kind.lookup_address(frames[i]))
+                .and_then(|s| {
+                    let mut b = [0u8; 256];
+                    s.demangle_into(&mut b).map(str::to_string)
+                })
+                .unwrap_or_else(|| "?".into())
+        })
+        .collect()
+}
+
+/// An in-memory file to dump into, read back as text.
+struct MemFile(i32);
+
+impl MemFile {
+    fn new() -> MemFile {
+        // SAFETY: a NUL-terminated name; memfd_create has no other preconditions.
+        let fd = unsafe { libc::memfd_create(c"dump".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        MemFile(fd)
+    }
+
+    fn text(&self) -> String {
+        let mut f = std::fs::File::open(format!("/proc/self/fd/{}", self.0)).unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        s
+    }
+}
+
+fn scenario(name: &str) {
+    // The harness printed `test child_entry ... ` without a newline.
+    println!();
+    selftrace::init().expect("init");
+    threads::install().expect("install");
+    match name {
+        "spin" => {
+            threads::set_timeout(Duration::from_secs(30));
+            let tid = spawn_named("spinner", caller_spin);
+            while !spinner::SPINNING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let mut frames = [0usize; 64];
+            let n =
+                threads::capture_thread(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            for name in names(&frames[..n]) {
+                println!("frame {name}");
+            }
+            // The calling thread itself.
+            let n = threads::capture_thread(
+                threads::current_tid(),
+                &mut frames,
+                Duration::from_secs(5),
+            )
+            .expect("capture self");
+            for name in names(&frames[..n]) {
+                println!("self {name}");
+            }
+            threads::dump_all(1);
+            spinner::STOP.store(true, Ordering::SeqCst);
+        }
+        "syscalls" => {
+            threads::set_timeout(Duration::from_secs(30));
+            let lock = Arc::new(Mutex::new(0u32));
+            let (hold_r, hold_w) = pipe();
+            let (read_r, read_w) = pipe();
+            let l1 = lock.clone();
+            spawn_named("holder", move || hold_lock(&l1, hold_r));
+            std::thread::sleep(Duration::from_millis(100));
+            let l2 = lock.clone();
+            let waiter = spawn_named("waiter", move || wait_for_lock(&l2));
+            spawn_named("sleeper", || sleeper(3000));
+            spawn_named("reader", move || pipe_reader(read_r));
+            // Until the waiter sleeps in the futex and the others in their calls.
+            for _ in 0..500 {
+                if threads::info(waiter).is_some_and(|i| i.state == b'S') {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let s = threads::dump_all(1);
+            println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            // The interrupted calls go on as the program expects.
+            write_byte(read_w);
+            write_byte(hold_w);
+            std::thread::sleep(Duration::from_millis(300));
+            let g = lock.lock().unwrap();
+            println!("lock taken {}", *g);
+        }
+        "blocked" => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let ready = Arc::new(AtomicBool::new(false));
+            let (s2, r2) = (stop.clone(), ready.clone());
+            let tid = spawn_named("masked", move || blocked_spin(&s2, &r2));
+            while !ready.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let mut frames = [0usize; 64];
+            let r = threads::capture_thread(tid, &mut frames, Duration::from_millis(300));
+            println!("capture {r:?}");
+            let s = threads::dump_all_with_timeout(1, Duration::from_millis(300));
+            println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            stop.store(true, Ordering::SeqCst);
+        }
+        "exiting" => {
+            // A thread that is gone.
+            let tid = Arc::new(AtomicI32::new(0));
+            let t2 = tid.clone();
+            std::thread::spawn(move || t2.store(threads::current_tid(), Ordering::SeqCst))
+                .join()
+                .unwrap();
+            let mut frames = [0usize; 64];
+            let r = threads::capture_thread(
+                tid.load(Ordering::SeqCst),
+                &mut frames,
+                Duration::from_secs(2),
+            );
+            println!("exited capture {r:?}");
+            // A thread that is listed and asked, but exits before it can answer (it has the
+            // signal blocked): gone, not a timeout.
+            let stop = Arc::new(AtomicBool::new(false));
+            let ready = Arc::new(AtomicBool::new(false));
+            let (s2, r2) = (stop.clone(), ready.clone());
+            spawn_named("leaver", move || blocked_spin(&s2, &r2));
+            while !ready.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let s3 = stop.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                s3.store(true, Ordering::SeqCst);
+            });
+            let s = threads::dump_all_with_timeout(1, Duration::from_secs(60));
+            println!(
+                "summary {} {} {} {}",
+                s.threads, s.stacks, s.timeouts, s.gone
+            );
+            // Threads that come and go while dumps run.
+            let stop = Arc::new(AtomicBool::new(false));
+            let s2 = stop.clone();
+            let churn = std::thread::spawn(move || {
+                let mut spawned = 0u64;
+                while !s2.load(Ordering::Relaxed) {
+                    let _ = std::thread::spawn(|| black_box(())).join();
+                    spawned += 1;
+                }
+                spawned
+            });
+            let devnull = std::fs::File::create("/dev/null").unwrap();
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&devnull);
+            let mut gone = 0;
+            for _ in 0..50 {
+                gone += threads::dump_all_with_timeout(fd, Duration::from_secs(2)).gone;
+            }
+            stop.store(true, Ordering::SeqCst);
+            let spawned = churn.join().unwrap();
+            println!("dumps done, {spawned} threads came and went, {gone} gone during dumps");
+        }
+        "many" => {
+            // A bound for a loaded machine, not a timing assertion: every thread must answer.
+            threads::set_timeout(Duration::from_secs(30));
+            let b = Arc::new(Barrier::new(201));
+            let stop = Arc::new(AtomicBool::new(false));
+            let mut handles = Vec::new();
+            for i in 0..200 {
+                let (b, stop) = (b.clone(), stop.clone());
+                handles.push(
+                    std::thread::Builder::new()
+                        .name(format!("w{i}"))
+                        .spawn(move || parked_worker(b, stop))
+                        .unwrap(),
+                );
+            }
+            b.wait();
+            std::thread::sleep(Duration::from_millis(100));
+            let s = threads::dump_all(1);
+            println!(
+                "summary {} {} {} {}",
+                s.threads, s.stacks, s.timeouts, s.gone
+            );
+            stop.store(true, Ordering::SeqCst);
+            for h in handles {
+                h.thread().unpark();
+                h.join().unwrap();
+            }
+        }
+        "concurrent" => {
+            threads::set_timeout(Duration::from_secs(30));
+            for i in 0..4 {
+                spawn_named(&format!("sleepy{i}"), || sleeper(5000));
+            }
+            let files = [MemFile::new(), MemFile::new()];
+            let fds = [files[0].0, files[1].0];
+            let start = Arc::new(Barrier::new(2));
+            // Both dumpers stay alive until both dumps are written.
+            let end = Arc::new(Barrier::new(2));
+            let dumpers: Vec<_> = fds
+                .iter()
+                .enumerate()
+                .map(|(i, &fd)| {
+                    let (start, end) = (start.clone(), end.clone());
+                    std::thread::Builder::new()
+                        .name(format!("dumper{i}"))
+                        .spawn(move || {
+                            start.wait();
+                            let s = threads::dump_all(fd);
+                            end.wait();
+                            s
+                        })
+                        .unwrap()
+                })
+                .collect();
+            for d in dumpers {
+                let s = d.join().unwrap();
+                println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            }
+            for (i, f) in files.iter().enumerate() {
+                println!("=== dump {i}");
+                println!("{}", f.text());
+            }
+        }
+        "sigquit" => {
+            threads::install_dump_signal(libc::SIGQUIT).expect("dump signal");
+            spawn_named("quitworker", || sleeper(5000));
+            std::thread::sleep(Duration::from_millis(100));
+            // SAFETY: a process-directed signal to ourselves.
+            unsafe { libc::kill(libc::getpid(), libc::SIGQUIT) };
+            std::thread::sleep(Duration::from_millis(500));
+            println!("continued after SIGQUIT");
+        }
+        "crash" | "crash-alloc" => {
+            // Every thread but the masked one must answer within this, also on a loaded machine.
+            threads::set_timeout(Duration::from_secs(3));
+            if name == "crash-alloc" {
+                install_count_reporter();
+            }
+            selftrace::crash::builder()
+                .all_threads(true)
+                .install()
+                .expect("install");
+            let count = name == "crash-alloc";
+            spawn_named("spinner", move || {
+                if count {
+                    counting::start();
+                }
+                caller_spin()
+            });
+            spawn_named("sleeper", move || {
+                if count {
+                    counting::start();
+                }
+                sleeper(10_000)
+            });
+            let lock = Arc::new(Mutex::new(0u32));
+            let (hold_r, _hold_w) = pipe();
+            let l1 = lock.clone();
+            spawn_named("holder", move || {
+                if count {
+                    counting::start();
+                }
+                hold_lock(&l1, hold_r)
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            let l2 = lock.clone();
+            spawn_named("waiter", move || {
+                if count {
+                    counting::start();
+                }
+                wait_for_lock(&l2)
+            });
+            let stop = Arc::new(AtomicBool::new(false));
+            let ready = Arc::new(AtomicBool::new(false));
+            let (s2, r2) = (stop.clone(), ready.clone());
+            spawn_named("masked", move || blocked_spin(&s2, &r2));
+            while !ready.load(Ordering::SeqCst) || !spinner::SPINNING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            if count {
+                BASELINE.store(counting::start(), Ordering::SeqCst);
+            }
+            crash_here();
+        }
+        "alloc" => {
+            // The stack-request handler, in a thread that counts its allocations.
+            let counted = Arc::new(AtomicUsize::new(usize::MAX));
+            let c2 = counted.clone();
+            let tid = spawn_named("counted", move || {
+                let t = counting::start();
+                caller_spin();
+                c2.store(counting::stop(t), Ordering::SeqCst);
+            });
+            while !spinner::SPINNING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let mut frames = [0usize; 64];
+            // The requester side too.
+            let t = counting::start();
+            let n = threads::capture_thread(tid, &mut frames, Duration::from_secs(5));
+            let requester = counting::stop(t);
+            println!("capture {:?}", n.map(|n| n > 2));
+            println!("requester allocations {requester}");
+            // The dump-on-signal handler, run in this (counting) thread, dumping every thread.
+            let devnull = std::fs::File::create("/dev/null").unwrap();
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&devnull);
+            threads::install_dump_signal_to(libc::SIGQUIT, fd).expect("dump signal");
+            let t = counting::start();
+            // SAFETY: a signal to this thread; its handler runs before tgkill returns.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    libc::getpid(),
+                    libc::gettid(),
+                    libc::SIGQUIT,
+                )
+            };
+            let handler = counting::stop(t);
+            println!("dump handler allocations {handler}");
+            spinner::STOP.store(true, Ordering::SeqCst);
+            while counted.load(Ordering::SeqCst) == usize::MAX {
+                std::thread::yield_now();
+            }
+            println!(
+                "answering thread allocations {}",
+                counted.load(Ordering::SeqCst)
+            );
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+#[inline(never)]
+fn crash_here() {
+    // SAFETY: deliberately invalid: the scenario is a crash.
+    let v = unsafe { std::ptr::read_volatile(black_box(0usize) as *const u64) };
+    black_box(v);
+}
+
+static BASELINE: AtomicUsize = AtomicUsize::new(0);
+
+/// A SIGSEGV handler installed before selftrace's: the crash handler chains to it after its
+/// report, and it prints how many allocations counting threads made since the baseline.
+fn install_count_reporter() {
+    extern "C" fn report(_sig: i32) {
+        let calls = counting::start() - BASELINE.load(Ordering::SeqCst);
+        let mut buf = [0u8; 64];
+        let mut w = selftrace::symbolize::FixedBuf::new(&mut buf);
+        w.push_bytes(b"crash path allocations ");
+        w.push_dec(calls as u64);
+        w.push_bytes(b"\n");
+        // SAFETY: writing a valid buffer to stderr.
+        unsafe { libc::write(2, w.as_bytes().as_ptr().cast(), w.len()) };
+    }
+    // SAFETY: installs a plain handler.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = report as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+    }
+}
+
+/// In a child (THREADS_SCENARIO set): run the scenario. In the parent: nothing.
+#[test]
+fn child_entry() {
+    let Ok(name) = std::env::var("THREADS_SCENARIO") else {
+        return;
+    };
+    scenario(&name);
+    std::process::exit(0);
+}
+
+// ---- the parent's side ----------------------------------------------------------------------
+
+struct Outcome {
+    stdout: String,
+    stderr: String,
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+/// Runs scenario `name` in a child; kills it after 120 s (a hang is a failure, not a stuck
+/// test run).
+fn run(name: &str) -> Outcome {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("THREADS_SCENARIO", name)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run child");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "scenario {name} hung; stdout:\n{}\nstderr:\n{}",
+                o.join().unwrap(),
+                e.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Outcome {
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+        code: status.code(),
+        signal: status.signal(),
+    }
+}
+
+/// The block of the dump for thread `name`: its header line up to the next blank line.
+fn block<'a>(text: &'a str, name: &str) -> &'a str {
+    let head = format!("thread \"{name}\" tid ");
+    let at = text
+        .find(&head)
+        .unwrap_or_else(|| panic!("no thread {name} in:\n{text}"));
+    let rest = &text[at..];
+    let end = rest
+        .find("\n\n")
+        .or_else(|| rest.find("\nObjects:"))
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// The function names of a block's frames, in order.
+fn frame_names(block: &str) -> Vec<&str> {
+    block
+        .lines()
+        .filter(|l| l.starts_with(" #"))
+        .map(|l| {
+            let name = l.split(" : ").nth(1).unwrap_or("");
+            name.split('+').next().unwrap_or("")
+        })
+        .collect()
+}
+
+#[test]
+fn a_spinning_thread_shows_the_function_it_spins_in() {
+    let o = run("spin");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let frames: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("frame "))
+        .collect();
+    // Frame 0 is the exact pc: inside the spin loop.
+    assert_eq!(
+        frames.first().copied(),
+        Some("threads::spinner::spin_until_stopped"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        frames[1..4].contains(&"threads::caller_spin"),
+        "{}",
+        o.stdout
+    );
+    // The calling thread's own stack, through the signal to itself.
+    let own: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("self "))
+        .collect();
+    assert!(
+        own.iter().any(|n| n.contains("threads::scenario")),
+        "{}",
+        o.stdout
+    );
+    // The dump: the spinner, and the dumping thread itself.
+    let b = block(&o.stdout, "spinner");
+    assert!(b.contains(", state R (running), cpu "), "{b}");
+    let names = frame_names(b);
+    assert_eq!(names[0], "threads::spinner::spin_until_stopped", "{b}");
+    assert!(names.contains(&"threads::caller_spin"), "{b}");
+    let me = block(&o.stdout, "child_entry");
+    assert!(frame_names(me).contains(&"threads::scenario"), "{me}");
+    assert!(
+        o.stdout.contains("---[ end of all threads ]---"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("Objects:"), "{}", o.stdout);
+}
+
+#[test]
+fn blocked_threads_show_their_system_call_and_the_call_goes_on() {
+    let o = run("syscalls");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    // The mutex holder (blocked in read) and the waiter (blocked in the futex): both stacks.
+    let holder = block(&o.stdout, "holder");
+    let names = frame_names(holder);
+    assert!(names[0].contains("read"), "{holder}");
+    assert!(names.contains(&"threads::hold_lock"), "{holder}");
+    let waiter = block(&o.stdout, "waiter");
+    let names = frame_names(waiter);
+    assert!(names[0].contains("syscall"), "{waiter}");
+    assert!(
+        names
+            .iter()
+            .any(|n| n.contains("Mutex") && n.contains("lock")),
+        "{waiter}"
+    );
+    assert!(names.contains(&"threads::wait_for_lock"), "{waiter}");
+    assert!(waiter.contains("state S (sleeping)"), "{waiter}");
+    let sleeper = block(&o.stdout, "sleeper");
+    assert!(frame_names(sleeper)[0].contains("nanosleep"), "{sleeper}");
+    assert!(
+        frame_names(sleeper).contains(&"threads::sleeper"),
+        "{sleeper}"
+    );
+    let reader = block(&o.stdout, "reader");
+    assert!(frame_names(reader)[0].contains("read"), "{reader}");
+    assert!(
+        frame_names(reader).contains(&"threads::pipe_reader"),
+        "{reader}"
+    );
+    // SA_RESTART: the interrupted reads returned their byte, not EINTR.
+    assert!(
+        o.stdout.contains("reader read returned 1 (ok)"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("holder read returned 1"), "{}", o.stdout);
+    assert!(o.stdout.contains("lock taken 0"), "{}", o.stdout);
+}
+
+#[test]
+fn a_thread_with_the_signal_blocked_times_out() {
+    let o = run("blocked");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    assert!(o.stdout.contains("capture Err(Timeout)"), "{}", o.stdout);
+    let b = block(&o.stdout, "masked");
+    assert!(b.contains("state R (running)"), "{b}");
+    assert!(b.contains(" no stack (timeout)"), "{b}");
+    let summary = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("summary "))
+        .unwrap();
+    let v: Vec<usize> = summary[8..]
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(v[2], 1, "{summary}");
+    assert_eq!(v[1], v[0] - 1, "{summary}");
+}
+
+#[test]
+fn threads_that_exit_are_gone_and_dumps_go_on() {
+    let o = run("exiting");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.contains("exited capture Err(ThreadGone)"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("dumps done"), "{}", o.stdout);
+    let leaver = block(&o.stdout, "leaver");
+    assert!(leaver.contains(" no stack (exited)"), "{leaver}");
+    let summary = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("summary "))
+        .unwrap();
+    let v: Vec<usize> = summary[8..]
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(v[2], 0, "{summary}");
+    assert!(v[3] >= 1, "{summary}");
+}
+
+#[test]
+fn two_hundred_threads() {
+    let o = run("many");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let summary = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("summary "))
+        .unwrap();
+    let v: Vec<usize> = summary[8..]
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(v[0] >= 201, "{summary}");
+    assert_eq!(v[1], v[0], "{summary}");
+    for i in [0, 57, 199] {
+        let b = block(&o.stdout, &format!("w{i}"));
+        assert!(frame_names(b).contains(&"threads::parked_worker"), "{b}");
+    }
+    let parked = o.stdout.matches("threads::parked_worker+").count();
+    assert_eq!(parked, 200, "{}", o.stdout);
+}
+
+#[test]
+fn two_dumps_at_once() {
+    let o = run("concurrent");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let dumps: Vec<&str> = o.stdout.split("=== dump ").skip(1).collect();
+    assert_eq!(dumps.len(), 2, "{}", o.stdout);
+    for (i, d) in dumps.iter().enumerate() {
+        assert_eq!(d.matches("---[ end of all threads ]---").count(), 1, "{d}");
+        for k in 0..4 {
+            let b = block(d, &format!("sleepy{k}"));
+            assert!(frame_names(b).contains(&"threads::sleeper"), "{b}");
+        }
+        // Each dump has the other dumper's stack: it answered while dumping, waiting for its
+        // turn, or waiting for the first to finish.
+        let other = block(d, &format!("dumper{}", 1 - i));
+        assert!(frame_names(other).len() > 2, "{other}");
+    }
+    for l in o.stdout.lines().filter(|l| l.starts_with("summary ")) {
+        let v: Vec<usize> = l[8..].split(' ').map(|x| x.parse().unwrap()).collect();
+        assert_eq!(v[1], v[0], "{l}");
+    }
+}
+
+#[test]
+fn sigquit_dumps_and_the_program_continues() {
+    let o = run("sigquit");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    assert!(o.stdout.contains("continued after SIGQUIT"), "{}", o.stdout);
+    assert!(
+        o.stderr
+            .contains("------------[ selftrace: all threads ]------------"),
+        "{}",
+        o.stderr
+    );
+    let b = block(&o.stderr, "quitworker");
+    assert!(frame_names(b).contains(&"threads::sleeper"), "{b}");
+    assert!(
+        o.stderr.contains("---[ end of all threads ]---"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn a_crash_report_lists_every_thread() {
+    let o = run("crash");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}\n{}", o.stdout, o.stderr);
+    let r = &o.stderr;
+    assert!(r.contains("SIGSEGV (SEGV_MAPERR"), "{r}");
+    // The crashing thread first, then the others.
+    let crash_at = r.find("threads::crash_here+").expect("crashing frame");
+    let others_at = r.find("Other threads:").expect("other threads");
+    assert!(crash_at < others_at, "{r}");
+    let others = &r[others_at..];
+    assert!(!others.contains("thread \"child_entry\" tid "), "{r}");
+    let spin = block(others, "spinner");
+    assert_eq!(
+        frame_names(spin)[0],
+        "threads::spinner::spin_until_stopped",
+        "{spin}"
+    );
+    let sleeper = block(others, "sleeper");
+    assert!(
+        frame_names(sleeper).contains(&"threads::sleeper"),
+        "{sleeper}"
+    );
+    let holder = block(others, "holder");
+    assert!(
+        frame_names(holder).contains(&"threads::hold_lock"),
+        "{holder}"
+    );
+    let waiter = block(others, "waiter");
+    assert!(
+        frame_names(waiter).contains(&"threads::wait_for_lock"),
+        "{waiter}"
+    );
+    let masked = block(others, "masked");
+    assert!(masked.contains("state R (running)"), "{masked}");
+    assert!(masked.contains(" no stack (timeout)"), "{masked}");
+    // One block: a single end line, at the end.
+    assert_eq!(r.matches("---[ end of report ]---").count(), 1, "{r}");
+    assert!(r.trim_end().ends_with("---[ end of report ]---"), "{r}");
+}
+
+#[test]
+fn no_handler_path_allocates() {
+    let o = run("alloc");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    assert!(o.stdout.contains("capture Ok(true)"), "{}", o.stdout);
+    assert!(o.stdout.contains("requester allocations 0"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("dump handler allocations 0"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("answering thread allocations 0"),
+        "{}",
+        o.stdout
+    );
+    let c = run("crash-alloc");
+    assert_eq!(c.signal, Some(libc::SIGSEGV), "{}", c.stderr);
+    assert!(c.stderr.contains("Other threads:"), "{}", c.stderr);
+    assert!(
+        c.stderr.contains("crash path allocations 0"),
+        "{}",
+        c.stderr
+    );
+}

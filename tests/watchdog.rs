@@ -1,0 +1,303 @@
+//! The stall watchdog, one child process per scenario (threads stall on purpose): one report
+//! per stall with the stalled function on its stack, busy versus blocked, the recovery line,
+//! the trace marker instant, the callback and the abort action.
+
+use selftrace::watchdog::{self, Action};
+use std::hint::black_box;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+// ---- the child's side -----------------------------------------------------------------------
+
+/// Spins for `d` without petting.
+#[inline(never)]
+fn busy_stall(d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        black_box(());
+    }
+}
+
+/// Sleeps for `d` without petting.
+#[inline(never)]
+fn blocked_stall(d: Duration) {
+    std::thread::sleep(d);
+    black_box(());
+}
+
+/// Pets for `d`.
+fn healthy(w: &watchdog::Watch, d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        w.pet();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn worker(
+    name: &'static str,
+    stall: fn(Duration),
+    stall_for: Duration,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let w = watchdog::watch_with_timeout(name, Duration::from_millis(300));
+            healthy(&w, Duration::from_millis(200));
+            stall(stall_for);
+            healthy(&w, Duration::from_millis(400));
+        })
+        .unwrap()
+}
+
+fn scenario(name: &str) {
+    println!();
+    selftrace::init().expect("init");
+    watchdog::set_period(Duration::from_millis(20));
+    if let Ok(path) = std::env::var("MARKER_FILE") {
+        selftrace::trace::set_marker_path(path).expect("marker file");
+    }
+    match name {
+        "busy" | "blocked" => {
+            let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+            let s2 = seen.clone();
+            watchdog::set_action(Action::Callback(Arc::new(move |s| {
+                let names: Vec<String> = s
+                    .stack
+                    .as_ref()
+                    .map(|f| {
+                        f.iter()
+                            .enumerate()
+                            .filter_map(|(i, &a)| {
+                                let k = selftrace::symbolize::frame_kind(f, i, true);
+                                selftrace::symbolize(k.lookup_address(a))?
+                                    .name_str()
+                                    .map(String::from)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                s2.lock().unwrap().push(format!(
+                    "callback {} busy={} stall_fn={}",
+                    s.name,
+                    s.busy,
+                    names.iter().any(|n| n.contains("_stall"))
+                ));
+            })));
+            let w = if name == "busy" {
+                worker("cruncher", busy_stall, Duration::from_millis(1500))
+            } else {
+                worker("sleepy", blocked_stall, Duration::from_millis(1500))
+            };
+            w.join().unwrap();
+            // A few more ticks: a single report, whatever happens next.
+            std::thread::sleep(Duration::from_millis(200));
+            for l in seen.lock().unwrap().iter() {
+                println!("{l}");
+            }
+        }
+        "abort" => {
+            selftrace::crash::builder()
+                .all_threads(true)
+                .install()
+                .expect("install");
+            selftrace::threads::set_timeout(Duration::from_secs(3));
+            watchdog::set_action(Action::Abort);
+            // Stuck for longer than the abort takes (the crash report waits for the symbolizer
+            // and for each thread): the crash report must still see it stuck.
+            let w = worker("stuck", blocked_stall, Duration::from_secs(100));
+            w.join().unwrap();
+            println!("not aborted");
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+/// In a child (WATCHDOG_SCENARIO set): run the scenario. In the parent: nothing.
+#[test]
+fn child_entry() {
+    let Ok(name) = std::env::var("WATCHDOG_SCENARIO") else {
+        return;
+    };
+    scenario(&name);
+    std::process::exit(0);
+}
+
+// ---- the parent's side ----------------------------------------------------------------------
+
+struct Outcome {
+    stdout: String,
+    stderr: String,
+    markers: String,
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+/// Runs scenario `name` in a child with a marker file; kills it after 120 s.
+fn run(name: &str) -> Outcome {
+    let marker = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("watchdog-markers-{name}-{}", std::process::id()));
+    std::fs::write(&marker, b"").unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("WATCHDOG_SCENARIO", name)
+        .env("MARKER_FILE", &marker)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run child");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(&marker);
+            panic!("scenario {name} hung:\n{}", e.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let markers = std::fs::read_to_string(&marker).unwrap_or_default();
+    let _ = std::fs::remove_file(&marker);
+    Outcome {
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+        markers,
+        code: status.code(),
+        signal: status.signal(),
+    }
+}
+
+/// The seconds of the `recovered after N.NNNs` line (the thread did not pet for 1.5 s).
+fn recovered_after(stderr: &str) -> f64 {
+    let at = stderr.find(" recovered after ").expect("recovery line") + 17;
+    let rest = &stderr[at..];
+    rest[..rest.find('s').unwrap()].parse().unwrap()
+}
+
+/// The frames' function names of the watchdog report.
+fn report_frames(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("------------[ selftrace: watchdog ]"))
+        .take_while(|l| !l.starts_with("---[ end of watchdog report ]---"))
+        .filter(|l| l.starts_with(" #"))
+        .map(|l| {
+            let n = l.split(" : ").nth(1).unwrap_or("");
+            n.split('+').next().unwrap_or("")
+        })
+        .collect()
+}
+
+#[test]
+fn a_busy_thread_is_a_soft_lockup_reported_once_then_recovers() {
+    let o = run("busy");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let e = &o.stderr;
+    assert_eq!(
+        e.matches("------------[ selftrace: watchdog ]").count(),
+        1,
+        "{e}"
+    );
+    assert_eq!(
+        e.matches("watchdog: BUG: soft lockup - thread cruncher:")
+            .count(),
+        1,
+        "{e}"
+    );
+    assert!(e.contains("busy: the thread used "), "{e}");
+    assert!(e.contains("thread \"cruncher\" tid "), "{e}");
+    let frames = report_frames(e);
+    assert!(frames.contains(&"watchdog::busy_stall"), "{e}");
+    assert_eq!(e.matches("watchdog: thread cruncher:").count(), 1, "{e}");
+    assert!(recovered_after(e) >= 1.0, "{e}");
+    // The callback ran once, with the stack.
+    assert_eq!(
+        o.stdout
+            .matches("callback cruncher busy=true stall_fn=true")
+            .count(),
+        1,
+        "{}",
+        o.stdout
+    );
+    // The marker instants, in the trace_marker grammar.
+    assert!(
+        o.markers.contains("|watchdog: busy cruncher:"),
+        "{}",
+        o.markers
+    );
+    assert!(o.markers.contains("recovered"), "{}", o.markers);
+    assert!(
+        o.markers.lines().all(|l| l.starts_with("I|")),
+        "{}",
+        o.markers
+    );
+}
+
+#[test]
+fn a_blocked_thread_is_a_hung_task_reported_once_then_recovers() {
+    let o = run("blocked");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let e = &o.stderr;
+    assert_eq!(
+        e.matches("------------[ selftrace: watchdog ]").count(),
+        1,
+        "{e}"
+    );
+    assert_eq!(e.matches("watchdog: INFO: task sleepy:").count(), 1, "{e}");
+    assert!(e.contains(" blocked for more than 0.300s ("), "{e}");
+    assert!(e.contains("blocked: the thread used 0.0"), "{e}");
+    let frames = report_frames(e);
+    assert!(frames[0].contains("nanosleep"), "{e}");
+    assert!(frames.contains(&"watchdog::blocked_stall"), "{e}");
+    assert_eq!(e.matches("watchdog: thread sleepy:").count(), 1, "{e}");
+    assert!(recovered_after(e) >= 1.0, "{e}");
+    assert_eq!(
+        o.stdout
+            .matches("callback sleepy busy=false stall_fn=true")
+            .count(),
+        1,
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.markers.contains("|watchdog: blocked sleepy:"),
+        "{}",
+        o.markers
+    );
+}
+
+#[test]
+fn the_abort_action_dies_with_an_all_thread_report() {
+    let o = run("abort");
+    assert_eq!(o.signal, Some(libc::SIGABRT), "{}\n{}", o.stdout, o.stderr);
+    assert!(!o.stdout.contains("not aborted"), "{}", o.stdout);
+    let e = &o.stderr;
+    assert!(e.contains("watchdog: INFO: task stuck:"), "{e}");
+    assert!(e.contains("watchdog: aborting"), "{e}");
+    // The crash report, from the watchdog thread, with every other thread.
+    assert!(e.contains("SIGABRT"), "{e}");
+    assert!(e.contains("thread \"watchdog\""), "{e}");
+    let others = &e[e.find("Other threads:").expect("other threads")..];
+    let stuck = &others[others.find("thread \"stuck\" tid ").expect("stuck thread")..];
+    assert!(stuck.contains("watchdog::blocked_stall+"), "{stuck}");
+    assert!(e.trim_end().ends_with("---[ end of report ]---"), "{e}");
+}
