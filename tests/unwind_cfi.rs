@@ -432,3 +432,54 @@ extern "C" fn dump_callback() {
     selftrace::crash::dump_stack_to(DUMP_FD.load(std::sync::atomic::Ordering::Relaxed));
     black_box(());
 }
+
+static SPIN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+static SPIN_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn spin_callback() {
+    SPIN_TID.store(
+        selftrace::threads::current_tid(),
+        std::sync::atomic::Ordering::Release,
+    );
+    while SPIN.load(std::sync::atomic::Ordering::Relaxed) {
+        std::hint::spin_loop();
+    }
+    black_box(());
+}
+
+/// Another thread stuck under a frame whose CFI cannot be evaluated: its captured stack says
+/// where and why it stops, and an all-thread dump prints the truncation line.
+#[test]
+fn another_threads_truncated_stack_is_reported() {
+    selftrace::init().expect("init");
+    let t = std::thread::spawn(|| {
+        // SAFETY: the fixture calls spin_callback once and returns.
+        unsafe { st_bad_cfi(spin_callback) };
+    });
+    while SPIN_TID.load(std::sync::atomic::Ordering::Acquire) == 0 {
+        std::thread::yield_now();
+    }
+    let tid = SPIN_TID.load(std::sync::atomic::Ordering::Acquire);
+    let mut buf = [0usize; 64];
+    let walk =
+        selftrace::threads::capture_thread_walk(tid, &mut buf, std::time::Duration::from_secs(5))
+            .expect("the thread answers");
+    let t_end = walk.truncation().expect("truncated");
+    assert_eq!(t_end.reason, StopReason::NoUnwindRule);
+    let name = selftrace::symbolize(t_end.pc - 1)
+        .and_then(|s| s.name)
+        .map(|n| String::from_utf8_lossy(n).into_owned());
+    assert_eq!(name.as_deref(), Some("st_bad_cfi"));
+    let path = std::env::temp_dir().join(format!("selftrace-cfi-dump-{}", std::process::id()));
+    let f = std::fs::File::create(&path).expect("dump file");
+    selftrace::threads::dump_all(std::os::fd::AsRawFd::as_raw_fd(&f));
+    drop(f);
+    let text = std::fs::read_to_string(&path).expect("read dump");
+    let _ = std::fs::remove_file(&path);
+    SPIN.store(false, std::sync::atomic::Ordering::Relaxed);
+    t.join().expect("join");
+    assert!(
+        text.contains("stack truncated: no unwind rule at 0x"),
+        "{text}"
+    );
+}

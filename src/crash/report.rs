@@ -21,7 +21,7 @@
 
 use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
 use crate::sys;
-use crate::unwind::{Truncation, WalkEnd};
+use crate::unwind::WalkEnd;
 
 /// Where a report goes and how frames are printed.
 #[derive(Clone, Copy)]
@@ -184,23 +184,7 @@ pub(crate) fn call_trace_with_lines(
             w.push_dec(frames.len() as u64);
             w.push_bytes(b" frames)");
         }),
-        WalkEnd::Truncated(t) => out.line(|w| truncation_line(w, &t)),
-    }
-}
-
-/// ` stack truncated: no unwind rule at 0x7f3a2c1d2e40 [libfoo.so+0x2e40]`: the walk could not
-/// find the caller of its last frame, and says why instead of guessing.
-pub(crate) fn truncation_line(w: &mut FixedBuf<'_>, t: &Truncation) {
-    w.push_bytes(b" stack truncated: ");
-    w.push_str(t.reason.as_str());
-    w.push_bytes(b" at ");
-    w.push_0x(t.pc);
-    if let Some(s) = symbolize::symbolize(t.pc) {
-        w.push_bytes(b" [");
-        w.push_str(crate::modules::short_name(s.path));
-        w.push_bytes(b"+");
-        w.push_0x(t.pc.wrapping_sub(s.bias));
-        w.push_bytes(b"]");
+        WalkEnd::Truncated(t) => out.line(|w| symbolize::write_truncation(w, &t)),
     }
 }
 

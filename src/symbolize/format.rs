@@ -384,6 +384,23 @@ pub fn write_kernel_frame(
     out.len()
 }
 
+/// ` stack truncated: no unwind rule at 0x7f3a2c1d2e40 [libfoo.so+0x2e40]`: where and why a
+/// walk stopped before the outermost frame (crash reports, `dump_stack()`, thread dumps).
+/// Async-signal-safe.
+pub(crate) fn write_truncation(w: &mut FixedBuf<'_>, t: &crate::Truncation) {
+    w.push_bytes(b" stack truncated: ");
+    w.push_str(t.reason.as_str());
+    w.push_bytes(b" at ");
+    w.push_0x(t.pc);
+    if let Some(s) = super::symbolize(t.pc) {
+        w.push_bytes(b" [");
+        w.push_str(crate::modules::short_name(s.path));
+        w.push_bytes(b"+");
+        w.push_0x(t.pc.wrapping_sub(s.bias));
+        w.push_bytes(b"]");
+    }
+}
+
 /// The body of [`write_kernel_frame`].
 pub(crate) fn kernel_frame_for(
     out: &mut FixedBuf<'_>,

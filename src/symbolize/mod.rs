@@ -56,6 +56,7 @@ mod format;
 mod index;
 mod lines;
 
+pub(crate) use format::write_truncation;
 pub use format::{
     demangle_into, demangle_to, write_kernel_frame, FixedBuf, FrameKind, KernelOptions,
     SymbolsOptions,

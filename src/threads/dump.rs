@@ -157,7 +157,7 @@ pub(crate) fn push_seconds(w: &mut FixedBuf<'_>, ns: u64) {
 }
 
 /// A call trace in `dump_stack()`'s frame format.
-pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, cap_hit: bool) {
+pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, end: crate::WalkEnd) {
     out.line(|w| w.push_bytes(b"Call Trace:"));
     for i in 0..frames.len() {
         let kind = symbolize::frame_kind(frames, i, first_exact);
@@ -173,12 +173,14 @@ pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, cap_hit:
             }
         });
     }
-    if cap_hit {
-        out.line(|w| {
+    match end {
+        crate::WalkEnd::Complete => {}
+        crate::WalkEnd::BufferFull => out.line(|w| {
             w.push_bytes(b" (trace cut at ");
             w.push_dec(frames.len() as u64);
             w.push_bytes(b" frames)");
-        });
+        }),
+        crate::WalkEnd::Truncated(t) => out.line(|w| symbolize::write_truncation(w, &t)),
     }
 }
 
@@ -191,9 +193,9 @@ pub(crate) fn thread_body(
     objects: &mut Objects,
 ) {
     match answer {
-        Answer::Frames(n) => {
+        Answer::Frames(n, end) => {
             let f = &frames[..n.min(frames.len())];
-            call_trace(out, f, first_exact, n == request::SLOT_FRAMES);
+            call_trace(out, f, first_exact, end);
             objects.add(f);
         }
         Answer::Timeout => out.line(|w| w.push_bytes(b" no stack (timeout)")),
@@ -216,7 +218,8 @@ enum Pending {
 /// Captures the calling thread's stack without the signal (when it is blocked here).
 #[inline(never)]
 fn capture_myself(frames: &mut [usize]) -> Answer {
-    Answer::Frames(crate::capture(frames))
+    let walk = crate::capture_walk(frames);
+    Answer::Frames(walk.frames, walk.end)
 }
 
 /// Posts a request for `tid` (or settles it at once: gone, or the caller itself).
@@ -308,7 +311,7 @@ pub(crate) fn threads_section(
         thread_body(out, answer, &frames, first_exact, objects);
         summary.threads += 1;
         match answer {
-            Answer::Frames(_) => summary.stacks += 1,
+            Answer::Frames(..) => summary.stacks += 1,
             Answer::Timeout => summary.timeouts += 1,
             Answer::Gone => summary.gone += 1,
         }

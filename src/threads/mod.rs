@@ -191,16 +191,27 @@ pub fn current_tid() -> i32 {
 /// Async-signal-safe.
 #[inline(never)]
 pub fn capture_thread(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<usize, Error> {
+    capture_thread_walk(tid, buf, timeout).map(|w| w.frames)
+}
+
+/// Like [`capture_thread`], and says how the thread's walk ended (complete, buffer full, or
+/// truncated and why). Async-signal-safe.
+#[inline(never)]
+pub fn capture_thread_walk(
+    tid: i32,
+    buf: &mut [usize],
+    timeout: Duration,
+) -> Result<crate::Walk, Error> {
     install()?;
     let deadline = sys::monotonic_ns().saturating_add(duration_ns(timeout));
     if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
-        return Ok(crate::capture(buf));
+        return Ok(crate::capture_walk(buf));
     }
     loop {
         match request::post(tid) {
             Ok(Some(t)) => {
                 return match request::wait_one(&t, deadline, buf) {
-                    request::Answer::Frames(n) => Ok(n),
+                    request::Answer::Frames(frames, end) => Ok(crate::Walk { frames, end }),
                     request::Answer::Timeout => Err(Error::Timeout),
                     request::Answer::Gone => Err(Error::ThreadGone),
                 };
@@ -305,15 +316,15 @@ pub(crate) fn write_thread(
     fd: i32,
     tid: i32,
     info: Option<&ThreadInfo>,
-    stack: Result<&[usize], Error>,
+    stack: Result<(&[usize], crate::WalkEnd), Error>,
 ) {
     let out = dump::Out { fd };
     dump::thread_header(out, tid, info);
     let mut objects = dump::Objects::new();
     match stack {
-        Ok(frames) => dump::thread_body(
+        Ok((frames, end)) => dump::thread_body(
             out,
-            request::Answer::Frames(frames.len()),
+            request::Answer::Frames(frames.len(), end),
             frames,
             true,
             &mut objects,

@@ -55,6 +55,8 @@ struct Slot {
     target: AtomicI32,
     frames: AtomicUsize,
     buf: UnsafeCell<[usize; SLOT_FRAMES]>,
+    /// How the handler's walk ended (written and read like `buf`).
+    end: UnsafeCell<crate::WalkEnd>,
 }
 
 // SAFETY: `buf` is written only by the handler that moved the slot to RUNNING and read only by
@@ -67,6 +69,7 @@ static TABLE: [Slot; SLOTS] = [const {
         target: AtomicI32::new(0),
         frames: AtomicUsize::new(0),
         buf: UnsafeCell::new([0; SLOT_FRAMES]),
+        end: UnsafeCell::new(crate::WalkEnd::Complete),
     }
 }; SLOTS];
 
@@ -87,8 +90,8 @@ pub(crate) struct Ticket {
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
-    /// The handler ran: this many frames are in the slot.
-    Frames(usize),
+    /// The handler ran: this many frames are in the slot, and how the walk ended.
+    Frames(usize, crate::WalkEnd),
     /// The thread no longer exists.
     Gone,
     /// No answer by the deadline.
@@ -143,7 +146,10 @@ pub(crate) fn poll(t: &Ticket) -> Option<Answer> {
     let slot = &TABLE[t.slot];
     let w = slot.word.load(Ordering::Acquire);
     if w == with_state(t.word, DONE) {
-        return Some(Answer::Frames(slot.frames.load(Ordering::Relaxed)));
+        // SAFETY: DONE for this generation: the handler finished writing `end` (Release/Acquire
+        // on the word) and nobody writes it until the slot is released.
+        let end = unsafe { *slot.end.get() };
+        return Some(Answer::Frames(slot.frames.load(Ordering::Relaxed), end));
     }
     None
 }
@@ -229,11 +235,16 @@ pub(crate) fn wait_one(t: &Ticket, deadline: u64, out: &mut [usize]) -> Answer {
 
 fn finish(t: &Ticket, a: Answer, out: &mut [usize]) -> Answer {
     let a = match a {
-        Answer::Frames(n) => {
+        Answer::Frames(n, end) => {
             let f = frames(t, n);
             let k = f.len().min(out.len());
             out[..k].copy_from_slice(&f[..k]);
-            Answer::Frames(k)
+            let end = if k < f.len() {
+                crate::WalkEnd::BufferFull
+            } else {
+                end
+            };
+            Answer::Frames(k, end)
         }
         other => other,
     };
@@ -280,8 +291,10 @@ pub(crate) extern "C" fn on_capture_signal(
         // SAFETY: RUNNING for this generation makes the buffer ours until DONE/FREE.
         let buf = unsafe { &mut *slot.buf.get() };
         // SAFETY: uc is the ucontext_t the kernel passed to this SA_SIGINFO handler.
-        let n = unsafe { crate::capture_from_ucontext(uc as *const libc::ucontext_t, buf) };
-        slot.frames.store(n, Ordering::Relaxed);
+        let walk = unsafe { crate::capture_walk_from_ucontext(uc as *const libc::ucontext_t, buf) };
+        // SAFETY: RUNNING makes `end` ours too, like the buffer.
+        unsafe { *slot.end.get() = walk.end };
+        slot.frames.store(walk.frames, Ordering::Relaxed);
         if slot
             .word
             .compare_exchange(

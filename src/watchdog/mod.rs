@@ -98,6 +98,8 @@ pub struct Stall {
     pub busy: bool,
     /// The thread's stack (frame 0 exact), or why there is none.
     pub stack: Result<Vec<usize>, Error>,
+    /// How the walk of [`Stall::stack`] ended (complete, or truncated and why).
+    pub stack_end: Option<crate::WalkEnd>,
 }
 
 /// One watched thread.
@@ -327,8 +329,10 @@ fn check(slot: &Slot, now: u64) {
     let busy = running || cpu.saturating_mul(10) >= observed_ms * 1_000_000;
     drop(st);
     let mut frames = vec![0usize; 256];
-    let stack = threads::capture_thread(slot.tid, &mut frames, Duration::from_secs(1)).map(|n| {
-        frames.truncate(n);
+    let walk = threads::capture_thread_walk(slot.tid, &mut frames, Duration::from_secs(1));
+    let stack_end = walk.as_ref().ok().map(|w| w.end);
+    let stack = walk.map(|w| {
+        frames.truncate(w.frames);
         frames
     });
     let stall = Stall {
@@ -340,6 +344,7 @@ fn check(slot: &Slot, now: u64) {
         observed: Duration::from_millis(observed_ms),
         busy,
         stack,
+        stack_end,
     };
     report(&stall);
     let action = ACTION
@@ -410,7 +415,11 @@ fn report(s: &Stall) {
     let _lock = threads::lock::OutputLock::acquire();
     let _ = sys::write_all(fd, text.as_bytes());
     let info = threads::info(s.tid);
-    threads::write_thread(fd, s.tid, info.as_ref(), s.stack.as_deref().map_err(|e| *e));
+    let stack = match &s.stack {
+        Ok(f) => Ok((&f[..], s.stack_end.unwrap_or(crate::WalkEnd::Complete))),
+        Err(e) => Err(*e),
+    };
+    threads::write_thread(fd, s.tid, info.as_ref(), stack);
     let _ = sys::write_all(fd, b"---[ end of watchdog report ]---\n");
 }
 
