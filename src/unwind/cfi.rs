@@ -135,11 +135,26 @@ impl UnwindData {
         }
     }
 
-    /// The rule for `lookup` (a pc, or a return address minus one). Async-signal-safe.
-    pub(crate) fn find(&self, ctx: &mut Ctx, lookup: usize) -> Found {
-        match self.with_row(ctx, lookup, |row, _, _| compile(row)) {
-            Ok(rule) => Found::Rule(rule),
-            Err(f) => f,
+    /// The rule for `lookup` (a pc, or a return address minus one), and when the rule needs the
+    /// full evaluator, that evaluation too
+    /// (on `regs`), from the same pass over the CFI: a miss in code whose rules are expressions
+    /// (OpenSSL's assembly, sampled at ever new pcs) derives the row once, not twice.
+    /// Async-signal-safe.
+    pub(crate) fn find_and_eval(
+        &self,
+        ctx: &mut Ctx,
+        lookup: usize,
+        regs: &mut RegSet,
+        mem: &mut CheckedMemory<'_>,
+    ) -> (Found, Option<Result<bool, StopReason>>) {
+        match self.with_row(ctx, lookup, |row, section, encoding| {
+            let rule = compile(row);
+            let eval =
+                (rule.kind == Kind::Slow).then(|| eval_row(row, section, encoding, regs, mem));
+            (rule, eval)
+        }) {
+            Ok((rule, eval)) => (Found::Rule(rule), eval),
+            Err(f) => (f, None),
         }
     }
 

@@ -197,21 +197,24 @@ struct Bucket([Entry; WAYS]);
 
 /// The shared rule cache (see the module docs).
 pub(crate) struct RuleCache {
-    buckets: Box<[Bucket]>,
+    buckets: Box<[Bucket; ENTRIES / WAYS]>,
 }
 
 impl RuleCache {
     /// An empty cache. Allocates: normal context.
     pub(crate) fn new() -> RuleCache {
-        RuleCache {
-            buckets: (0..ENTRIES / WAYS).map(|_| Bucket::default()).collect(),
+        let v: Vec<Bucket> = (0..ENTRIES / WAYS).map(|_| Bucket::default()).collect();
+        match v.into_boxed_slice().try_into() {
+            Ok(buckets) => RuleCache { buckets },
+            // The vector has exactly ENTRIES / WAYS buckets.
+            Err(_) => unreachable!(),
         }
     }
 
     #[inline(always)]
     fn bucket(&self, key: u64) -> &Bucket {
         // Return addresses differ mostly in their low bits; fold the page bits in.
-        let h = (key ^ (key >> 13) ^ (key >> 27)) as usize;
+        let h = (key ^ (key >> 13)) as usize;
         &self.buckets[h % (ENTRIES / WAYS)]
     }
 
@@ -219,6 +222,28 @@ impl RuleCache {
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<Rule> {
         self.get_raw(key).and_then(Rule::unpack)
+    }
+
+    /// The first two packed words of the cached rule of `key`: all the hot loop needs (the
+    /// kind, CFA, return address, and the save slots of rbx, rbp, r12 and r13).
+    #[inline(always)]
+    pub(crate) fn get_head(&self, key: u64) -> Option<[u64; 2]> {
+        for e in &self.bucket(key).0 {
+            let h1 = e.head.load(Ordering::Acquire);
+            if h1 & (KEY_MASK | 1 << KEY_BITS) != key {
+                continue;
+            }
+            let w = [
+                e.rule[0].load(Ordering::Relaxed),
+                e.rule[1].load(Ordering::Relaxed),
+            ];
+            fence(Ordering::Acquire);
+            if e.head.load(Ordering::Relaxed) != h1 {
+                continue;
+            }
+            return Some(w);
+        }
+        None
     }
 
     /// The packed words of the cached rule of `key` (see [`Rule`]'s packing).

@@ -485,7 +485,13 @@ fn fast_frames(
         }
     }
     let end = loop {
-        let Some(w) = cache.get_raw(rules::key(pc, false)) else {
+        let key = rules::key(pc, false);
+        let w = if precise {
+            cache.get_raw(key)
+        } else {
+            cache.get_head(key).map(|[a, b]| [a, b, 0])
+        };
+        let Some(w) = w else {
             break Fast::Slow;
         };
         if w[0] & rules::FAST_MASK != Kind::Cfi as u64 {
@@ -785,6 +791,8 @@ impl Walker<'_, '_> {
         let o = &state.objects[i];
         let lookup = if exact { pc } else { pc.wrapping_sub(1) };
         let key = rules::key(pc, exact);
+        let mut evaluated = None;
+        let mut new = *regs;
         let rule = match state.cache.get(key) {
             Some(r) => r,
             None => {
@@ -797,11 +805,16 @@ impl Walker<'_, '_> {
                     match (&o.unwind, self.ctx.as_deref_mut()) {
                         (None, _) => Rule::of(Kind::NoCfi),
                         (Some(_), None) => return Step::Stop(StopReason::Busy),
-                        (Some(data), Some(ctx)) => match data.find(ctx, lookup) {
-                            super::cfi::Found::Rule(r) => r,
-                            super::cfi::Found::NoCfi => Rule::of(Kind::NoCfi),
-                            super::cfi::Found::Bad => Rule::of(Kind::Bad),
-                        },
+                        (Some(data), Some(ctx)) => {
+                            let (found, eval) =
+                                data.find_and_eval(ctx, lookup, &mut new, &mut self.mem);
+                            evaluated = eval;
+                            match found {
+                                super::cfi::Found::Rule(r) => r,
+                                super::cfi::Found::NoCfi => Rule::of(Kind::NoCfi),
+                                super::cfi::Found::Bad => Rule::of(Kind::Bad),
+                            }
+                        }
                     }
                 };
                 state.cache.put(key, &r);
@@ -814,7 +827,10 @@ impl Walker<'_, '_> {
             Kind::Trampoline => self.signal_frame(regs),
             Kind::NoCfi => self.no_cfi_step(regs, exact, out, true),
             Kind::Bad => Step::Stop(StopReason::NoUnwindRule),
-            Kind::Slow => self.full_step(o.unwind.as_ref(), lookup, regs, out),
+            Kind::Slow => match evaluated {
+                Some(result) => self.accept_full(result, new, regs, out),
+                None => self.full_step(o.unwind.as_ref(), lookup, regs, out),
+            },
         }
     }
 
@@ -873,9 +889,22 @@ impl Walker<'_, '_> {
         let (Some(data), Some(ctx)) = (data, self.ctx.as_deref_mut()) else {
             return Step::Stop(StopReason::Busy);
         };
-        let old_sp = regs.sp();
         let mut new = *regs;
-        match data.step_full(ctx, lookup, &mut new, &mut self.mem) {
+        let result = data.step_full(ctx, lookup, &mut new, &mut self.mem);
+        self.accept_full(result, new, regs, out)
+    }
+
+    /// Takes the full evaluator's result for the frame at `regs` (`new`: the caller's
+    /// registers) if it is sane.
+    fn accept_full(
+        &mut self,
+        result: Result<bool, StopReason>,
+        new: RegSet,
+        regs: &mut RegSet,
+        out: &mut Outcome,
+    ) -> Step {
+        let old_sp = regs.sp();
+        match result {
             Ok(false) => Step::End,
             Ok(true) => {
                 if new.sp() <= old_sp {
