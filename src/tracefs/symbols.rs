@@ -23,15 +23,9 @@ pub struct FunctionSymbol {
 /// Every defined function symbol of the ELF file at `path` (`.symtab` and `.dynsym`) that lies
 /// in a `PT_LOAD` segment, deduplicated by address and name.
 pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, Error> {
-    let data = std::fs::read(path.as_ref()).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) => Error::NotFound("elf file"),
-        Some(libc::EACCES) | Some(libc::EPERM) => Error::PermissionDenied,
-        errno => Error::Sys {
-            call: "read",
-            errno: errno.unwrap_or(libc::EIO),
-        },
-    })?;
-    let file = object::File::parse(&*data).map_err(|_| Error::BadElf("not a readable elf file"))?;
+    // Only the headers and the symbol tables are read; a FIFO or device is refused.
+    let data = crate::usdt::notes::open_elf(path.as_ref())?;
+    let file = object::File::parse(&data).map_err(|_| Error::BadElf("not a readable elf file"))?;
     if file.format() != object::BinaryFormat::Elf {
         return Err(Error::BadElf("not an elf file"));
     }
