@@ -547,6 +547,22 @@ pub(crate) fn statfs_type(path: &core::ffi::CStr) -> Result<i64, i32> {
     }
 }
 
+/// `fstatfs(2)`'s `f_type` for an open fd, or the `errno`. Async-signal-safe (one syscall).
+///
+/// # References
+/// fstatfs(2)
+pub(crate) fn fstatfs_type(fd: i32) -> Result<i64, i32> {
+    // SAFETY: statfs is plain old data; all-zero is a valid value.
+    let mut st: libc::statfs = unsafe { core::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer; a bad fd gives EBADF.
+    let r = unsafe { libc::fstatfs(fd, &mut st) };
+    if r == 0 {
+        Ok(st.f_type as i64)
+    } else {
+        Err(errno())
+    }
+}
+
 /// `pthread_atfork(3)` with only a child handler.
 ///
 /// Not async-signal-safe (glibc allocates its handler list): call in normal context.
