@@ -441,3 +441,55 @@ fn unprivileged_user_from_a_private_checkout_gets_the_privilege_error() {
     assert!(!out.exists());
     let _ = std::fs::remove_dir_all(&private);
 }
+
+#[test]
+fn str_probe_arguments_are_recorded_as_text() {
+    if !usable("str_probe_arguments_are_recorded_as_text") {
+        return;
+    }
+    let dir = tempdir("strargs");
+    let file = dir.join("out.trace");
+    let bin = record_target();
+    let (o, rec) = record(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--probe",
+        "rt:text",
+        "--",
+        bin.to_str().unwrap(),
+        "run",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean(rec);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let args: Vec<Vec<(String, String)>> = selftrace::tracefs::records(&text)
+        .filter(|r| r.event.starts_with("rt_text"))
+        .map(|r| selftrace::tracefs::parse_hit_body(r.body).1)
+        .collect();
+    assert_eq!(args.len(), 2, "{text}");
+    let first = &args[0];
+    assert_eq!(
+        first[0],
+        ("a0".into(), "\"héllo \"probe\"\"".into()),
+        "{first:?}"
+    );
+    assert_eq!(first[1], ("a1".into(), "14".into()));
+    let long = &args[1];
+    assert_eq!(
+        long[0].1,
+        format!("\"{}…[+36 bytes]\"", "x".repeat(64)),
+        "{long:?}"
+    );
+    // The Chrome JSON carries the text too.
+    let json = json_of(&file);
+    let texts: Vec<String> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"].as_str().is_some_and(|n| n.contains("rt:text")))
+        .filter_map(|e| e["args"]["a0"].as_str().map(str::to_string))
+        .collect();
+    assert!(texts.contains(&"héllo \"probe\"".to_string()), "{texts:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

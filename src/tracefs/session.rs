@@ -108,7 +108,73 @@ impl Hit {
 
 /// Splits a uprobe record's body, `(0x55d0c0a3d123) a0=5 s="x y"` or
 /// `(0x5555 <- 0x5556) ret=3`, into the address and the arguments.
+///
+/// A `&str` / `&[u8]` argument of a probe (a pointer `aN`, a length `aN+1`, and the bytes
+/// fetched as `aN_bytes={104,105,...}`, see [`Session::add_probe`]) comes back as
+/// `aN="text"` (the bytes up to the length, invalid UTF-8 as U+FFFD, control characters as
+/// `\xNN`; text cut at the fetched size ends with `…[+N bytes]`) and `aN+1` = the length.
 pub fn parse_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
+    let (address, mut args) = split_hit_body(body);
+    decode_byte_args(&mut args);
+    (address, args)
+}
+
+/// Replaces each `aN` / `aN_bytes` pair by `aN="text"` (see [`parse_hit_body`]).
+fn decode_byte_args(args: &mut Vec<(String, String)>) {
+    let mut i = 0;
+    while i < args.len() {
+        let Some(ptr) = args[i].0.strip_suffix("_bytes").map(str::to_string) else {
+            i += 1;
+            continue;
+        };
+        let bytes: Option<Vec<u8>> = args[i]
+            .1
+            .strip_prefix('{')
+            .and_then(|v| v.strip_suffix('}'))
+            .and_then(|v| {
+                v.split(',')
+                    .map(|b| match b.trim().strip_prefix("0x") {
+                        Some(h) => u8::from_str_radix(h, 16).ok(),
+                        None => b.trim().parse().ok(),
+                    })
+                    .collect()
+            });
+        let len_name = ptr
+            .strip_prefix('a')
+            .and_then(|n| n.parse::<usize>().ok())
+            .map(|n| format!("a{}", n + 1));
+        let len = len_name
+            .and_then(|n| args.iter().find(|(k, _)| *k == n))
+            .and_then(|(_, v)| v.parse::<usize>().ok());
+        match (bytes, len) {
+            (Some(bytes), Some(len)) => {
+                let shown = &bytes[..len.min(bytes.len())];
+                let mut text = String::from("\"");
+                for c in String::from_utf8_lossy(shown).chars() {
+                    if c.is_control() {
+                        text.push_str(&format!("\\x{:02x}", c as u32));
+                    } else {
+                        text.push(c);
+                    }
+                }
+                if len > bytes.len() {
+                    text.push_str(&format!("…[+{} bytes]", len - bytes.len()));
+                }
+                text.push('"');
+                if let Some(p) = args.iter_mut().find(|(k, _)| *k == ptr) {
+                    p.1 = text;
+                }
+                args.remove(i);
+            }
+            // Not fetched (a fault): the pointer and length stay as they are.
+            _ => {
+                args.remove(i);
+            }
+        }
+    }
+}
+
+fn split_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
     let mut rest = body.trim();
     let mut address = None;
     if let Some(inner) = rest.strip_prefix('(') {
@@ -294,6 +360,9 @@ impl Session {
     /// with its size and sign, and the probe's semaphore as reference counter, so that the
     /// kernel raises it in every process that maps the file while the event is enabled.
     /// Several sites of one probe become several events (`provider_name`, `provider_name_1`).
+    /// A `&str` / `&[u8]` argument also fetches the first
+    /// [`BYTES_FETCHED`](super::uprobe::BYTES_FETCHED) bytes it points to, which
+    /// [`parse_hit_body`] decodes into the text.
     pub fn add_probe(&mut self, path: &Path, note: &ProbeNote) -> Result<&EventInfo, Error> {
         let path = canonical(path)?;
         let name = self.unique_event_name(&format!("{}_{}", note.provider, note.name));
@@ -577,5 +646,16 @@ mod tests {
         assert_eq!(args[0].1, "\"a b\"");
         assert_eq!(args[1], ("n".to_string(), "3".to_string()));
         assert_eq!(parse_hit_body("(0x1)"), (Some(1), vec![]));
+        let (_, args) = parse_hit_body("(0x1) a0=0x7f00 a1=2 a2=7 a0_bytes={0x68,0x69,0x21,0x0}");
+        assert_eq!(
+            args,
+            vec![
+                ("a0".to_string(), "\"hi\"".to_string()),
+                ("a1".to_string(), "2".to_string()),
+                ("a2".to_string(), "7".to_string())
+            ]
+        );
+        let (_, args) = parse_hit_body("(0x1) a0=0x7f00 a1=5 a0_bytes={97,10}");
+        assert_eq!(args[0].1, "\"a\\x0a…[+3 bytes]\"");
     }
 }

@@ -145,6 +145,37 @@ fn kernel_register(reg: &str) -> Option<String> {
     Some(format!("%{base}"))
 }
 
+/// How many bytes of a `&str` / `&[u8]` probe argument a uprobe fetches (the kernel's limit for
+/// an array fetch argument is 64 elements); longer text is cut and marked.
+pub const BYTES_FETCHED: usize = 64;
+
+/// The pointer-and-length pairs of `note` (`8@0(%reg) 8@8(%reg)`, what selftrace's probes emit
+/// for `&str`, `&[u8]`, `String` and `Vec<u8>`): the pointer's argument index and the kernel's
+/// name for the register.
+pub fn byte_pairs(note: &ProbeNote) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let a = &note.arguments;
+    let mut i = 0;
+    while i + 1 < a.len() {
+        let (p, l) = (&a[i], &a[i + 1]);
+        let reg = p
+            .location
+            .strip_prefix("0(")
+            .and_then(|r| r.strip_suffix(')'));
+        let pair = reg.is_some_and(|r| {
+            l.location == format!("8({r})") && p.size == 8 && l.size == 8 && !p.signed && !l.signed
+        });
+        match reg.filter(|_| pair).and_then(kernel_register) {
+            Some(kr) => {
+                out.push((i, kr));
+                i += 2;
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
 /// The `uprobe_events` fetch argument for one note argument: `%di:s32`, `+8(%r9):u64`.
 pub fn fetch_arg(arg: &ArgSpec) -> Result<String, Error> {
     let ty = format!(
@@ -257,6 +288,12 @@ impl UprobeEvent {
                 args.push(' ');
             }
             args.push_str(&format!("a{i}={}", fetch_arg(a)?));
+        }
+        // A `&str` / `&[u8]` argument of a selftrace probe is a pointer and a length in the 16
+        // bytes one register points to (`8@0(%reg) 8@8(%reg)`): also fetch the first
+        // BYTES_FETCHED bytes it points to, decoded up to the length by `parse_hit_body`.
+        for (i, r) in byte_pairs(note) {
+            args.push_str(&format!(" a{i}_bytes=+0(+0({r})):u8[{BYTES_FETCHED}]"));
         }
         Self::create(group, event, path, offset, note.semaphore_offset, &args)
     }
