@@ -462,6 +462,12 @@ fn str_probe_arguments_are_recorded_as_text() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_clean(rec);
+    // The summary says how many events the kernel dropped.
+    assert!(
+        stderr(&o).contains(" events dropped by the kernel"),
+        "{}",
+        stderr(&o)
+    );
     let text = std::fs::read_to_string(&file).unwrap();
     let args: Vec<Vec<(String, String)>> = selftrace::tracefs::records(&text)
         .filter(|r| r.event.starts_with("rt_text"))

@@ -90,7 +90,11 @@ fn uprobe_events_with_ref_ctr_sees_every_hit() {
         let r = tracefs::parse_record(l).expect("a trace line");
         let (_, args) = tracefs::parse_hit_body(r.body);
         let args: Vec<String> = args.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        assert_eq!(args, ["a0=\"hello usdt\"", "a1=10", &format!("a2={i}")], "{l}");
+        assert_eq!(
+            args,
+            ["a0=\"hello usdt\"", "a1=10", &format!("a2={i}")],
+            "{l}"
+        );
     }
     drop(inst);
     drop(events);
