@@ -12,7 +12,8 @@
 //! * stop signals the recorder forwards (SIGINT, SIGTERM, SIGHUP, SIGQUIT) go to the command
 //!   once; a second one kills the whole tree; when the command ends, what it left running is
 //!   killed too;
-//! * the helper ends as the command did (same exit code, or the same signal).
+//! * the helper ends as the command did (same exit code, or the same signal);
+//! * should the helper itself be killed, the command gets SIGKILL (`PR_SET_PDEATHSIG`).
 //!
 //! It writes the command's pid (or `-errno` if it could not be started) as 4 bytes on PID_FD.
 
@@ -208,7 +209,18 @@ pub fn main(args: Vec<OsString>) -> Result<i32, String> {
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }
-    let child = match std::process::Command::new(program).args(&cmd[1..]).spawn() {
+    let mut command = std::process::Command::new(program);
+    command.args(&cmd[1..]);
+    // Should this helper itself be killed, the command goes too.
+    // SAFETY: between fork and exec only prctl(2), async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt as _;
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            Ok(())
+        });
+    }
+    let child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             write_i32(report, -e.raw_os_error().unwrap_or(libc::ENOENT));
