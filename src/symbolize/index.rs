@@ -224,10 +224,14 @@ pub(crate) struct DwarfFile {
 }
 
 impl DwarfFile {
-    /// Opens and parses the file if it is still the one that was chosen. Normal context; the
-    /// cache is leaked so that sections read from it live as long as the process.
-    pub(crate) fn open(&self) -> Option<Elf<'static, &'static Cache>> {
-        let cache: &'static Cache = Box::leak(Box::new(open_cache(&self.path)?));
+    /// Opens and parses the file if it is still the one that was chosen, and returns it with a
+    /// second handle on the same open file, to read large sections with
+    /// [`read_range`](super::index::read_range). Normal context; the cache (headers only) is
+    /// leaked so that what was read from it lives as long as the process.
+    pub(crate) fn open(&self) -> Option<(Elf<'static, &'static Cache>, File)> {
+        let file = open_file(&self.path)?;
+        let data = file.try_clone().ok()?;
+        let cache: &'static Cache = Box::leak(Box::new(ReadCache::new(file)));
         let f = Elf::parse(cache).ok()?;
         if let Some(want) = self.build_id.as_deref() {
             if f.build_id().ok().flatten() != Some(want) {
@@ -239,8 +243,21 @@ impl DwarfFile {
                 return None;
             }
         }
-        Some(f)
+        Some((f, data))
     }
+}
+
+/// `len` bytes at `offset` of `file`, read with `pread` into a zeroed (calloc'd) buffer;
+/// `None` past the end of the file.
+pub(crate) fn read_range(file: &File, offset: u64, len: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt as _;
+    let size = file.metadata().ok()?.len();
+    if offset.checked_add(len)? > size {
+        return None;
+    }
+    let mut v = vec![0u8; usize::try_from(len).ok()?];
+    file.read_exact_at(&mut v, offset).ok()?;
+    Some(v)
 }
 
 /// The symbols of one object, built once and never freed.
@@ -433,13 +450,18 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
 /// Opens a regular file for reading through a [`Cache`] (`None` for anything else: a FIFO or
 /// a device would block or never end).
 pub(crate) fn open_cache(path: &str) -> Option<Cache> {
+    open_file(path).map(ReadCache::new)
+}
+
+/// Opens a regular file for reading (`None` for anything else).
+fn open_file(path: &str) -> Option<File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags_nonblock()
         .open(path)
         .ok()?;
     file.metadata().ok().filter(|m| m.is_file())?;
-    Some(ReadCache::new(file))
+    Some(file)
 }
 
 /// `O_NONBLOCK | O_CLOEXEC` on open, so that opening a FIFO does not wait for a writer.

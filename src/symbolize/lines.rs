@@ -35,7 +35,7 @@ fn load_context(src: &super::index::DwarfFile) -> Option<Context> {
     use object::{Object as _, ObjectSection as _};
     // Read with pread into memory that is never freed (not mapped: a file truncated on disk
     // must not make a later lookup fault), and only if it is still the file the index chose.
-    let file = src.open()?;
+    let (file, data) = src.open()?;
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
@@ -57,14 +57,33 @@ fn load_context(src: &super::index::DwarfFile) -> Option<Context> {
         ) {
             return Ok(gimli::EndianSlice::new(&[], endian));
         }
-        let bytes: &'static [u8] = match file
+        // Read with one pread into a calloc'd buffer (not through the header cache, which
+        // zero-fills byte by byte), decompressed if need be, kept with the cached context.
+        let range = file
             .section_by_name(id.name())
-            .and_then(|s| s.uncompressed_data().ok())
-        {
-            Some(Cow::Borrowed(b)) => b,
-            // Compressed sections: decompressed once per object, kept with the cached context.
-            Some(Cow::Owned(v)) => Box::leak(v.into_boxed_slice()),
-            None => &[],
+            .and_then(|s| s.compressed_file_range().ok());
+        let bytes: &'static [u8] = match range {
+            Some(r) if r.compressed_size > 0 => {
+                match super::index::read_range(&data, r.offset, r.compressed_size) {
+                    Some(raw) if r.format == object::CompressionFormat::None => {
+                        Box::leak(raw.into_boxed_slice())
+                    }
+                    Some(raw) => {
+                        let c = object::read::CompressedData {
+                            format: r.format,
+                            data: &raw,
+                            uncompressed_size: r.uncompressed_size,
+                        };
+                        match c.decompress() {
+                            Ok(Cow::Owned(v)) => Box::leak(v.into_boxed_slice()),
+                            Ok(Cow::Borrowed(b)) => Box::leak(b.to_vec().into_boxed_slice()),
+                            Err(_) => &[],
+                        }
+                    }
+                    None => &[],
+                }
+            }
+            _ => &[],
         };
         Ok(gimli::EndianSlice::new(bytes, endian))
     };
