@@ -57,6 +57,9 @@ fn main() {
             for i in 0..n {
                 round(i);
             }
+            // &str arguments: `record` shows the text (the first 64 bytes, then a marker).
+            selftrace::probe!(rt, text, "héllo \"probe\"");
+            selftrace::probe!(rt, text, "x".repeat(100).as_str());
             std::thread::spawn(|| {
                 let _s = trace::section("thread work");
                 selftrace::probe!(rt, thread, 77u32);

@@ -35,6 +35,7 @@
 //! | [`dump_stack`], [`crash::dump_stack_to`] | the current stack, symbolized, to stderr or an fd |
 //! | [`symbolize()`] | object, bias, build-id, symbol name, offset and size of an address |
 //! | [`symbolize::symbolize_exported`] | the same, naming only what glibc's `dladdr` names |
+//! | [`symbolize::symbolize_frame`] | the name of a captured frame (return address or exact pc) |
 //! | [`backtrace_symbols_fd`] | glibc's `backtrace_symbols_fd` lines, also naming local functions |
 //! | [`symbolize::write_kernel_frame`] | one `0x... : name+0x1d/0x80 [obj]` line into a buffer |
 //! | [`symbolize::demangle_into`] | a Rust name demangled into a buffer |

@@ -250,14 +250,32 @@ fn errors_are_clear_and_leave_nothing() {
         assert_clean(rec);
     }
 
-    // Not root: a clear message, nothing created.
-    let o = selftrace()
-        .args(["record", "--", bin, "run", "1"])
+    // Not root: a clear message, nothing created. uid 65534 runs a copy of the binary placed
+    // where it can reach it (this checkout may be a 0700 directory), on a command it cannot
+    // reach: privileges are checked before any file is read.
+    let dir = std::env::temp_dir().join(format!("selftrace-cli-nobody-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("selftrace");
+    std::fs::copy(env!("CARGO_BIN_EXE_selftrace"), &copy).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&copy)
+        .args([
+            "record",
+            "-o",
+            "/nonexistent/x.trace",
+            "--",
+            bin,
+            "run",
+            "1",
+        ])
         .process_group(0)
-        .uid(65534)
-        .gid(65534)
         .output()
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("permission denied: recording needs root"),

@@ -564,9 +564,11 @@ fn bad_input_gets_placeholders() {
 fn index_uses_at_most_16_bytes_per_symbol() {
     prepare();
     let (n, bytes) = symbolize::index_stats();
+    let names = symbolize::index_name_bytes();
     println!(
-        "symbol index: {n} symbol entries, {bytes} bytes, {:.1} bytes/symbol",
-        bytes as f64 / n as f64
+        "symbol index: {n} symbol entries, {bytes} bytes, {:.1} bytes/symbol; names {names} bytes ({:.1}/symbol)",
+        bytes as f64 / n as f64,
+        names as f64 / n as f64
     );
     assert!(n > 1000);
     assert!(bytes <= 16 * n);

@@ -84,8 +84,17 @@ fn uprobe_events_with_ref_ctr_sees_every_hit() {
         .collect();
     assert_eq!(texts.len(), 6, "trace:\n{trace}");
     for (i, l) in texts.iter().enumerate() {
-        // a1 is the length, a2 the iteration; a0 the pointer.
-        assert!(l.ends_with(&format!(" a1=10 a2={i}")), "{l}");
+        // a1 is the length, a2 the iteration; a0 the pointer, and the bytes it points to,
+        // which parse_hit_body decodes into the text.
+        assert!(l.contains(&format!(" a1=10 a2={i} a0_bytes={{")), "{l}");
+        let r = tracefs::parse_record(l).expect("a trace line");
+        let (_, args) = tracefs::parse_hit_body(r.body);
+        let args: Vec<String> = args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(
+            args,
+            ["a0=\"hello usdt\"", "a1=10", &format!("a2={i}")],
+            "{l}"
+        );
     }
     drop(inst);
     drop(events);

@@ -10,7 +10,7 @@
 //! Everything in this file is async-signal-safe: no allocation, no lock, no panic. Output that
 //! does not fit is truncated (at a UTF-8 boundary), never an error.
 
-use super::{lookup, Mode, Symbol};
+use super::{lookup, lookup_frame, Mode, Symbol};
 use core::fmt;
 
 /// A `core::fmt::Write` sink over a fixed byte buffer that never fails: what does not fit is
@@ -146,11 +146,13 @@ impl fmt::Write for FixedBuf<'_> {
 }
 
 /// Writes `name` demangled into `out`: Rust legacy and v0 names with rustc-demangle (hash
-/// suffix dropped); anything else (C, C++) as it is. Never allocates.
+/// suffix dropped); anything else (C, C++) as it is; a symbol version (`@@GLIBC_2.34`) is
+/// dropped ([`without_version`]). Never allocates.
 ///
 /// Async-signal-safe. rustc-demangle bounds its recursion, but a pathological v0 name can still
 /// use a few tens of kilobytes of stack.
 pub fn demangle_to(name: &[u8], out: &mut FixedBuf<'_>) {
+    let name = without_version(name);
     let Ok(s) = core::str::from_utf8(name) else {
         out.push_bytes(name);
         return;
@@ -161,6 +163,15 @@ pub fn demangle_to(name: &[u8], out: &mut FixedBuf<'_>) {
             let _ = fmt::write(out, format_args!("{d:#}"));
         }
         Err(_) => out.push_str(s),
+    }
+}
+
+/// `name` without an ELF symbol version (`__libc_start_main@@GLIBC_2.34` ->
+/// `__libc_start_main`); a PLT stub's `@plt` stays. Async-signal-safe.
+pub fn without_version(name: &[u8]) -> &[u8] {
+    match name.iter().position(|&b| b == b'@') {
+        Some(at) if name.get(at..) != Some(&b"@plt"[..]) => name.get(..at).unwrap_or(name),
+        _ => name,
     }
 }
 
@@ -379,7 +390,7 @@ pub fn write_kernel_frame(
     opts: KernelOptions,
 ) -> usize {
     let mut out = FixedBuf::new(buf);
-    let sym = lookup(kind.lookup_address(addr), Mode::All);
+    let sym = lookup_frame(addr, kind, Mode::All);
     kernel_frame_for(&mut out, addr, sym.as_ref(), opts);
     out.len()
 }

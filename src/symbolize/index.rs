@@ -1,8 +1,12 @@
-//! Per-object symbol tables: sorted arrays of 12-byte entries over a string table that stays in
-//! the read-only file mapping.
+//! Per-object symbol tables: sorted arrays of 12-byte entries over a pool of names that
+//! selftrace owns.
 //!
-//! Built in normal context (it opens, maps and parses ELF files and allocates); looked up from
+//! Built in normal context (it opens, reads and parses ELF files and allocates); looked up from
 //! anywhere, including signal handlers (binary search over a slice, no allocation).
+//!
+//! Files are read with `pread` into memory selftrace owns (through `object`'s `ReadCache`),
+//! never mapped, and the names of the indexed symbols are copied into a pool: nothing a lookup
+//! touches can fault when a file is truncated or rewritten on disk after `init`.
 //!
 //! Where the names come from, per object:
 //! 1. its own file's `.symtab` (every function, exported or not);
@@ -10,10 +14,15 @@
 //!    `<debug root>/.build-id/xx/yyyy.debug`, or by `.gnu_debuglink` (next to the object, in its
 //!    `.debug/` directory, or under `<debug root>/<object dir>/`);
 //! 3. its `.dynsym` (exported symbols only), always kept as a second table: it is what glibc's
-//!    `dladdr` sees, used for the glibc-exact naming mode.
+//!    `dladdr` sees, used for the glibc-exact naming mode;
+//! 4. PLT stubs, named `name@plt` from the PLT relocations (as gdb, perf and objdump do).
+//!
+//! A symbol never covers addresses outside its own section: each section's end is a boundary
+//! that a zero-size symbol does not extend past.
 //!
 //! A file whose build-id differs from the loaded object's (replaced on disk after load) is not
-//! used. Objects whose file is gone (deleted after load) get no names; the vDSO's names are read
+//! used. A separate debug file is used only when its build-id equals the object's (build-id
+//! path), or when its CRC32 is the one `.gnu_debuglink` names (as gdb does). Objects whose file is gone (deleted after load) get no names; the vDSO's names are read
 //! from its image in memory.
 //!
 //! Tables are never freed: a table is built once per distinct object (path + build-id) and
@@ -21,10 +30,17 @@
 //! references. dlopen/dlclose cycles of the same library reuse its table.
 
 use object::elf;
-use object::read::elf::{ElfFile64, SectionHeader, Sym as _};
+use object::read::elf::{ElfFile64, FileHeader, Rela as _, SectionHeader, Sym as _};
+use object::read::{ReadCache, ReadRef};
 use object::{Endianness, Object as _, ObjectSection as _};
-use std::ffi::CString;
+use std::fs::File;
+use std::io::Read as _;
 use std::sync::Mutex;
+
+/// An ELF file read with `pread` into buffers owned by the cache (never mapped).
+pub(crate) type Cache = ReadCache<File>;
+/// An ELF file parsed over a [`Cache`] or over memory.
+pub(crate) type Elf<'d, R> = ElfFile64<'d, Endianness, R>;
 
 /// One symbol: start (relative to the table's base), size, offset of its name in the string
 /// table. 12 bytes (plus 2 for the name's length, kept in a parallel array).
@@ -63,6 +79,13 @@ pub(crate) struct Found {
     pub name: &'static [u8],
 }
 
+/// `Sym::name` of a section boundary: the end of a section, which no zero-size symbol before it
+/// extends past, and which never matches itself.
+const BOUNDARY: u32 = u32::MAX;
+
+/// Longest name copied into the pool (longer ones are cut).
+const MAX_NAME: usize = 4096;
+
 /// How far a lookup walks back from the nearest lower symbol to find one that contains the
 /// address (nested or overlapping symbols, as in hand-written assembly).
 const SCAN_BACK: usize = 8;
@@ -76,6 +99,11 @@ impl Table {
     /// Heap bytes used by the entries and the page directory.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.syms.len() * (core::mem::size_of::<Sym>() + 2) + self.pages.len() * 4
+    }
+
+    /// Bytes of the names (the table's own pool).
+    pub(crate) fn name_bytes(&self) -> usize {
+        self.strtab.len()
     }
 
     /// A table over sorted `syms`, with its page directory.
@@ -102,6 +130,7 @@ impl Table {
                 u16::try_from(crate::sys::strnlen(rest)).unwrap_or(u16::MAX)
             })
             .collect();
+        // Owned names: `strtab` is the table's own pool (or a static), never a file mapping.
         Table {
             base,
             syms: syms.into_boxed_slice(),
@@ -137,7 +166,9 @@ impl Table {
         let lo = i.saturating_sub(SCAN_BACK);
         for j in (lo..i).rev() {
             let s = self.syms.get(j)?;
-            let hit = if s.size == 0 {
+            let hit = if s.name == BOUNDARY {
+                false
+            } else if s.size == 0 {
                 rel == s.start || (!strict && j + 1 == i)
             } else {
                 rel - s.start < s.size
@@ -180,6 +211,55 @@ pub enum SymbolSource {
     None,
 }
 
+/// The file that holds an object's DWARF, and what identifies it, so that `lines` opens the
+/// same file again (and refuses a different one) when it first needs file:line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DwarfFile {
+    /// Path to open (`/proc/self/exe` for the main program).
+    pub path: Box<str>,
+    /// The build-id the file must carry (the object's), if the object has one.
+    pub build_id: Option<Box<[u8]>>,
+    /// The CRC32 the file must have (a `.gnu_debuglink` file of an object without build-id).
+    pub crc: Option<u32>,
+}
+
+impl DwarfFile {
+    /// Opens and parses the file if it is still the one that was chosen, and returns it with a
+    /// second handle on the same open file, to read large sections with
+    /// [`read_range`](super::index::read_range). Normal context; the cache (headers only) is
+    /// leaked so that what was read from it lives as long as the process.
+    pub(crate) fn open(&self) -> Option<(Elf<'static, &'static Cache>, File)> {
+        let file = open_file(&self.path)?;
+        let data = file.try_clone().ok()?;
+        let cache: &'static Cache = Box::leak(Box::new(ReadCache::new(file)));
+        let f = Elf::parse(cache).ok()?;
+        if let Some(want) = self.build_id.as_deref() {
+            if f.build_id().ok().flatten() != Some(want) {
+                return None;
+            }
+        }
+        if let Some(crc) = self.crc {
+            if file_crc32(&self.path) != Some(crc) {
+                return None;
+            }
+        }
+        Some((f, data))
+    }
+}
+
+/// `len` bytes at `offset` of `file`, read with `pread` into a zeroed (calloc'd) buffer;
+/// `None` past the end of the file.
+pub(crate) fn read_range(file: &File, offset: u64, len: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt as _;
+    let size = file.metadata().ok()?.len();
+    if offset.checked_add(len)? > size {
+        return None;
+    }
+    let mut v = vec![0u8; usize::try_from(len).ok()?];
+    file.read_exact_at(&mut v, offset).ok()?;
+    Some(v)
+}
+
 /// The symbols of one object, built once and never freed.
 #[derive(Debug)]
 pub(crate) struct ObjectSymbols {
@@ -189,40 +269,33 @@ pub(crate) struct ObjectSymbols {
     pub glibc_path: Box<str>,
     /// GNU build-id of the loaded object (empty if none).
     pub build_id: Box<[u8]>,
-    /// Every function symbol (`.symtab`); see [`ObjectSymbols::all`].
+    /// Every function symbol (`.symtab`, else `.dynsym`) and the PLT stubs.
     full: Table,
-    /// There is no `.symtab` anywhere: `exported` serves for both.
-    full_is_exported: bool,
     /// Defined `.dynsym` symbols, the ones glibc's `dladdr` considers.
     pub exported: Table,
     /// Where `all` came from.
     pub source: SymbolSource,
-    /// The mapped file that holds the DWARF for this object, if any (object or debug file).
-    pub dwarf: Option<&'static [u8]>,
+    /// The file that holds the DWARF for this object, if any (object or debug file).
+    pub dwarf: Option<DwarfFile>,
     /// Path of the separate debug file used, if any.
     pub debug_path: Option<Box<str>>,
 }
 
 impl ObjectSymbols {
-    /// Every function symbol: `.symtab` (own or debug file), or `.dynsym` when there is none.
+    /// Every function symbol: `.symtab` (own or debug file), or `.dynsym` when there is none,
+    /// and the PLT stubs.
     pub(crate) fn all(&self) -> &Table {
-        if self.full_is_exported {
-            &self.exported
-        } else {
-            &self.full
-        }
+        &self.full
     }
 
-    /// `(symbols indexed, heap bytes)` of both tables (a shared table counted once).
-    pub(crate) fn stats(&self) -> (usize, usize) {
-        if self.full_is_exported {
-            (self.exported.len(), self.exported.heap_bytes())
-        } else {
-            (
-                self.full.len() + self.exported.len(),
-                self.full.heap_bytes() + self.exported.heap_bytes(),
-            )
-        }
+    /// `(symbols indexed, heap bytes of entries and page directories, bytes of names)` of
+    /// both tables.
+    pub(crate) fn stats(&self) -> (usize, usize, usize) {
+        (
+            self.full.len() + self.exported.len(),
+            self.full.heap_bytes() + self.exported.heap_bytes(),
+            self.full.name_bytes() + self.exported.name_bytes(),
+        )
     }
 }
 
@@ -285,7 +358,6 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         glibc_path: glibc_path.into(),
         build_id: o.build_id.clone().unwrap_or_default().into(),
         full: Table::default(),
-        full_is_exported: false,
         exported: Table::default(),
         source: SymbolSource::None,
         dwarf: None,
@@ -302,12 +374,14 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         let len = (o.range.end - start).div_ceil(ps) * ps;
         // SAFETY: the vDSO is one ELF image mapped in whole pages from its ELF header on, so
         // the page-rounded range up to the end of its PT_LOAD is readable; it stays mapped for
-        // the life of the process.
-        let image = unsafe { core::slice::from_raw_parts(start as *const u8, len) };
-        if let Ok(f) = ElfFile64::<Endianness>::parse(image) {
-            out.full = table(&f, false);
-            out.full_is_exported = out.full.len() == 0;
-            out.exported = table(&f, true);
+        // the life of the process and no file backs it.
+        let image: &'static [u8] = unsafe { core::slice::from_raw_parts(start as *const u8, len) };
+        if let Ok(f) = Elf::<&'static [u8]>::parse(image) {
+            out.full = table(&f, false, &[]);
+            if out.full.len() == 0 {
+                out.full = table(&f, true, &[]);
+            }
+            out.exported = table(&f, true, &[]);
             out.source = SymbolSource::Memory;
         }
         return out;
@@ -318,99 +392,273 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
     } else {
         o.path.clone()
     };
-    let Some(data) = map(&open_path) else {
+    let Some(cache) = open_cache(&open_path) else {
         return out;
     };
-    let Ok(f) = ElfFile64::<Endianness>::parse(data) else {
+    let Ok(f) = Elf::parse(&cache) else {
         return out;
     };
     let want_id = o.build_id.as_deref();
-    if let (Some(want), Ok(Some(have))) = (want_id, f.build_id()) {
+    let have_id = f.build_id().ok().flatten();
+    if let (Some(want), Some(have)) = (want_id, have_id) {
         if want != have {
             // The file on disk is not the object that was loaded.
             return out;
         }
     }
-    out.exported = table(&f, true);
+    let id = want_id.or(have_id);
+    let plt = plt_symbols(&f);
+    out.exported = table(&f, true, &[]);
     if has_debug_info(&f) {
-        out.dwarf = Some(data);
+        out.dwarf = Some(DwarfFile {
+            path: open_path.as_str().into(),
+            build_id: id.map(Into::into),
+            crc: None,
+        });
     }
     if !f.elf_symbol_table().is_empty() {
-        out.full = table(&f, false);
+        out.full = table(&f, false, &plt);
         out.source = SymbolSource::Symtab;
     }
     if out.full.len() == 0 || out.dwarf.is_none() {
-        if let Some((path, dbg)) =
-            find_debug_file(&o.path, want_id.or(f.build_id().ok().flatten()), &f)
-        {
-            if out.full.len() == 0 && !dbg.elf_symbol_table().is_empty() {
-                out.full = table(&dbg, false);
-                out.source = SymbolSource::DebugFile;
+        if let Some((path, crc, dbg_cache)) = find_debug_file(&o.path, id, &f) {
+            if let Ok(dbg) = Elf::parse(&dbg_cache) {
+                if out.full.len() == 0 && !dbg.elf_symbol_table().is_empty() {
+                    out.full = table(&dbg, false, &plt);
+                    out.source = SymbolSource::DebugFile;
+                }
+                if out.dwarf.is_none() && has_debug_info(&dbg) {
+                    out.dwarf = Some(DwarfFile {
+                        path: path.as_str().into(),
+                        build_id: id.map(Into::into),
+                        crc,
+                    });
+                }
+                out.debug_path = Some(path.into());
             }
-            if out.dwarf.is_none() && has_debug_info(&dbg) {
-                out.dwarf = Some(dbg.data());
-            }
-            out.debug_path = Some(path.into());
         }
     }
-    if out.full.len() == 0 && out.exported.len() > 0 {
-        out.full_is_exported = true;
-        out.source = SymbolSource::Dynsym;
+    if out.full.len() == 0 {
+        out.full = table(&f, true, &plt);
+        if out.exported.len() > 0 {
+            out.source = SymbolSource::Dynsym;
+        }
     }
     out
 }
 
-fn map(path: &str) -> Option<&'static [u8]> {
-    let c = CString::new(path).ok()?;
-    crate::sys::map_file_readonly(&c)
+/// Opens a regular file for reading through a [`Cache`] (`None` for anything else: a FIFO or
+/// a device would block or never end).
+pub(crate) fn open_cache(path: &str) -> Option<Cache> {
+    open_file(path).map(ReadCache::new)
 }
 
-fn has_debug_info(f: &ElfFile64<'static, Endianness>) -> bool {
+/// Opens a regular file for reading (`None` for anything else).
+fn open_file(path: &str) -> Option<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags_nonblock()
+        .open(path)
+        .ok()?;
+    file.metadata().ok().filter(|m| m.is_file())?;
+    Some(file)
+}
+
+/// `O_NONBLOCK | O_CLOEXEC` on open, so that opening a FIFO does not wait for a writer.
+trait NonBlock {
+    fn custom_flags_nonblock(&mut self) -> &mut Self;
+}
+
+impl NonBlock for std::fs::OpenOptions {
+    fn custom_flags_nonblock(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        self.custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+    }
+}
+
+fn has_debug_info<'d, R: ReadRef<'d>>(f: &Elf<'d, R>) -> bool {
     f.section_by_name(".debug_info")
         .is_some_and(|s| s.kind() != object::SectionKind::UninitializedData && s.size() > 0)
 }
 
-/// Finds and maps a separate debug file for `path`, by build-id, then by `.gnu_debuglink`.
-fn find_debug_file(
+/// The CRC32 (IEEE 802.3, as `.gnu_debuglink` uses) of a whole file, read in chunks.
+pub(crate) fn file_crc32(path: &str) -> Option<u32> {
+    let mut f = open_cache(path)?.into_inner();
+    let mut table = [0u32; 256];
+    for (i, e) in table.iter_mut().enumerate() {
+        let mut c = i as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                0xedb8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+        }
+        *e = c;
+    }
+    let mut crc = !0u32;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        for &b in buf.get(..n)? {
+            let k = ((crc ^ u32::from(b)) & 0xff) as usize;
+            crc = table.get(k).copied().unwrap_or(0) ^ (crc >> 8);
+        }
+    }
+    Some(!crc)
+}
+
+/// Finds a separate debug file for `path`, by build-id, then by `.gnu_debuglink`, and returns
+/// it with the CRC it was checked against (debuglink only). A build-id file is used only when
+/// its build-id equals the object's; a debuglink file only when its CRC32 is the one the link
+/// names (and, when both carry build-ids, they are equal).
+fn find_debug_file<'d, R: ReadRef<'d>>(
     path: &str,
     build_id: Option<&[u8]>,
-    f: &ElfFile64<'static, Endianness>,
-) -> Option<(String, ElfFile64<'static, Endianness>)> {
+    f: &Elf<'d, R>,
+) -> Option<(String, Option<u32>, Cache)> {
     let roots = debug_roots();
-    let mut candidates = Vec::new();
     if let Some(id) = build_id.filter(|id| id.len() >= 2) {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         for r in &roots {
-            candidates.push(format!("{r}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
-        }
-    }
-    if let Ok(Some((name, _crc))) = f.gnu_debuglink() {
-        if let Ok(name) = core::str::from_utf8(name) {
-            let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or(".");
-            candidates.push(format!("{dir}/{name}"));
-            candidates.push(format!("{dir}/.debug/{name}"));
-            for r in &roots {
-                candidates.push(format!("{r}{dir}/{name}"));
+            let c = format!("{r}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+            let Some(cache) = open_cache(&c) else {
+                continue;
+            };
+            let same = Elf::parse(&cache)
+                .ok()
+                .and_then(|d| d.build_id().ok().flatten().map(|h| h == id))
+                == Some(true);
+            if same {
+                return Some((c, None, cache));
             }
         }
     }
+    let Ok(Some((name, crc))) = f.gnu_debuglink() else {
+        return None;
+    };
+    let name = core::str::from_utf8(name).ok()?;
+    if name.contains('/') {
+        return None;
+    }
+    let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or(".");
+    let mut candidates = vec![format!("{dir}/{name}"), format!("{dir}/.debug/{name}")];
+    for r in &roots {
+        candidates.push(format!("{r}{dir}/{name}"));
+    }
     for c in candidates {
-        let Some(data) = map(&c) else { continue };
-        let Ok(dbg) = ElfFile64::<Endianness>::parse(data) else {
+        if file_crc32(&c) != Some(crc) {
+            continue;
+        }
+        let Some(cache) = open_cache(&c) else {
             continue;
         };
-        // A debug file must belong to this object: same build-id when both have one.
-        match (build_id, dbg.build_id()) {
-            (Some(want), Ok(Some(have))) if want != have => continue,
-            _ => {}
+        let ok = match Elf::parse(&cache) {
+            Ok(d) => match (build_id, d.build_id()) {
+                (Some(want), Ok(Some(have))) => want == have,
+                _ => true,
+            },
+            Err(_) => false,
+        };
+        if ok {
+            return Some((c, Some(crc), cache));
         }
-        return Some((c, dbg));
     }
     None
 }
 
-/// Builds a table from `.symtab` (`dynamic == false`) or `.dynsym`.
-fn table(f: &ElfFile64<'static, Endianness>, dynamic: bool) -> Table {
+/// A synthetic symbol: link-time address, size, name.
+type Synthetic = (u64, u64, Vec<u8>);
+
+/// PLT stubs named `name@plt`: each entry of `.plt`, `.plt.sec` and `.plt.got` jumps through a
+/// GOT slot (`jmp *disp(%rip)`, `ff 25`); the dynamic relocation of that slot
+/// (`R_X86_64_JUMP_SLOT` or `R_X86_64_GLOB_DAT`) names the function. Entries whose slot has no
+/// such relocation (the PLT header) get no name.
+fn plt_symbols<'d, R: ReadRef<'d>>(f: &Elf<'d, R>) -> Vec<Synthetic> {
+    let mut out = Vec::new();
+    if f.elf_header().e_machine(f.endian()) != elf::EM_X86_64 {
+        return out;
+    }
+    let endian = f.endian();
+    let data = f.data();
+    let sections = f.elf_section_table();
+    let dynsym = f.elf_dynamic_symbol_table();
+    let dynstr = sections
+        .section(dynsym.string_section())
+        .ok()
+        .and_then(|s| s.data(endian, data).ok())
+        .unwrap_or(&[]);
+    // GOT slot -> name.
+    let mut slots: Vec<(u64, &[u8])> = Vec::new();
+    for sh in sections.iter() {
+        if sh.sh_type(endian) != elf::SHT_RELA {
+            continue;
+        }
+        let Ok(Some((relas, _))) = sh.rela(endian, data) else {
+            continue;
+        };
+        for r in relas {
+            let ty = r.r_type(endian, false);
+            if ty != elf::R_X86_64_JUMP_SLOT && ty != elf::R_X86_64_GLOB_DAT {
+                continue;
+            }
+            let idx = r.r_sym(endian, false) as usize;
+            let Ok(sym) = dynsym.symbol(object::SymbolIndex(idx)) else {
+                continue;
+            };
+            let name = dynstr.get(sym.st_name(endian) as usize..).unwrap_or(&[]);
+            let name = name.get(..crate::sys::strnlen(name)).unwrap_or(&[]);
+            if !name.is_empty() {
+                slots.push((r.r_offset(endian), name));
+            }
+        }
+    }
+    slots.sort_unstable_by_key(|s| s.0);
+    for sh in sections.iter() {
+        let sname = sections.section_name(endian, sh).unwrap_or(&[]);
+        if !matches!(sname, b".plt" | b".plt.sec" | b".plt.got")
+            || sh.sh_type(endian) != elf::SHT_PROGBITS
+        {
+            continue;
+        }
+        let Ok(bytes) = sh.data(endian, data) else {
+            continue;
+        };
+        let addr = sh.sh_addr(endian);
+        let ent = match sh.sh_entsize(endian) {
+            8 => 8,
+            _ => 16,
+        };
+        for (i, entry) in bytes.chunks(ent).enumerate() {
+            let start = addr + (i * ent) as u64;
+            let hit = entry.windows(6).enumerate().find_map(|(p, w)| {
+                if w.first() != Some(&0xff) || w.get(1) != Some(&0x25) {
+                    return None;
+                }
+                let disp = i32::from_le_bytes(w.get(2..6)?.try_into().ok()?);
+                let next = start + p as u64 + 6;
+                let slot = next.wrapping_add(disp as i64 as u64);
+                let k = slots.binary_search_by_key(&slot, |s| s.0).ok()?;
+                slots.get(k).map(|s| s.1)
+            });
+            if let Some(name) = hit {
+                let mut n = name.to_vec();
+                n.extend_from_slice(b"@plt");
+                out.push((start, entry.len() as u64, n));
+            }
+        }
+    }
+    out
+}
+
+/// Builds a table from `.symtab` (`dynamic == false`) or `.dynsym`, plus `synthetic` symbols
+/// (PLT stubs). Names are copied into a pool the table owns. Unless `dynamic` (glibc's `dladdr`
+/// rules), the end of every section that holds a symbol is a boundary: no symbol covers an
+/// address outside its own section.
+fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthetic]) -> Table {
     let endian = f.endian();
     let data = f.data();
     let sections = f.elf_section_table();
@@ -419,7 +667,7 @@ fn table(f: &ElfFile64<'static, Endianness>, dynamic: bool) -> Table {
     } else {
         f.elf_symbol_table()
     };
-    if symtab.is_empty() {
+    if symtab.is_empty() && synthetic.is_empty() {
         return Table::default();
     }
     let strtab = sections
@@ -427,8 +675,9 @@ fn table(f: &ElfFile64<'static, Endianness>, dynamic: bool) -> Table {
         .ok()
         .and_then(|s| s.data(endian, data).ok())
         .unwrap_or(&[]);
-    // (start, size, name offset, rank, index): lower rank wins at equal start.
-    let mut raw: Vec<(u64, u64, u32, u8, usize)> = Vec::new();
+    // (start, size, name bytes, rank, index): lower rank wins at equal start.
+    let mut raw: Vec<(u64, u64, &[u8], u8, usize)> = Vec::new();
+    let mut ends: Vec<u64> = Vec::new();
     for (i, s) in symtab.symbols().iter().enumerate() {
         let shndx = s.st_shndx(endian);
         let ty = s.st_type();
@@ -436,11 +685,9 @@ fn table(f: &ElfFile64<'static, Endianness>, dynamic: bool) -> Table {
         if shndx == elf::SHN_UNDEF || shndx == elf::SHN_ABS || s.st_name(endian) == 0 {
             continue;
         }
-        let exec = || {
-            sections
-                .section(object::SectionIndex(shndx as usize))
-                .is_ok_and(|sh| sh.sh_flags(endian) & u64::from(elf::SHF_EXECINSTR) != 0)
-        };
+        let section = sections.section(object::SectionIndex(shndx as usize)).ok();
+        let exec =
+            || section.is_some_and(|sh| sh.sh_flags(endian) & u64::from(elf::SHF_EXECINSTR) != 0);
         let rank = if dynamic {
             // glibc's dladdr: every defined symbol but TLS, first in table order wins.
             match ty {
@@ -461,7 +708,28 @@ fn table(f: &ElfFile64<'static, Endianness>, dynamic: bool) -> Table {
             let unsized_ = u8::from(s.st_size(endian) == 0);
             unsized_ * 8 + kind + bind
         };
-        raw.push((value, s.st_size(endian), s.st_name(endian), rank, i));
+        if !dynamic {
+            if let Some(sh) = section {
+                let end = sh.sh_addr(endian).saturating_add(sh.sh_size(endian));
+                if !ends.contains(&end) {
+                    ends.push(end);
+                }
+            }
+        }
+        let name = strtab.get(s.st_name(endian) as usize..).unwrap_or(&[]);
+        let name = name
+            .get(..crate::sys::strnlen(name).min(MAX_NAME))
+            .unwrap_or(&[]);
+        raw.push((value, s.st_size(endian), name, rank, i));
+    }
+    for (start, size, name) in synthetic {
+        raw.push((*start, *size, name, 1, usize::MAX));
+        if !dynamic {
+            ends.push(start + size);
+        }
+    }
+    for end in ends {
+        raw.push((end, 0, &[], u8::MAX, usize::MAX));
     }
     if raw.is_empty() {
         return Table::default();
@@ -469,17 +737,28 @@ fn table(f: &ElfFile64<'static, Endianness>, dynamic: bool) -> Table {
     raw.sort_unstable_by_key(|&(start, _, _, rank, i)| (start, rank, i));
     raw.dedup_by_key(|e| e.0);
     let base = raw.first().map_or(0, |e| e.0);
+    let mut pool: Vec<u8> = Vec::with_capacity(raw.iter().map(|e| e.2.len() + 1).sum());
     let syms: Vec<Sym> = raw
         .iter()
-        .filter_map(|&(start, size, name, _, _)| {
+        .filter_map(|&(start, size, name, rank, _)| {
+            let start = u32::try_from(start - base).ok()?;
+            let name = if rank == u8::MAX {
+                BOUNDARY
+            } else {
+                let at = u32::try_from(pool.len()).ok()?;
+                pool.extend_from_slice(name);
+                pool.push(0);
+                at
+            };
             Some(Sym {
-                start: u32::try_from(start - base).ok()?,
+                start,
                 size: u32::try_from(size).unwrap_or(u32::MAX),
                 name,
             })
         })
         .collect();
-    Table::new(base, syms, strtab)
+    let pool: &'static [u8] = Box::leak(pool.into_boxed_slice());
+    Table::new(base, syms, pool)
 }
 
 #[cfg(test)]
@@ -546,6 +825,33 @@ mod tests {
             // which covers these non-nested symbols.
             assert_eq!(got, want, "{probe:#x}");
         }
+    }
+
+    #[test]
+    fn zero_size_symbols_stop_at_a_section_boundary() {
+        let mut syms: Vec<Sym> = [(0u32, 0u32), (0x20, 0x10)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(start, size))| Sym {
+                start,
+                size,
+                name: 1 + 2 * i as u32,
+            })
+            .collect();
+        // The first symbol's section ends at 0x8.
+        syms.insert(
+            1,
+            Sym {
+                start: 0x8,
+                size: 0,
+                name: BOUNDARY,
+            },
+        );
+        let tab = Table::new(0x1000, syms, b"\0a\0b\0");
+        assert_eq!(tab.lookup(0x1004, false).map(|f| f.name), Some(&b"a"[..]));
+        assert!(tab.lookup(0x1008, false).is_none());
+        assert!(tab.lookup(0x101f, false).is_none());
+        assert_eq!(tab.lookup(0x1021, false).map(|f| f.name), Some(&b"b"[..]));
     }
 
     #[test]

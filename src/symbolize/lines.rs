@@ -25,15 +25,17 @@ static CONTEXTS: Mutex<Vec<(usize, Option<Box<Context>>)>> = Mutex::new(Vec::new
 
 /// Writes `name` demangled (Rust or C++) into `out`. Allocates (C++); normal context only.
 pub(crate) fn demangle_any_to(name: &[u8], out: &mut FixedBuf<'_>) {
-    match core::str::from_utf8(name) {
+    match core::str::from_utf8(super::format::without_version(name)) {
         Ok(s) => out.push_str(&addr2line::demangle_auto(Cow::Borrowed(s), None)),
         Err(_) => out.push_bytes(name),
     }
 }
 
-fn load_context(data: &'static [u8]) -> Option<Context> {
+fn load_context(src: &super::index::DwarfFile) -> Option<Context> {
     use object::{Object as _, ObjectSection as _};
-    let file = object::File::parse(data).ok()?;
+    // Read with pread into memory that is never freed (not mapped: a file truncated on disk
+    // must not make a later lookup fault), and only if it is still the file the index chose.
+    let (file, data) = src.open()?;
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
@@ -55,14 +57,33 @@ fn load_context(data: &'static [u8]) -> Option<Context> {
         ) {
             return Ok(gimli::EndianSlice::new(&[], endian));
         }
-        let bytes: &'static [u8] = match file
+        // Read with one pread into a calloc'd buffer (not through the header cache, which
+        // zero-fills byte by byte), decompressed if need be, kept with the cached context.
+        let range = file
             .section_by_name(id.name())
-            .and_then(|s| s.uncompressed_data().ok())
-        {
-            Some(Cow::Borrowed(b)) => b,
-            // Compressed sections: decompressed once per object, kept with the cached context.
-            Some(Cow::Owned(v)) => Box::leak(v.into_boxed_slice()),
-            None => &[],
+            .and_then(|s| s.compressed_file_range().ok());
+        let bytes: &'static [u8] = match range {
+            Some(r) if r.compressed_size > 0 => {
+                match super::index::read_range(&data, r.offset, r.compressed_size) {
+                    Some(raw) if r.format == object::CompressionFormat::None => {
+                        Box::leak(raw.into_boxed_slice())
+                    }
+                    Some(raw) => {
+                        let c = object::read::CompressedData {
+                            format: r.format,
+                            data: &raw,
+                            uncompressed_size: r.uncompressed_size,
+                        };
+                        match c.decompress() {
+                            Ok(Cow::Owned(v)) => Box::leak(v.into_boxed_slice()),
+                            Ok(Cow::Borrowed(b)) => Box::leak(b.to_vec().into_boxed_slice()),
+                            Err(_) => &[],
+                        }
+                    }
+                    None => &[],
+                }
+            }
+            _ => &[],
         };
         Ok(gimli::EndianSlice::new(bytes, endian))
     };
@@ -77,7 +98,7 @@ fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Option<&Context>)
     let pos = match cache.iter().position(|(k, _)| *k == key) {
         Some(p) => p,
         None => {
-            let ctx = obj.dwarf.and_then(load_context).map(Box::new);
+            let ctx = obj.dwarf.as_ref().and_then(load_context).map(Box::new);
             cache.push((key, ctx));
             cache.len() - 1
         }
@@ -108,6 +129,8 @@ pub struct BacktraceSymbol {
 
 /// Demangles a raw name (Rust or C++).
 fn demangle_owned(name: &str) -> String {
+    let name =
+        core::str::from_utf8(super::format::without_version(name.as_bytes())).unwrap_or(name);
     addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned()
 }
 
@@ -228,8 +251,8 @@ impl BacktraceFrame {
         kind: FrameKind,
         cache: &mut Option<FrameCache>,
     ) -> BacktraceFrame {
-        let probe = kind.lookup_address(addr);
-        let sym = lookup(probe, Mode::All);
+        let sym = super::lookup_frame(addr, kind, Mode::All);
+        let probe = sym.map_or(kind.lookup_address(addr), |s| s.addr);
         let mut frame = BacktraceFrame {
             addr,
             kind,

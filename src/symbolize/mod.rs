@@ -14,15 +14,15 @@
 //! by the normal-context functions of this module ([`backtrace_symbols`], [`Backtrace`]), or
 //! explicitly by [`prepare`]. Before that, [`symbolize`] returns `None`.
 //!
-//! Each object's symbol table (sorted 12-byte entries over the string table of the read-only
-//! mapped ELF file) is built once per distinct object and **never freed**, file mapping
-//! included. Only the small list that maps address ranges to tables is republished on refresh.
+//! Each object's symbol table (sorted 12-byte entries over a pool of names copied out of the
+//! ELF file, read with `pread`, never mapped) is built once per distinct object and **never
+//! freed**. Only the small list that maps address ranges to tables is republished on refresh.
 //! That is why a [`Symbol`] can hold `'static` references and be returned by value from a
 //! signal handler: a concurrent refresh cannot free what it points to. The cost is that the
 //! tables of `dlclose`d libraries stay (a `dlopen` of the same library again reuses its table).
 //!
-//! A file mapping of a library that is later truncated on disk would fault when read; files
-//! replaced by a package manager (a new inode) are not affected.
+//! No lookup reads a file mapping: a library or debug file truncated or rewritten on disk after
+//! the index was built cannot make it fault (tested: `tests/symbolize_files.rs`).
 //!
 //! # In a signal handler (crash reports)
 //! Everything below is async-signal-safe (no allocation, no lock, no panic) once the index
@@ -58,8 +58,8 @@ mod lines;
 
 pub(crate) use format::write_truncation;
 pub use format::{
-    demangle_into, demangle_to, write_kernel_frame, FixedBuf, FrameKind, KernelOptions,
-    SymbolsOptions,
+    demangle_into, demangle_to, without_version, write_kernel_frame, FixedBuf, FrameKind,
+    KernelOptions, SymbolsOptions,
 };
 pub use index::SymbolSource;
 pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol};
@@ -259,6 +259,29 @@ pub fn symbolize_exported(addr: usize) -> Option<Symbol> {
 
 pub(crate) fn lookup(addr: usize, mode: Mode) -> Option<Symbol> {
     INDEX.read(|i| lookup_in(i?, addr, mode))
+}
+
+/// The symbol of a captured frame: looked up at [`FrameKind::lookup_address`]; for a return
+/// address that no symbol covers, a zero-size symbol that starts exactly at the address (glibc's
+/// signal trampoline `__restore_rt`, whose address the kernel pushes as the handler's return
+/// address) names it. [`Symbol::addr`] is the address the symbol was found for.
+///
+/// # Signal Safe
+/// Async-signal-safe, like [`symbolize`].
+pub fn symbolize_frame(addr: usize, kind: FrameKind) -> Option<Symbol> {
+    lookup_frame(addr, kind, Mode::All)
+}
+
+pub(crate) fn lookup_frame(addr: usize, kind: FrameKind, mode: Mode) -> Option<Symbol> {
+    let sym = lookup(kind.lookup_address(addr), mode);
+    if kind == FrameKind::Return && sym.is_some_and(|s| s.name.is_none()) {
+        let exact =
+            lookup(addr, mode).filter(|e| e.name.is_some() && e.start == addr && e.size == 0);
+        if exact.is_some() {
+            return exact;
+        }
+    }
+    sym
 }
 
 fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
@@ -468,26 +491,38 @@ pub fn backtrace_symbols_fd_with(addrs: &[usize], fd: i32, opts: SymbolsOptions)
 }
 
 /// Memory used by the symbol index: `(entries, heap bytes of the tables)`. An entry is one
-/// symbol of one table: an object's full table (`.symtab`) and its exported table (`.dynsym`,
-/// for glibc's naming) each count. The string tables stay in the file mappings and are not
-/// counted. Normal context.
+/// symbol of one table: an object's full table (`.symtab` and PLT stubs) and its exported table
+/// (`.dynsym`, for glibc's naming) each count. The names, copied out of the files into pools
+/// the tables own, are counted by [`index_name_bytes`]. Normal context.
 pub fn index_stats() -> (usize, usize) {
+    let (n, bytes, _) = index_totals();
+    (n, bytes)
+}
+
+/// Bytes of the symbol names the index holds (copied out of the ELF files, so that no lookup
+/// reads a file mapping that a change on disk could make fault). Normal context.
+pub fn index_name_bytes() -> usize {
+    index_totals().2
+}
+
+fn index_totals() -> (usize, usize, usize) {
     ensure();
     INDEX.read(|i| {
-        let Some(i) = i else { return (0, 0) };
+        let Some(i) = i else { return (0, 0, 0) };
         let mut seen: Vec<*const ObjectSymbols> = Vec::new();
-        let (mut n, mut bytes) = (0, 0);
+        let (mut n, mut bytes, mut names) = (0, 0, 0);
         for e in i.entries.iter() {
             let p: *const ObjectSymbols = e.syms;
             if seen.contains(&p) {
                 continue;
             }
             seen.push(p);
-            let (syms, heap) = e.syms.stats();
+            let (syms, heap, name) = e.syms.stats();
             n += syms;
             bytes += heap;
+            names += name;
         }
-        (n, bytes)
+        (n, bytes, names)
     })
 }
 

@@ -370,49 +370,6 @@ pub(crate) fn signal_restorers(out: &mut [usize]) -> usize {
     n
 }
 
-/// A whole file mapped read-only and private (`open(2)`, `fstat(2)`, `mmap(2)`, `close(2)`).
-/// Returns the mapping and its length, or `None` if the file cannot be opened or mapped or is
-/// empty. The mapping is never unmapped by this module: callers keep it for the life of the
-/// process (the symbol index hands out `'static` slices of it).
-///
-/// Not async-signal-safe in spirit: call in normal context.
-///
-/// # References
-/// open(2), fstat(2), mmap(2)
-pub(crate) fn map_file_readonly(path: &std::ffi::CStr) -> Option<&'static [u8]> {
-    // SAFETY: path is a NUL-terminated string; O_CLOEXEC keeps the fd out of children.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: st is plain old data, written by fstat.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    // SAFETY: fd is an open descriptor; st is writable.
-    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
-    let len = st.st_size as usize;
-    let is_file = (st.st_mode & libc::S_IFMT) == libc::S_IFREG;
-    let map = if ok && is_file && len > 0 {
-        // SAFETY: a fresh private read-only mapping of an open regular file.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                fd,
-                0,
-            )
-        };
-        (p != libc::MAP_FAILED).then_some(p)
-    } else {
-        None
-    };
-    // SAFETY: fd is open and owned here; the mapping stays valid after close.
-    unsafe { libc::close(fd) };
-    // SAFETY: the mapping is readable for `len` bytes and never unmapped.
-    map.map(|p| unsafe { core::slice::from_raw_parts(p as *const u8, len) })
-}
-
 /// `gnu_get_libc_version(3)`: glibc's version as `(major, minor)`, `None` if unknown.
 pub(crate) fn glibc_version() -> Option<(u32, u32)> {
     // SAFETY: returns a pointer to a static NUL-terminated string.
@@ -544,6 +501,22 @@ pub(crate) fn statfs_type(path: &core::ffi::CStr) -> Result<i64, i32> {
     let mut st: libc::statfs = unsafe { core::mem::zeroed() };
     // SAFETY: path is NUL-terminated and st is a valid out-pointer.
     let r = unsafe { libc::statfs(path.as_ptr(), &mut st) };
+    if r == 0 {
+        Ok(st.f_type as i64)
+    } else {
+        Err(errno())
+    }
+}
+
+/// `fstatfs(2)`'s `f_type` for an open fd, or the `errno`. Async-signal-safe (one syscall).
+///
+/// # References
+/// fstatfs(2)
+pub(crate) fn fstatfs_type(fd: i32) -> Result<i64, i32> {
+    // SAFETY: statfs is plain old data; all-zero is a valid value.
+    let mut st: libc::statfs = unsafe { core::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer; a bad fd gives EBADF.
+    let r = unsafe { libc::fstatfs(fd, &mut st) };
     if r == 0 {
         Ok(st.f_type as i64)
     } else {

@@ -288,7 +288,9 @@ pub fn init() -> Status {
 }
 
 /// Writes markers to `path` from now on (a `trace_marker` file, e.g. a private instance's
-/// [`crate::tracefs::Instance::marker_path`]). The fd number stays the same: threads writing
+/// [`crate::tracefs::Instance::marker_path`]). The file must be on a tracefs mount (checked by
+/// `fstatfs` magic on the opened fd, as for the default location): anything else, a regular
+/// file or a tmpfs mounted where tracefs should be, is refused with [`Error::InvalidInput`]. The fd number stays the same: threads writing
 /// concurrently write to the old file or the new one, never to a closed fd. On failure every
 /// call becomes a no-op and [`status`] says why. Normal context.
 pub fn set_marker_path(path: impl AsRef<Path>) -> Result<(), Error> {

@@ -48,6 +48,10 @@ const ST_NOT_FOUND: u32 = 4;
 const ST_SYS: u32 = 5;
 const ST_DETACHED: u32 = 6;
 const ST_BAD_PATH: u32 = 7;
+const ST_NOT_TRACEFS: u32 = 8;
+
+/// What a `trace_marker` that is not on a tracefs mount is refused with.
+const NOT_TRACEFS: Error = Error::InvalidInput("trace_marker is not on a tracefs mount");
 
 // Reads SELFTRACE_TAGS and registers the fork handler before main, in normal context, so that
 // neither happens first inside a signal handler.
@@ -149,6 +153,7 @@ pub(crate) fn status() -> Status {
         ST_NOT_FOUND => Status::Unavailable(Error::NotFound("trace_marker")),
         ST_DETACHED => Status::Detached,
         ST_BAD_PATH => Status::Unavailable(Error::InvalidInput("marker path")),
+        ST_NOT_TRACEFS => Status::Unavailable(NOT_TRACEFS),
         _ => Status::Unavailable(Error::Sys {
             call: "open",
             errno,
@@ -162,12 +167,14 @@ fn error_code(e: Error) -> (u32, i32) {
         Error::PermissionDenied => (ST_DENIED, 0),
         Error::NotFound(_) => (ST_NOT_FOUND, 0),
         Error::Sys { errno, .. } => (ST_SYS, errno),
+        e if e == NOT_TRACEFS => (ST_NOT_TRACEFS, 0),
         _ => (ST_BAD_PATH, 0),
     }
 }
 
 /// Opens `<dir>/trace_marker` (or `dir` itself when `dir` already names the file), built in a
-/// stack buffer.
+/// stack buffer. The opened file must be on a tracefs mount (`fstatfs` magic, checked on the
+/// fd itself): a regular file or a tmpfs mounted over `/sys/kernel/tracing` is refused.
 fn open_in(dir: &[u8], append_name: bool) -> Result<i32, Error> {
     const NAME: &[u8] = b"/trace_marker";
     let mut buf = [0u8; 4200];
@@ -182,14 +189,28 @@ fn open_in(dir: &[u8], append_name: bool) -> Result<i32, Error> {
     let n = dir.len() + extra;
     let path = CStr::from_bytes_with_nul(&buf[..n + 1])
         .map_err(|_| Error::InvalidInput("marker path contains a nul byte"))?;
-    sys::open_cloexec(path, libc::O_WRONLY).map_err(|errno| match errno {
+    let fd = sys::open_cloexec(path, libc::O_WRONLY).map_err(|errno| match errno {
         libc::ENOENT | libc::ENOTDIR => Error::NotFound("trace_marker"),
         libc::EACCES | libc::EPERM => Error::PermissionDenied,
         errno => Error::Sys {
             call: "open",
             errno,
         },
-    })
+    })?;
+    match sys::fstatfs_type(fd) {
+        Ok(t) if t == tracefs::TRACEFS_MAGIC => Ok(fd),
+        Ok(_) => {
+            sys::close(fd);
+            Err(NOT_TRACEFS)
+        }
+        Err(errno) => {
+            sys::close(fd);
+            Err(Error::Sys {
+                call: "fstatfs",
+                errno,
+            })
+        }
+    }
 }
 
 /// Finds and opens `trace_marker` as FACTS.md says: an explicit tracefs root if one was set,
@@ -204,6 +225,11 @@ fn open_default() -> Result<i32, Error> {
     let mut note = |e: Error| match e {
         Error::NotFound(_) => {}
         Error::PermissionDenied => worst = e,
+        e if e == NOT_TRACEFS => {
+            if worst != Error::PermissionDenied {
+                worst = e
+            }
+        }
         e => {
             if worst == Error::NoTracefs {
                 worst = e

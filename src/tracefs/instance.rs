@@ -16,11 +16,45 @@ use crate::Error;
 /// Removal fails with `EBUSY` while any file of the instance is open, for example while the
 /// marker writer holds its `trace_marker` open ([`crate::trace::set_marker_path`]); point the
 /// writer elsewhere ([`crate::trace::detach`]) before the instance is dropped.
+///
+/// The creating process holds an exclusive `flock` on the instance's directory for as long as
+/// the `Instance` lives: tracefs is one filesystem for every mount and PID namespace, so any
+/// process can tell a live instance from one whose owner died ([`is_owner_alive`]).
 #[derive(Debug)]
 pub struct Instance {
     name: String,
     dir: PathBuf,
     copies_markers: bool,
+    // Dropped after `Drop::drop` removed the directory: the lock outlives the instance.
+    _lock: Option<std::fs::File>,
+}
+
+/// An open directory with an exclusive `flock` on it (`None` if it cannot be locked now).
+fn lock_dir(dir: &Path, wait: bool) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .ok()?;
+    let how = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    // SAFETY: flock on an fd we own.
+    (unsafe { libc::flock(f.as_raw_fd(), how) } == 0).then_some(f)
+}
+
+/// Whether the process that created the instance directory `dir` still holds its lock (it is
+/// alive, in whatever PID namespace), as far as this process can tell: `Some(false)` only when
+/// the lock was free, and then the caller holds it in the returned file until it drops it.
+pub(crate) fn is_owner_alive(dir: &Path) -> (bool, Option<std::fs::File>) {
+    match lock_dir(dir, false) {
+        Some(f) => (false, Some(f)),
+        None => (true, None),
+    }
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -51,10 +85,12 @@ impl Instance {
         );
         let dir = root.join("instances").join(&name);
         std::fs::create_dir(&dir).map_err(|e| io_error("mkdir", e, "tracefs instances"))?;
+        let lock = lock_dir(&dir, true);
         Ok(Instance {
             name,
             dir,
             copies_markers: false,
+            _lock: lock,
         })
     }
 
@@ -173,10 +209,36 @@ impl Instance {
         read_lossy(&self.dir.join("trace"))
     }
 
+    /// Events the kernel lost in this instance's ring buffer, summed over the CPUs
+    /// (`per_cpu/cpuN/stats`): `overrun` (overwritten before they were read: the buffer was
+    /// too small) plus `dropped events` (not written: the buffer was full in no-overwrite
+    /// mode). What [`read_markers`](Self::read_markers) and [`read_trace`](Self::read_trace)
+    /// return misses exactly these; check it after reading.
+    pub fn dropped_events(&self) -> Result<u64, Error> {
+        let dir = self.dir.join("per_cpu");
+        let mut total = 0u64;
+        for e in std::fs::read_dir(&dir).map_err(|e| io_error("readdir", e, "per_cpu"))? {
+            let Ok(e) = e else { continue };
+            let Ok(stats) = std::fs::read_to_string(e.path().join("stats")) else {
+                continue;
+            };
+            for line in stats.lines() {
+                let n = line
+                    .strip_prefix("overrun:")
+                    .or_else(|| line.strip_prefix("dropped events:"))
+                    .and_then(|v| v.trim().parse::<u64>().ok());
+                total += n.unwrap_or(0);
+            }
+        }
+        Ok(total)
+    }
+
     /// Every trace-marker event recorded: from this instance when it
     /// [copies markers](Self::copies_markers) (or was written to directly through its
     /// [`marker_path`](Self::marker_path)), otherwise also from the top-level buffer, read
-    /// without consuming it.
+    /// without consuming it. Markers the kernel had to drop (a buffer too small for the rate
+    /// they were written at) are missing: [`dropped_events`](Self::dropped_events) counts them,
+    /// and [`read_markers_counted`](Self::read_markers_counted) returns both.
     pub fn read_markers(&self) -> Result<Vec<parse::MarkerEvent>, Error> {
         let mut events = parse::markers(&self.read_trace()?);
         if !self.copies_markers {
@@ -185,6 +247,13 @@ impl Instance {
             events.sort_by_key(|e| e.timestamp_ns);
         }
         Ok(events)
+    }
+
+    /// [`read_markers`](Self::read_markers) and the number of events the kernel dropped
+    /// ([`dropped_events`](Self::dropped_events)), read right after: 0 means nothing is missing.
+    pub fn read_markers_counted(&self) -> Result<(Vec<parse::MarkerEvent>, u64), Error> {
+        let events = self.read_markers()?;
+        Ok((events, self.dropped_events()?))
     }
 
     /// Every record of the instance's `trace` (markers, uprobe hits, other events), owned.

@@ -122,6 +122,23 @@ fn is_tracefs(path: &Path) -> Result<bool, Error> {
     }
 }
 
+thread_local! {
+    static KERNEL_ERROR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+pub(crate) fn set_kernel_error(why: Option<String>) {
+    KERNEL_ERROR.with(|k| *k.borrow_mut() = why);
+}
+
+/// The kernel's explanation of the last tracefs command of this thread that failed, taken (and
+/// cleared): the message of its `error_log` entry and the word it points at
+/// (`Invalid register name at 'x=%zz'`), or the existing uprobe event that a new one conflicts
+/// with. `None` when the kernel gave no reason. [`Error`] is `Copy` and cannot carry it; call
+/// this right after a failed [`Session`] or [`uprobe::UprobeEvent`] call.
+pub fn last_kernel_error() -> Option<String> {
+    KERNEL_ERROR.with(|k| k.borrow_mut().take())
+}
+
 /// Maps an `io::Error` from a tracefs file operation onto [`Error`].
 pub(crate) fn io_error(call: &'static str, e: std::io::Error, what: &'static str) -> Error {
     match e.raw_os_error() {

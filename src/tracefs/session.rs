@@ -19,13 +19,12 @@
 //! # Ok::<(), selftrace::Error>(())
 //! ```
 
-use super::symbols::function_offset;
+use super::symbols::{function_offset, offset_in_code};
 use super::uprobe::UprobeEvent;
 use super::{io_error, parse, root, Instance};
 use crate::usdt::ProbeNote;
 use crate::Error;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What a session's event attaches to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,7 +108,73 @@ impl Hit {
 
 /// Splits a uprobe record's body, `(0x55d0c0a3d123) a0=5 s="x y"` or
 /// `(0x5555 <- 0x5556) ret=3`, into the address and the arguments.
+///
+/// A `&str` / `&[u8]` argument of a probe (a pointer `aN`, a length `aN+1`, and the bytes
+/// fetched as `aN_bytes={104,105,...}`, see [`Session::add_probe`]) comes back as
+/// `aN="text"` (the bytes up to the length, invalid UTF-8 as U+FFFD, control characters as
+/// `\xNN`; text cut at the fetched size ends with `…[+N bytes]`) and `aN+1` = the length.
 pub fn parse_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
+    let (address, mut args) = split_hit_body(body);
+    decode_byte_args(&mut args);
+    (address, args)
+}
+
+/// Replaces each `aN` / `aN_bytes` pair by `aN="text"` (see [`parse_hit_body`]).
+fn decode_byte_args(args: &mut Vec<(String, String)>) {
+    let mut i = 0;
+    while i < args.len() {
+        let Some(ptr) = args[i].0.strip_suffix("_bytes").map(str::to_string) else {
+            i += 1;
+            continue;
+        };
+        let bytes: Option<Vec<u8>> = args[i]
+            .1
+            .strip_prefix('{')
+            .and_then(|v| v.strip_suffix('}'))
+            .and_then(|v| {
+                v.split(',')
+                    .map(|b| match b.trim().strip_prefix("0x") {
+                        Some(h) => u8::from_str_radix(h, 16).ok(),
+                        None => b.trim().parse().ok(),
+                    })
+                    .collect()
+            });
+        let len_name = ptr
+            .strip_prefix('a')
+            .and_then(|n| n.parse::<usize>().ok())
+            .map(|n| format!("a{}", n + 1));
+        let len = len_name
+            .and_then(|n| args.iter().find(|(k, _)| *k == n))
+            .and_then(|(_, v)| v.parse::<usize>().ok());
+        match (bytes, len) {
+            (Some(bytes), Some(len)) => {
+                let shown = &bytes[..len.min(bytes.len())];
+                let mut text = String::from("\"");
+                for c in String::from_utf8_lossy(shown).chars() {
+                    if c.is_control() {
+                        text.push_str(&format!("\\x{:02x}", c as u32));
+                    } else {
+                        text.push(c);
+                    }
+                }
+                if len > bytes.len() {
+                    text.push_str(&format!("…[+{} bytes]", len - bytes.len()));
+                }
+                text.push('"');
+                if let Some(p) = args.iter_mut().find(|(k, _)| *k == ptr) {
+                    p.1 = text;
+                }
+                args.remove(i);
+            }
+            // Not fetched (a fault): the pointer and length stay as they are.
+            _ => {
+                args.remove(i);
+            }
+        }
+    }
+}
+
+fn split_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
     let mut rest = body.trim();
     let mut address = None;
     if let Some(inner) = rest.strip_prefix('(') {
@@ -137,20 +202,28 @@ pub fn parse_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
     (address, args)
 }
 
-/// A private uprobe group (`selftrace_<pid>_<n>`) and a private [`Instance`] that enables its
-/// events. Dropping it disables and removes every event and the instance, also while a panic
-/// unwinds.
+/// A private uprobe group (`selftrace_<pid>_<seq>_<nanos>`, the id of its instance) and a
+/// private [`Instance`] (`<prefix>-<pid>-<seq>-<nanos>`) that enables its events. Dropping it
+/// disables and removes every event, then the instance, also while a panic unwinds: the
+/// instance's lock (see [`Instance`]) is held until the events are gone, so
+/// [`remove_stale_sessions`] can prove a session dead from any namespace.
 #[derive(Debug)]
 pub struct Session {
-    // Field order is drop order: the instance (which disables the events) goes first, as an
-    // enabled uprobe event cannot be removed.
+    // Field order is drop order, after `Drop::drop` disabled and removed the events: the
+    // instance goes first (an enabled uprobe event cannot be removed), then the events whose
+    // removal failed get another try.
     instance: Instance,
     events: Vec<UprobeEvent>,
     infos: Vec<EventInfo>,
     group: String,
 }
 
-static SEQ: AtomicU64 = AtomicU64::new(0);
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.set_enabled(false);
+        self.events.retain_mut(|e| !e.remove_now());
+    }
+}
 
 impl Session {
     /// Creates a session with an instance named after `prefix` (see [`Instance::create`]).
@@ -190,23 +263,6 @@ impl Session {
         }
         let existing = std::fs::read_to_string(&uprobe_events)
             .map_err(|e| io_error("read", e, "uprobe_events"))?;
-        // A group of this name can only be left over by a dead process that had this pid: skip
-        // it (`remove_stale_sessions` cannot tell it from ours).
-        let mut tries = 0;
-        let group = loop {
-            let g = format!(
-                "selftrace_{}_{}",
-                std::process::id(),
-                SEQ.fetch_add(1, Ordering::Relaxed)
-            );
-            if !existing.contains(&format!(":{g}/")) {
-                break g;
-            }
-            tries += 1;
-            if tries == 100 {
-                return Err(Error::AlreadyExists("uprobe event group"));
-            }
-        };
         let instance = match (markers, buffer_kb) {
             (true, Some(kib)) => Instance::for_markers_with_buffer(prefix, kib)?,
             (true, None) => Instance::for_markers(prefix)?,
@@ -218,6 +274,15 @@ impl Session {
                 inst
             }
         };
+        // The group carries the instance's id (`<pid>-<seq>-<nanos>`), so that a group is
+        // known dead exactly when its instance is (or is gone).
+        let id = instance_id(instance.name(), prefix).ok_or(Error::InvalidInput(
+            "instance name without a pid, sequence and time",
+        ))?;
+        let group = format!("selftrace_{}_{}_{}", id.0, id.1, id.2);
+        if existing.contains(&format!(":{group}/")) {
+            return Err(Error::AlreadyExists("uprobe event group"));
+        }
         // The process id on every line: Perfetto groups threads into processes with it.
         let _ = instance.write_file("options/record-tgid", "1");
         Ok(Session {
@@ -295,6 +360,9 @@ impl Session {
     /// with its size and sign, and the probe's semaphore as reference counter, so that the
     /// kernel raises it in every process that maps the file while the event is enabled.
     /// Several sites of one probe become several events (`provider_name`, `provider_name_1`).
+    /// A `&str` / `&[u8]` argument also fetches the first
+    /// [`BYTES_FETCHED`](super::uprobe::BYTES_FETCHED) bytes it points to, which
+    /// [`parse_hit_body`] decodes into the text.
     pub fn add_probe(&mut self, path: &Path, note: &ProbeNote) -> Result<&EventInfo, Error> {
         let path = canonical(path)?;
         let name = self.unique_event_name(&format!("{}_{}", note.provider, note.name));
@@ -340,7 +408,8 @@ impl Session {
     }
 
     /// Adds an event at the raw file offset `offset` of `path` (a return probe when `ret`:
-    /// then `offset` must be a function's first instruction).
+    /// then `offset` must be a function's first instruction). [`Error::InvalidInput`] when the
+    /// offset lies in no executable segment of the file (0 is the ELF header, not code).
     pub fn add_offset(
         &mut self,
         path: &Path,
@@ -349,6 +418,11 @@ impl Session {
         args: &str,
     ) -> Result<&EventInfo, Error> {
         let path = canonical(path)?;
+        if !offset_in_code(&path, offset)? {
+            return Err(Error::InvalidInput(
+                "offset is not in an executable segment of the file",
+            ));
+        }
         let label = format!(
             "{}:0x{offset:x}{}",
             path.display(),
@@ -413,6 +487,13 @@ impl Session {
         self.instance.write_file("set_event_pid", &list.join(" "))
     }
 
+    /// Events the kernel dropped in the session's ring buffer (see
+    /// [`Instance::dropped_events`]): hits and markers that [`read_hits`](Self::read_hits) and
+    /// the trace miss.
+    pub fn dropped_events(&self) -> Result<u64, Error> {
+        self.instance.dropped_events()
+    }
+
     /// Every hit of the session's events recorded so far (reading does not consume them).
     pub fn read_hits(&self) -> Result<Vec<Hit>, Error> {
         Ok(self.hits(&self.instance.read_trace()?))
@@ -440,36 +521,66 @@ impl Session {
     }
 }
 
-/// Removes what sessions of processes that no longer exist left behind (a process killed with
-/// SIGKILL cannot clean up): instances named `<instance_prefix>-<pid>-<n>-<nanos>` and uprobe
-/// groups `selftrace_<pid>_<n>` whose `pid` is not running. Returns what was removed
+/// `(pid, seq, nanos)` of an instance named `<prefix>-<pid>-<seq>-<nanos>`.
+fn instance_id<'a>(name: &'a str, prefix: &str) -> Option<(&'a str, &'a str, &'a str)> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix('-')?;
+    let mut parts = rest.split('-');
+    let id = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (parts.next().is_none() && digits(id.0) && digits(id.1) && digits(id.2)).then_some(id)
+}
+
+/// `(prefix, pid, seq, nanos)` of an instance named `<prefix>-<pid>-<seq>-<nanos>`.
+fn split_instance_name(name: &str) -> Option<(&str, &str, &str, &str)> {
+    let mut it = name.rsplitn(4, '-');
+    let (nanos, seq, pid, prefix) = (it.next()?, it.next()?, it.next()?, it.next()?);
+    let (p2, s2, n2) = instance_id(name, prefix)?;
+    (p2 == pid && s2 == seq && n2 == nanos).then_some((prefix, pid, seq, nanos))
+}
+
+/// Removes what sessions whose process died left behind (a process killed with SIGKILL cannot
+/// clean up), and nothing else: an instance `<instance_prefix>-<pid>-<seq>-<nanos>` only when
+/// the lock its creator held on it is free (the creator is dead, in whatever PID namespace:
+/// tracefs and its locks are the same for every namespace) and it is older than two seconds
+/// (a brand-new instance may not be locked yet); a uprobe group `selftrace_<pid>_<seq>_<nanos>`
+/// only when its instance was removed now or is gone (a live session removes its events before
+/// its instance). Process ids are never used to judge liveness. Returns what was removed
 /// (`instances/NAME`, `GROUP/EVENT`).
 pub fn remove_stale_sessions(instance_prefix: &str) -> Result<Vec<String>, Error> {
     let root = root()?;
-    let dead = |pid: &str| {
-        pid.parse::<u32>()
-            .is_ok_and(|p| p > 0 && !Path::new(&format!("/proc/{p}")).exists())
-    };
     let mut removed = Vec::new();
     let instances = root.join("instances");
-    let start = format!("{instance_prefix}-");
+    let mut live_ids: Vec<String> = Vec::new();
     for entry in std::fs::read_dir(&instances).map_err(|e| io_error("readdir", e, "instances"))? {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(&start) else {
+        // Any session's instance, whatever its prefix, keeps its group alive.
+        let Some((prefix, pid, seq, nanos)) = split_instance_name(&name) else {
             continue;
         };
-        let parts: Vec<&str> = rest.split('-').collect();
-        if parts.len() != 3 || !parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_digit())) {
+        let id = format!("{pid}_{seq}_{nanos}");
+        if prefix != instance_prefix {
+            live_ids.push(id);
             continue;
         }
-        if dead(parts[0]) {
-            let dir = instances.join(&name);
-            let _ = std::fs::write(dir.join("options/copy_trace_marker"), "0");
-            if std::fs::remove_dir(&dir).is_ok() {
-                removed.push(format!("instances/{name}"));
-            }
+        let dir = instances.join(&name);
+        let young = std::fs::metadata(&dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < std::time::Duration::from_secs(2));
+        let (alive, lock) = super::instance::is_owner_alive(&dir);
+        if alive || young {
+            live_ids.push(id);
+            continue;
         }
+        let _ = std::fs::write(dir.join("options/copy_trace_marker"), "0");
+        if std::fs::remove_dir(&dir).is_ok() {
+            removed.push(format!("instances/{name}"));
+        } else {
+            live_ids.push(id);
+        }
+        drop(lock);
     }
     let list = std::fs::read_to_string(root.join("uprobe_events"))
         .map_err(|e| io_error("read", e, "uprobe_events"))?;
@@ -484,10 +595,13 @@ pub fn remove_stale_sessions(instance_prefix: &str) -> Result<Vec<String>, Error
         let Some(rest) = group.strip_prefix("selftrace_") else {
             continue;
         };
-        let Some((pid, n)) = rest.split_once('_') else {
-            continue;
-        };
-        if !n.bytes().all(|b| b.is_ascii_digit()) || !dead(pid) {
+        let parts: Vec<&str> = rest.split('_').collect();
+        if parts.len() != 3
+            || !parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            || live_ids.iter().any(|l| l == rest)
+        {
             continue;
         }
         let _ = std::fs::write(
@@ -532,5 +646,16 @@ mod tests {
         assert_eq!(args[0].1, "\"a b\"");
         assert_eq!(args[1], ("n".to_string(), "3".to_string()));
         assert_eq!(parse_hit_body("(0x1)"), (Some(1), vec![]));
+        let (_, args) = parse_hit_body("(0x1) a0=0x7f00 a1=2 a2=7 a0_bytes={0x68,0x69,0x21,0x0}");
+        assert_eq!(
+            args,
+            vec![
+                ("a0".to_string(), "\"hi\"".to_string()),
+                ("a1".to_string(), "2".to_string()),
+                ("a2".to_string(), "7".to_string())
+            ]
+        );
+        let (_, args) = parse_hit_body("(0x1) a0=0x7f00 a1=5 a0_bytes={97,10}");
+        assert_eq!(args[0].1, "\"a\\x0a…[+3 bytes]\"");
     }
 }

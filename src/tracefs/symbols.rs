@@ -7,6 +7,21 @@ use crate::Error;
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use std::path::Path;
 
+/// Whether the file offset `offset` of the ELF file at `path` lies in an executable `PT_LOAD`
+/// segment (where a uprobe can be placed on an instruction).
+pub(crate) fn offset_in_code(path: &Path, offset: u64) -> Result<bool, Error> {
+    let data = crate::usdt::notes::open_elf(path)?;
+    let file = object::File::parse(&data).map_err(|_| Error::BadElf("not a readable elf file"))?;
+    Ok(file.segments().any(|s| {
+        let (off, size) = s.file_range();
+        let exec = match s.flags() {
+            object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+            _ => false,
+        };
+        exec && offset >= off && offset - off < size
+    }))
+}
+
 /// A function symbol of an ELF file, with the file offset a uprobe attaches to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FunctionSymbol {
@@ -23,15 +38,9 @@ pub struct FunctionSymbol {
 /// Every defined function symbol of the ELF file at `path` (`.symtab` and `.dynsym`) that lies
 /// in a `PT_LOAD` segment, deduplicated by address and name.
 pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, Error> {
-    let data = std::fs::read(path.as_ref()).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) => Error::NotFound("elf file"),
-        Some(libc::EACCES) | Some(libc::EPERM) => Error::PermissionDenied,
-        errno => Error::Sys {
-            call: "read",
-            errno: errno.unwrap_or(libc::EIO),
-        },
-    })?;
-    let file = object::File::parse(&*data).map_err(|_| Error::BadElf("not a readable elf file"))?;
+    // Only the headers and the symbol tables are read; a FIFO or device is refused.
+    let data = crate::usdt::notes::open_elf(path.as_ref())?;
+    let file = object::File::parse(&data).map_err(|_| Error::BadElf("not a readable elf file"))?;
     if file.format() != object::BinaryFormat::Elf {
         return Err(Error::BadElf("not an elf file"));
     }

@@ -30,6 +30,7 @@ use std::path::Path;
 pub struct UprobeEvent {
     group: String,
     event: String,
+    removed: bool,
 }
 
 fn check_name(s: &str, what: &'static str) -> Result<(), Error> {
@@ -50,8 +51,71 @@ fn write_uprobe_events(line: &str) -> Result<(), Error> {
         .open(&path)
         .map_err(|e| io_error("open", e, "uprobe_events"))?;
     // One write per command: the kernel parses each write as one line.
-    f.write_all(line.as_bytes())
-        .map_err(|e| io_error("write", e, "uprobe_events"))
+    f.write_all(line.as_bytes()).map_err(|e| {
+        super::set_kernel_error(explain_failure(line.trim_end()));
+        io_error("write", e, "uprobe_events")
+    })
+}
+
+/// Why the kernel refused the `uprobe_events` command `cmd`: its `error_log` entry for that
+/// command (message and the word the caret points at), or an existing event on the same
+/// `path:0xoffset` (the kernel refuses a second reference counter for one address).
+fn explain_failure(cmd: &str) -> Option<String> {
+    let root = root().ok()?;
+    if let Ok(log) = std::fs::read_to_string(root.join("error_log")) {
+        if let Some(why) = error_log_entry(&log, cmd) {
+            return Some(why);
+        }
+    }
+    // p:GROUP/EVENT PATH:0xOFF(0xREF) ...; the list pads offsets with zeros.
+    let place = |t: &str| -> Option<(String, u64)> {
+        let t = t.split('(').next()?;
+        let (path, off) = t.rsplit_once(':')?;
+        let off = u64::from_str_radix(off.strip_prefix("0x")?, 16).ok()?;
+        Some((path.to_string(), off))
+    };
+    let at = place(cmd.split_whitespace().nth(1)?)?;
+    let list = std::fs::read_to_string(root.join("uprobe_events")).ok()?;
+    let other = list.lines().find(|l| {
+        l.split_whitespace()
+            .nth(1)
+            .and_then(place)
+            .is_some_and(|p| p == at)
+    })?;
+    let id = other.split_whitespace().next()?.get(2..)?;
+    Some(format!(
+        "{}:0x{:x} is already probed by the uprobe event {id} ({}): the kernel allows one \
+         reference counter per address; another recorder may be using it",
+        at.0,
+        at.1,
+        other.split_whitespace().nth(1).unwrap_or("")
+    ))
+}
+
+/// The last `error_log` entry whose `Command:` is `cmd`: `MESSAGE (at 'WORD')`.
+pub(crate) fn error_log_entry(log: &str, cmd: &str) -> Option<String> {
+    let lines: Vec<&str> = log.lines().collect();
+    for i in (1..lines.len()).rev() {
+        let Some(c) = lines[i].trim_start().strip_prefix("Command: ") else {
+            continue;
+        };
+        if c.trim_end() != cmd {
+            continue;
+        }
+        let msg = lines[i - 1].split_once("error: ").map(|(_, m)| m.trim())?;
+        // The caret line points at the failing word of the command.
+        let word = lines.get(i + 1).and_then(|caret| {
+            let col = caret.find('^')?;
+            let start = lines[i].find("Command: ")? + "Command: ".len();
+            let rest = lines[i].get(col.checked_sub(start).map(|_| col)?..)?;
+            rest.split_whitespace().next()
+        });
+        return Some(match word {
+            Some(w) => format!("{msg} at '{w}'"),
+            None => msg.to_string(),
+        });
+    }
+    None
 }
 
 /// The kernel's name for an x86-64 register as written in a note (`%rdi`, `%edi`, `%r8d`):
@@ -79,6 +143,37 @@ fn kernel_register(reg: &str) -> Option<String> {
         }
     };
     Some(format!("%{base}"))
+}
+
+/// How many bytes of a `&str` / `&[u8]` probe argument a uprobe fetches (the kernel's limit for
+/// an array fetch argument is 64 elements); longer text is cut and marked.
+pub const BYTES_FETCHED: usize = 64;
+
+/// The pointer-and-length pairs of `note` (`8@0(%reg) 8@8(%reg)`, what selftrace's probes emit
+/// for `&str`, `&[u8]`, `String` and `Vec<u8>`): the pointer's argument index and the kernel's
+/// name for the register.
+pub fn byte_pairs(note: &ProbeNote) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let a = &note.arguments;
+    let mut i = 0;
+    while i + 1 < a.len() {
+        let (p, l) = (&a[i], &a[i + 1]);
+        let reg = p
+            .location
+            .strip_prefix("0(")
+            .and_then(|r| r.strip_suffix(')'));
+        let pair = reg.is_some_and(|r| {
+            l.location == format!("8({r})") && p.size == 8 && l.size == 8 && !p.signed && !l.signed
+        });
+        match reg.filter(|_| pair).and_then(kernel_register) {
+            Some(kr) => {
+                out.push((i, kr));
+                i += 2;
+            }
+            None => i += 1,
+        }
+    }
+    out
 }
 
 /// The `uprobe_events` fetch argument for one note argument: `%di:s32`, `+8(%r9):u64`.
@@ -171,6 +266,7 @@ impl UprobeEvent {
         Ok(UprobeEvent {
             group: group.to_string(),
             event: event.to_string(),
+            removed: false,
         })
     }
 
@@ -193,6 +289,12 @@ impl UprobeEvent {
             }
             args.push_str(&format!("a{i}={}", fetch_arg(a)?));
         }
+        // A `&str` / `&[u8]` argument of a selftrace probe is a pointer and a length in the 16
+        // bytes one register points to (`8@0(%reg) 8@8(%reg)`): also fetch the first
+        // BYTES_FETCHED bytes it points to, decoded up to the length by `parse_hit_body`.
+        for (i, r) in byte_pairs(note) {
+            args.push_str(&format!(" a{i}_bytes=+0(+0({r})):u8[{BYTES_FETCHED}]"));
+        }
         Self::create(group, event, path, offset, note.semaphore_offset, &args)
     }
 
@@ -207,8 +309,23 @@ impl UprobeEvent {
     }
 }
 
+impl UprobeEvent {
+    /// Removes the event now (it must be disabled everywhere); `false` if the kernel refused
+    /// (then dropping it tries again).
+    pub fn remove_now(&mut self) -> bool {
+        if !self.removed {
+            self.removed =
+                write_uprobe_events(&format!("-:{}/{}\n", self.group, self.event)).is_ok();
+        }
+        self.removed
+    }
+}
+
 impl Drop for UprobeEvent {
     fn drop(&mut self) {
+        if self.removed {
+            return;
+        }
         // Disabled at the top level too, in case someone enabled it there; instances that
         // enabled it must be gone already.
         if let Ok(r) = root() {
@@ -241,6 +358,21 @@ mod tests {
         assert_eq!(arg("-4@-20(%rbp)"), "-20(%bp):s32");
         assert_eq!(arg("-4@$5"), "\\5:s32");
         assert!(fetch_arg(&ArgSpec::parse("8@%xmm0").unwrap()).is_err());
+    }
+
+    #[test]
+    fn error_log_entries() {
+        let cmd_line = "  Command: p:g/x /bin/true:0x1000 x=%zz";
+        let caret = format!("{}^", " ".repeat(cmd_line.find("%zz").unwrap()));
+        let log = format!(
+            "[ 1066.037570] trace_uprobe: error: Invalid register name\n{cmd_line}\n{caret}\n"
+        );
+        let log = log.as_str();
+        assert_eq!(
+            error_log_entry(log, "p:g/x /bin/true:0x1000 x=%zz").as_deref(),
+            Some("Invalid register name at '%zz'")
+        );
+        assert_eq!(error_log_entry(log, "p:g/y /bin/true:0x1000"), None);
     }
 
     #[test]

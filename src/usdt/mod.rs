@@ -61,7 +61,7 @@
 //! needs.
 
 mod arg;
-mod notes;
+pub(crate) mod notes;
 
 pub use arg::ProbeArg;
 pub use notes::{parse_probes, read_probes, ArgSpec, ProbeNote};

@@ -2,7 +2,9 @@
 
 use crate::Error;
 use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
+use object::read::{ReadCache, ReadRef};
 use object::{elf, Endianness, FileKind};
+use std::fs::File;
 use std::path::Path;
 
 /// One probe site as its note describes it, with the addresses a tracer needs.
@@ -83,20 +85,52 @@ impl ArgSpec {
 /// Reads every stapsdt probe note of the ELF file at `path` (an executable or a shared library,
 /// ours or built with SystemTap's `sys/sdt.h`).
 ///
-/// Malformed files give [`Error::BadElf`]; this never panics on any input.
+/// Only the ELF header, the program and section headers, the section names and the
+/// `.note.stapsdt` section are read (with `pread`), whatever the file's size. Anything but a
+/// regular file (a FIFO, a device such as `/dev/zero`, a directory) is refused with
+/// [`Error::InvalidInput`] before a byte is read; a missing file gives [`Error::NotFound`],
+/// an unreadable one [`Error::PermissionDenied`]. Malformed files give [`Error::BadElf`]; this
+/// never panics on any input.
 pub fn read_probes(path: impl AsRef<Path>) -> Result<Vec<ProbeNote>, Error> {
-    let data = std::fs::read(path.as_ref()).map_err(|e| Error::Sys {
-        call: "read",
-        errno: e.raw_os_error().unwrap_or(libc::EIO),
-    })?;
-    parse_probes(&data)
+    let cache = open_elf(path.as_ref())?;
+    probes_in(&cache)
+}
+
+/// Opens `path` for reading its parts on demand: only a regular file, opened with `O_NONBLOCK`
+/// (so that a FIFO does not block the open) and checked with `fstat` before any read.
+pub(crate) fn open_elf(path: &Path) -> Result<ReadCache<File>, Error> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let io = |e: std::io::Error, call: &'static str| match e.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) => Error::NotFound("elf file"),
+        Some(libc::EACCES) | Some(libc::EPERM) => Error::PermissionDenied,
+        errno => Error::Sys {
+            call,
+            errno: errno.unwrap_or(libc::EIO),
+        },
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| io(e, "open"))?;
+    let meta = file.metadata().map_err(|e| io(e, "fstat"))?;
+    if !meta.is_file() {
+        return Err(Error::InvalidInput(
+            "not a regular file (a fifo, device or directory is not an elf file)",
+        ));
+    }
+    Ok(ReadCache::new(file))
 }
 
 /// [`read_probes`] on the bytes of an ELF file.
 pub fn parse_probes(data: &[u8]) -> Result<Vec<ProbeNote>, Error> {
+    probes_in(data)
+}
+
+fn probes_in<'d, R: ReadRef<'d>>(data: R) -> Result<Vec<ProbeNote>, Error> {
     match FileKind::parse(data) {
-        Ok(FileKind::Elf64) => parse::<elf::FileHeader64<Endianness>>(data),
-        Ok(FileKind::Elf32) => parse::<elf::FileHeader32<Endianness>>(data),
+        Ok(FileKind::Elf64) => parse::<elf::FileHeader64<Endianness>, R>(data),
+        Ok(FileKind::Elf32) => parse::<elf::FileHeader32<Endianness>, R>(data),
         _ => Err(Error::BadElf("not an elf file")),
     }
 }
@@ -115,7 +149,9 @@ fn to_file_offset(loads: &[Load], addr: u64) -> Option<u64> {
         .and_then(|l| (addr - l.vaddr).checked_add(l.offset))
 }
 
-fn parse<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Vec<ProbeNote>, Error> {
+fn parse<'d, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'d>>(
+    data: R,
+) -> Result<Vec<ProbeNote>, Error> {
     let header = Elf::parse(data).map_err(|_| Error::BadElf("bad elf header"))?;
     let endian = header
         .endian()

@@ -92,11 +92,10 @@ pub fn out_file(test: &str) -> PathBuf {
     dir.join("out.trace")
 }
 
-/// `FILE.json` of the trace `FILE`, parsed (the test fails if it is not valid JSON).
+/// The Chrome JSON of the trace `FILE` (`FILE` with the extension `.json`, the default of
+/// `--json`), parsed (the test fails if it is not valid JSON).
 pub fn json_of(trace: &std::path::Path) -> serde_json::Value {
-    let mut p = trace.as_os_str().to_owned();
-    p.push(".json");
-    let text = std::fs::read_to_string(PathBuf::from(p)).expect("FILE.json written");
+    let text = std::fs::read_to_string(trace.with_extension("json")).expect("FILE.json written");
     serde_json::from_str(&text).expect("FILE.json is valid JSON")
 }
 

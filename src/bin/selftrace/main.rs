@@ -12,8 +12,10 @@
 
 mod analyze;
 mod chrome;
+mod output;
 mod pipe;
 mod record;
+mod supervise;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -24,9 +26,17 @@ usage:
       the USDT probes of an ELF file, one line per probe site, with their arguments
   selftrace record [OPTIONS] -- CMD [ARGS...]
       runs CMD and records its USDT probes, function uprobes, trace markers and (with --sched)
-      sched_switch; writes FILE (ftrace text: open it in https://ui.perfetto.dev) and FILE.json
-      (Chrome JSON: chrome://tracing or Perfetto), and prints a summary
-    -o, --output FILE     trace file (default: selftrace.trace)
+      sched_switch; prints a summary and writes two files:
+        the ftrace text trace (open it in https://ui.perfetto.dev)   -o FILE, default selftrace.trace
+        the Chrome JSON trace (chrome://tracing or Perfetto)         --json FILE, default: the -o
+                                                                     FILE with its extension
+                                                                     replaced by .json
+      e.g. -o /tmp/run.trace writes /tmp/run.trace and /tmp/run.json. -o never takes a .json
+      name (that is what --json is for). Both files are checked before CMD starts, written to a
+      new temporary file in the same directory and renamed into place when CMD ends: a symbolic
+      link, a non-regular file or another user's file at FILE is refused, never followed
+    -o, --output FILE     the ftrace text trace
+    --json FILE           the Chrome JSON trace
     --probe PROV:NAME     record this USDT probe of CMD (repeatable; PROV:* for a provider)
     --all-probes          record every USDT probe of CMD (the default without --probe)
     --no-probes           record no USDT probe
@@ -34,12 +44,16 @@ usage:
                           selects among the command's and the libraries' probes)
     --uprobe SPEC         a function uprobe (repeatable): [PATH:]SYMBOL[%return] [FETCHARGS]
                           or [PATH:]0xOFFSET[%return]; PATH defaults to CMD; SYMBOL is a
-                          symbol name, a demangled Rust path (app::parse) or its last segment
+                          symbol name, a demangled Rust path (app::parse) or its last segment;
+                          0xOFFSET must lie in an executable segment of PATH
     --sched               also record sched_switch of the recorded tasks
-    --buffer-kb N         ring buffer size per CPU in KiB (default 8192)
+    --buffer-kb N         ring buffer size per CPU in KiB, 4 to 4194304 (default 8192)
     --quiet               no summary
+      CMD and every process it starts end with the recorder, also when the recorder is killed
   selftrace clean
-      removes the uprobe events and instances that recorders killed with SIGKILL left behind
+      removes the uprobe events and instances that recorders killed with SIGKILL left behind;
+      a recording is touched only when it is proven dead (its recorder's lock on its tracefs
+      instance is gone), from any PID or mount namespace
   needs root (tracefs, uprobe_events)";
 
 fn main() {
@@ -63,6 +77,8 @@ fn run(args: Vec<OsString>) -> Result<i32, String> {
             list(&PathBuf::from(bin))
         }
         Some("record") => record::record(parse_record(it.collect())?),
+        // The recorder's helper process (see supervise.rs); not for people.
+        Some(supervise::SUBCOMMAND) => supervise::main(it.collect()),
         Some("clean") => {
             let removed = selftrace::tracefs::remove_stale_sessions("selftrace-record")
                 .map_err(record::explain)?;
@@ -120,8 +136,10 @@ fn list(bin: &std::path::Path) -> Result<i32, String> {
 /// The parsed `record` command line.
 #[derive(Debug, Default)]
 pub struct RecordOptions {
-    /// Output trace file.
+    /// Output trace file (ftrace text).
     pub output: PathBuf,
+    /// Chrome JSON output (default: `output` with the extension `.json`).
+    pub json: Option<PathBuf>,
     /// `provider:name` (or `provider:*`) to record; empty = see `all_probes`.
     pub probes: Vec<String>,
     /// Record every probe.
@@ -162,6 +180,7 @@ fn parse_record(args: Vec<OsString>) -> Result<RecordOptions, String> {
                 break;
             }
             "-o" | "--output" => o.output = PathBuf::from(value(&s)?),
+            "--json" => o.json = Some(PathBuf::from(value(&s)?)),
             "--probe" => o.probes.push(value(&s)?),
             "--all-probes" => o.all_probes = true,
             "--no-probes" => o.no_probes = true,
@@ -170,9 +189,17 @@ fn parse_record(args: Vec<OsString>) -> Result<RecordOptions, String> {
             "--sched" => o.sched = true,
             "--quiet" => o.quiet = true,
             "--buffer-kb" => {
-                o.buffer_kb = value(&s)?
+                let v = value(&s)?;
+                o.buffer_kb = v
                     .parse()
-                    .map_err(|_| "--buffer-kb needs a number".to_string())?
+                    .ok()
+                    .filter(|n| (MIN_BUFFER_KB..=MAX_BUFFER_KB).contains(n))
+                    .ok_or_else(|| {
+                        format!(
+                            "--buffer-kb {v}: expected a number of KiB per CPU from \
+                             {MIN_BUFFER_KB} to {MAX_BUFFER_KB}"
+                        )
+                    })?
             }
             _ if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
             _ => {
@@ -186,10 +213,38 @@ fn parse_record(args: Vec<OsString>) -> Result<RecordOptions, String> {
     if o.command.is_empty() {
         return Err(format!("record needs a command to run\n{USAGE}"));
     }
-    if !o.probes.is_empty() && (o.all_probes || o.no_probes) {
+    if [!o.probes.is_empty(), o.all_probes, o.no_probes]
+        .iter()
+        .filter(|&&b| b)
+        .count()
+        > 1
+    {
         return Err("--probe, --all-probes and --no-probes exclude each other".into());
     }
+    if o.output.extension().is_some_and(|e| e == "json") {
+        return Err(format!(
+            "-o {}: -o names the ftrace text trace; use --json {} for the Chrome JSON",
+            o.output.display(),
+            o.output.display()
+        ));
+    }
+    let json = o.json.clone().unwrap_or_else(|| json_name(&o.output));
+    if json == o.output {
+        return Err("--json and -o name the same file".into());
+    }
+    o.json = Some(json);
     Ok(o)
+}
+
+/// Smallest `--buffer-kb` accepted (one page).
+pub const MIN_BUFFER_KB: u32 = 4;
+/// Largest `--buffer-kb` accepted (4 GiB per CPU); the memory actually available is checked
+/// before recording.
+pub const MAX_BUFFER_KB: u32 = 4 << 20;
+
+/// The default Chrome JSON name for the trace `FILE`: its extension replaced by `.json`.
+pub fn json_name(output: &std::path::Path) -> PathBuf {
+    output.with_extension("json")
 }
 
 #[cfg(test)]
@@ -214,6 +269,21 @@ mod tests {
         assert!(parse_record(args("--bogus -- x")).is_err());
         assert!(parse_record(args("--sched")).is_err());
         assert!(parse_record(args("--probe a:b --all-probes x")).is_err());
+        assert!(parse_record(args("--no-probes --all-probes x")).is_err());
+        assert!(parse_record(args("-o t.json x")).is_err());
+        assert!(parse_record(args("--buffer-kb 0 x")).is_err());
+        assert!(parse_record(args("--buffer-kb 999999999 x")).is_err());
+        assert_eq!(o.json, Some(PathBuf::from("/tmp/x.json")));
+        let o = parse_record(args("-o t.trace --json u.json x")).unwrap();
+        assert_eq!(o.json, Some(PathBuf::from("u.json")));
+        let o = parse_record(args("x")).unwrap();
+        assert_eq!(
+            (o.output, o.json),
+            (
+                PathBuf::from("selftrace.trace"),
+                Some(PathBuf::from("selftrace.json"))
+            )
+        );
         assert_eq!(parse_record(args("ls -l")).unwrap().command, args("ls -l"));
     }
 }

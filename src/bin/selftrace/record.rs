@@ -2,12 +2,15 @@
 //! write the text and JSON traces and the summary.
 //!
 //! Everything created in tracefs belongs to the [`Session`], which removes it on drop. SIGINT,
-//! SIGTERM, SIGHUP and SIGQUIT do not kill the recorder: a handler forwards them to the command
-//! (unless the terminal sent them to the whole process group; a second one sends SIGKILL), the
-//! recorder waits for the command to end, and then cleans up and writes what was recorded.
+//! SIGTERM, SIGHUP and SIGQUIT do not kill the recorder: a handler forwards them to the helper
+//! that runs the command (unless the terminal sent them to the whole process group), which
+//! sends the first on to the command and kills the command's whole tree on the second (see
+//! supervise.rs); the recorder waits for the command to end, and then cleans up and writes what
+//! was recorded. The output files are created before anything is recorded (output.rs).
 
 use crate::analyze;
 use crate::chrome;
+use crate::output::Output;
 use crate::pipe::{self, PipeReader};
 use crate::RecordOptions;
 use selftrace::tracefs::{self, EventKind, Session};
@@ -16,46 +19,43 @@ use selftrace::Error;
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 
-/// The command's pid once it runs (0 before).
+/// The helper's pid once it runs (0 before).
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// The first stop signal received (0: none).
 static STOP: AtomicI32 = AtomicI32::new(0);
-/// Whether the first stop signal was sent on to the command (by the handler or by `record`).
-static FORWARDED: AtomicBool = AtomicBool::new(false);
+/// Stop signals received before the helper's pid was known (not from the terminal).
+static EARLY: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_stop_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // Only atomics, a read of `info` and kill(2): async-signal-safe.
-    let previous = STOP.swap(sig, Ordering::SeqCst);
-    let child = CHILD.load(Ordering::SeqCst);
-    if child <= 0 {
-        // Not started yet (or already waited for): `record` forwards STOP once it has a child.
-        return;
-    }
+    let _ = STOP.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
     // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t (or null, checked).
     let from_terminal = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
-    // A second signal forces the command down. A signal from the terminal (Ctrl-C) reached
-    // the command already, as it is in the same foreground process group; any other one is
-    // sent on, once.
-    let forward = if previous != 0 {
-        libc::SIGKILL
-    } else if !from_terminal && !FORWARDED.swap(true, Ordering::SeqCst) {
-        sig
-    } else {
+    // A signal from the terminal reached the helper and the command already, as they are in
+    // the same foreground process group.
+    if from_terminal {
         return;
-    };
+    }
+    let child = CHILD.load(Ordering::SeqCst);
+    if child <= 0 {
+        // Not started yet: `record` sends these on once it has the helper.
+        EARLY.fetch_add(1, Ordering::SeqCst);
+        return;
+    }
     // SAFETY: kill has no memory-safety preconditions; `child` is our child's pid, which stays
     // reserved (a zombie) until we wait for it.
     unsafe {
-        libc::kill(child, forward);
+        libc::kill(child, sig);
     }
 }
 
-/// Sends the stop signal received before the command's pid was known on to the command (once).
+/// Sends the stop signals received before the helper's pid was known on to it.
 fn forward_early_stop(child: u32) {
     let sig = STOP.load(Ordering::SeqCst);
-    if sig != 0 && !FORWARDED.swap(true, Ordering::SeqCst) {
+    let n = EARLY.swap(0, Ordering::SeqCst).min(2);
+    for _ in 0..n {
         // SAFETY: kill has no memory-safety preconditions; `child` is our unwaited child.
         unsafe {
             libc::kill(child as i32, sig);
@@ -262,21 +262,174 @@ fn add_uprobe(s: &mut Session, spec: &str, bin: &Path) -> Result<(), String> {
                 .unwrap_or_default();
             format!("--uprobe {spec}: {what} matches several functions: {names}")
         }
-        other => format!("--uprobe {spec}: {}", explain(other)),
+        other => format!("--uprobe {spec}: {}{}", explain(other), kernel_reason()),
     })
+}
+
+/// Everything `record` needs before it reads any file: root (write access to `uprobe_events`),
+/// tracefs, uprobe events. Checked first, so that an unprivileged user gets this message and
+/// not whatever a file they cannot read would say.
+fn preflight() -> Result<(), String> {
+    let root = tracefs::root().map_err(explain)?;
+    let events = root.join("uprobe_events");
+    let c = std::ffi::CString::new(events.as_os_str().as_encoded_bytes())
+        .map_err(|_| "tracefs path contains a nul byte".to_string())?;
+    // SAFETY: access(2) on a NUL-terminated path.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::ENOENT) => explain(Error::Unsupported(
+                "kernel without uprobe events (CONFIG_UPROBE_EVENTS)",
+            )),
+            Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
+                explain(Error::PermissionDenied)
+            }
+            _ => format!("cannot use {}: {e}", events.display()),
+        });
+    }
+    Ok(())
+}
+
+/// `--buffer-kb` against the memory available: the kernel allocates it on every CPU.
+fn check_buffer_memory(kib: u32) -> Result<(), String> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    // Possible CPUs can be more than the online ones; the kernel allocates for each.
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| {
+            s.trim()
+                .rsplit(['-', ','])
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .map_or(cpus, |last| last + 1);
+    let avail_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse::<u64>().ok())
+    });
+    let need = u64::from(kib) * possible;
+    if let Some(avail) = avail_kib {
+        if need > avail / 2 {
+            return Err(format!(
+                "--buffer-kb {kib}: {kib} KiB per CPU x {possible} CPUs = {} MiB, more than half \
+                 the memory available ({} MiB)",
+                need / 1024,
+                avail / 1024
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's reason for the last failed tracefs write of this thread, if it gave one.
+fn kernel_reason() -> String {
+    match tracefs::last_kernel_error() {
+        Some(why) => format!(" (kernel: {why})"),
+        None => String::new(),
+    }
+}
+
+/// Starts the command through the helper (supervise.rs); returns the helper and the command's
+/// pid.
+fn spawn_supervised(o: &RecordOptions, bin: &Path) -> Result<(std::process::Child, u32), String> {
+    use std::os::unix::process::CommandExt as _;
+    let pipe = || -> Result<(i32, i32), String> {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 with a valid 2-element out-array.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+        }
+        Ok((fds[0], fds[1]))
+    };
+    // The recorder keeps `death_w` until it exits: the helper sees end-of-file when it dies.
+    let (death_r, death_w) = pipe()?;
+    let (pid_r, pid_w) = pipe()?;
+    // Never closed: its end-of-file is the recorder's death.
+    let _ = death_w;
+    let me = std::env::current_exe().map_err(|e| format!("cannot find selftrace itself: {e}"))?;
+    let mut cmd = std::process::Command::new(me);
+    cmd.arg(crate::supervise::SUBCOMMAND)
+        .arg(death_r.to_string())
+        .arg(pid_w.to_string())
+        .arg("--")
+        .args(&o.command);
+    // SAFETY: between fork and exec only fcntl(2) on two fd numbers, async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in [death_r, pid_w] {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let spawned = cmd.spawn();
+    // SAFETY: closing our copies of the helper's ends.
+    unsafe {
+        libc::close(death_r);
+        libc::close(pid_w);
+    }
+    let child = spawned.map_err(|e| format!("cannot start the recorder's helper: {e}"))?;
+    CHILD.store(child.id() as i32, Ordering::SeqCst);
+    forward_early_stop(child.id());
+    let mut b = [0u8; 4];
+    // SAFETY: read(2) into a 4-byte stack buffer; the helper writes 4 bytes and closes.
+    let n = unsafe { libc::read(pid_r, b.as_mut_ptr().cast(), b.len()) };
+    // SAFETY: our fd.
+    unsafe { libc::close(pid_r) };
+    let v = i32::from_le_bytes(b);
+    if n != 4 || v <= 0 {
+        let why = if n == 4 {
+            std::io::Error::from_raw_os_error(-v).to_string()
+        } else {
+            "the helper did not start it".to_string()
+        };
+        let mut child = child;
+        let _ = child.wait();
+        CHILD.store(0, Ordering::SeqCst);
+        return Err(format!("cannot run {}: {why}", bin.display()));
+    }
+    Ok((child, v as u32))
 }
 
 /// Runs `selftrace record`; returns the exit code (the command's, or 128 + its signal).
 pub fn record(o: RecordOptions) -> Result<i32, String> {
     install_stop_handlers()?;
+    preflight()?;
+    check_buffer_memory(o.buffer_kb)?;
+    // Both outputs exist (as temporary files) before anything runs.
+    let json_path = o
+        .json
+        .clone()
+        .unwrap_or_else(|| crate::json_name(&o.output));
+    let text_out = Output::create(&o.output)?;
+    let json_out = Output::create(&json_path)?;
     let bin = resolve_command(Path::new(&o.command[0]))?;
     let probes = select_probes(&o, &bin)?;
 
     let mut session =
-        Session::with_options("selftrace-record", true, o.buffer_kb).map_err(explain)?;
+        Session::with_options("selftrace-record", true, o.buffer_kb).map_err(|e| match e {
+            Error::Sys {
+                errno: libc::ENOMEM,
+                ..
+            } => format!(
+                "--buffer-kb {}: the kernel cannot allocate {} KiB per CPU",
+                o.buffer_kb, o.buffer_kb
+            ),
+            e => explain(e),
+        })?;
     for (file, note) in &probes {
         if let Err(e) = session.add_probe(file, note) {
-            let msg = format!("probe {}:{}: {}", note.provider, note.name, explain(e));
+            let msg = format!(
+                "probe {}:{}: {}{}",
+                note.provider,
+                note.name,
+                explain(e),
+                kernel_reason()
+            );
             if o.probes.is_empty() && matches!(e, Error::Unsupported(_)) {
                 // Recording every probe: one the kernel cannot fetch is skipped, not fatal.
                 eprintln!("selftrace: skipping {msg}");
@@ -298,8 +451,8 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
         inst.set_event_enabled("sched", "sched_switch", true)
             .map_err(explain)?;
     }
-    // Events of this process and of every task it creates from now on: the command and its
-    // children and threads.
+    // Events of this process and of every task it creates from now on: the helper, the command
+    // and its children and threads.
     session
         .filter_pids(&[std::process::id()], true)
         .map_err(explain)?;
@@ -310,15 +463,8 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
     session.enable().map_err(explain)?;
     check_stop()?;
 
-    let mut child = std::process::Command::new(&o.command[0])
-        .args(&o.command[1..])
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
-    let pid = child.id();
-    CHILD.store(pid as i32, Ordering::SeqCst);
-    // A signal that came while spawning (the handler did not know the pid yet).
-    forward_early_stop(pid);
-    let status = child
+    let (mut helper, pid) = spawn_supervised(&o, &bin)?;
+    let status = helper
         .wait()
         .map_err(|e| format!("waiting for the command: {e}"))?;
     CHILD.store(0, Ordering::SeqCst);
@@ -329,8 +475,10 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
         .instance()
         .write_file("options/copy_trace_marker", "0");
     let streamed = reader.finish();
+    let dropped = session.dropped_events().unwrap_or(0);
     let header = session.instance().read_trace().unwrap_or_default();
     let (raw, lost) = pipe::assemble(&header, &String::from_utf8_lossy(&streamed));
+    let lost = lost.max(dropped);
     if lost > 0 {
         eprintln!("selftrace: warning: the kernel dropped {lost} events (raise --buffer-kb)");
     }
@@ -346,13 +494,8 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
 
     let tree = analyze::process_tree(&raw, pid);
     let text = analyze::filter_trace(&raw, &tree);
-    std::fs::write(&o.output, &text)
-        .map_err(|e| format!("cannot write {}: {e}", o.output.display()))?;
-    let mut json_path = o.output.clone().into_os_string();
-    json_path.push(".json");
-    let json_path = PathBuf::from(json_path);
-    std::fs::write(&json_path, chrome::chrome_json(&text, &events))
-        .map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
+    text_out.commit(text.as_bytes())?;
+    json_out.commit(chrome::chrome_json(&text, &events).as_bytes())?;
 
     let code = match (
         status.code(),
@@ -386,7 +529,7 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
             s => format!("recorder interrupted by signal {s}; {ended}"),
         };
         eprintln!(
-            "selftrace record: {how}; {lines} events from {} tasks; {} probe events, {} function uprobes",
+            "selftrace record: {how}; {lines} events from {} tasks; {} probe events, {} function uprobes; {lost} events dropped by the kernel",
             tree.len(),
             events.iter().filter(|e| e.kind == EventKind::Probe).count(),
             events.iter().filter(|e| e.kind != EventKind::Probe).count(),

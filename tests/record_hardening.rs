@@ -1,0 +1,501 @@
+//! `selftrace record` and `clean` against hostile or careless use: a second user (uid 65534,
+//! through `setpriv`) planting symbolic links at the output paths; outputs that cannot be
+//! written (found before the command runs); the command's process tree outliving the recorder;
+//! `clean` run from another PID namespace while a recording is live; kernel errors with their
+//! cause; an unprivileged user from a checkout they cannot enter. Needs root and tracefs
+//! (skips, or fails under `SELFTRACE_REQUIRE_TRACEFS=1`).
+
+mod record_support;
+
+use record_support::*;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A directory every user can write to (mode 1777, like /tmp), removed when dropped.
+struct SharedDir(PathBuf);
+
+impl SharedDir {
+    fn new(name: &str) -> SharedDir {
+        let d = std::env::temp_dir().join(format!("selftrace-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        SharedDir(d)
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `args` as uid/gid 65534 with no supplementary groups (`setpriv`).
+fn as_nobody(args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is dead for this purpose.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Waits (at most `secs`) until none of `pids` is alive.
+fn all_gone(pids: &[i32], secs: u64) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if pids.iter().all(|&p| !alive(p)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Waits until `file` holds `n` lines of pids and returns them.
+fn read_pids(file: &Path, n: usize) -> Vec<i32> {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pids: Vec<i32> = std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if pids.len() >= n {
+            return pids;
+        }
+        assert!(
+            Instant::now() < end,
+            "the command did not start its processes"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn symlinks_planted_by_another_user_are_not_followed() {
+    if !usable("symlinks_planted_by_another_user_are_not_followed") {
+        return;
+    }
+    let shared = SharedDir::new("symlink");
+    // Root's precious files, somewhere else.
+    let victims = tempdir("victims");
+    let victim = victims.join("precious");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let out = shared.0.join("rt.trace");
+    let json = shared.0.join("rt.json");
+    let v = victim.to_str().unwrap();
+    for (link, name) in [(&out, "text"), (&json, "json")] {
+        let o = as_nobody(&["ln", "-s", v, link.to_str().unwrap()]);
+        assert!(o.status.success(), "{o:?}");
+        let (o, rec) = record(&["-o", out.to_str().unwrap(), "--", "true"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains("is a symbolic link: not writing through it"),
+            "{name}: {err}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert_clean(rec);
+        std::fs::remove_file(link).unwrap();
+    }
+    // A regular file that belongs to the other user is not replaced either.
+    let o = as_nobody(&["touch", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{o:?}");
+    let (o, _) = record(&["-o", out.to_str().unwrap(), "--", "true"]);
+    assert!(
+        stderr(&o).contains("belongs to uid 65534: not replacing it"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_file(&out).unwrap();
+    // Root's own file is replaced (renamed over), and no temporary file stays behind.
+    std::fs::write(&out, "old").unwrap();
+    let (o, rec) = record(&["-o", out.to_str().unwrap(), "--", "true"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean(rec);
+    assert!(std::fs::read_to_string(&out)
+        .unwrap()
+        .starts_with("# tracer"));
+    assert!(std::fs::read_to_string(&json).unwrap().starts_with('{'));
+    let names: Vec<String> = std::fs::read_dir(&shared.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let _ = std::fs::remove_dir_all(&victims);
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("record-hardening")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn unwritable_output_is_found_before_the_command_runs() {
+    if !usable("unwritable_output_is_found_before_the_command_runs") {
+        return;
+    }
+    let dir = tempdir("unwritable");
+    let mark = dir.join("ran");
+    let script = format!("touch {}", mark.display());
+    for args in [
+        vec!["-o", "/nonexistent/dir/x.trace"],
+        vec!["--json", "/nonexistent/dir/x.json"],
+    ] {
+        let mut all = args.clone();
+        all.extend(["--", "sh", "-c", &script]);
+        let (o, rec) = record(&all);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("cannot write /nonexistent/dir/x."), "{err}");
+        assert!(!mark.exists(), "the command ran: {args:?}");
+        assert_clean(rec);
+    }
+    // The naming trap: -o never takes a .json name.
+    let (o, _) = record(&["-o", "t.json", "--", "true"]);
+    assert!(
+        stderr(&o).contains("use --json t.json for the Chrome JSON"),
+        "{}",
+        stderr(&o)
+    );
+    // `help` documents the scheme.
+    let help = selftrace().arg("help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("-o /tmp/run.trace writes /tmp/run.trace and /tmp/run.json"),
+        "{help}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn killed_recorder_takes_the_command_tree_with_it() {
+    if !usable("killed_recorder_takes_the_command_tree_with_it") {
+        return;
+    }
+    let dir = tempdir("killtree");
+    let pids = dir.join("pids");
+    let file = dir.join("out.trace");
+    // The command, a child, and a grandchild in a session of its own.
+    let script = format!(
+        "sleep 1000 & echo $! >> {p}; setsid sh -c 'sleep 1000 & echo $! >> {p}; wait' & echo $$ >> {p}; wait",
+        p = pids.display()
+    );
+    let mut rec = selftrace()
+        .args(["record", "--quiet", "-o", file.to_str().unwrap(), "--"])
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = rec.id();
+    let tree = read_pids(&pids, 3);
+    rec.kill().unwrap();
+    rec.wait().unwrap();
+    assert!(all_gone(&tree, 10), "survivors of SIGKILL: {tree:?}");
+    // What the recorder left in tracefs is proven dead: `clean` removes it.
+    std::thread::sleep(Duration::from_millis(2500));
+    let o = selftrace().arg("clean").output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_clean(pid);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn second_signal_ends_the_whole_tree() {
+    if !usable("second_signal_ends_the_whole_tree") {
+        return;
+    }
+    let dir = tempdir("second");
+    let pids = dir.join("pids");
+    let file = dir.join("out.trace");
+    // The command and a child both ignore SIGTERM.
+    let script = format!(
+        "trap '' TERM; sleep 1000 & echo $! >> {p}; echo $$ >> {p}; wait; wait",
+        p = pids.display()
+    );
+    let rec = selftrace()
+        .args(["record", "-o", file.to_str().unwrap(), "--"])
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = rec.id() as i32;
+    let tree = read_pids(&pids, 2);
+    for _ in 0..2 {
+        // SAFETY: kill of our child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let o = rec.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(128 + libc::SIGKILL), "{}", stderr(&o));
+    assert!(
+        all_gone(&tree, 10),
+        "survivors of the second signal: {tree:?}"
+    );
+    assert!(file.exists(), "{}", stderr(&o));
+    assert_clean(pid as u32);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn clean_from_another_pid_namespace_leaves_a_live_recording_alone() {
+    if !usable("clean_from_another_pid_namespace_leaves_a_live_recording_alone") {
+        return;
+    }
+    let dir = tempdir("pidns");
+    let file = dir.join("out.trace");
+    let bin = record_target();
+    let mut rec = selftrace()
+        .args(["record", "-o", file.to_str().unwrap(), "--"])
+        .arg(&bin)
+        .arg("wait")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = rec.id();
+    let mut stdout = BufReader::new(rec.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("ready ") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "recorder ended early"
+        );
+    }
+    let command: i32 = line["ready ".len()..].trim().parse().unwrap();
+    let mine = leftovers(
+        &format!("selftrace_{pid}_"),
+        &format!("selftrace-record-{pid}-"),
+    );
+    let inst = mine
+        .iter()
+        .find(|l| l.starts_with("instances/"))
+        .expect("the live instance")
+        .clone();
+    // Old enough that only the recorder's lock protects it.
+    std::thread::sleep(Duration::from_millis(2500));
+    let o = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_selftrace"))
+        .arg("clean")
+        .output()
+        .expect("unshare (util-linux)");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(!out.contains(&format!("selftrace_{pid}_")), "{out}");
+    assert!(!out.contains(&format!("selftrace-record-{pid}-")), "{out}");
+    assert_eq!(
+        leftovers(
+            &format!("selftrace_{pid}_"),
+            &format!("selftrace-record-{pid}-")
+        ),
+        mine
+    );
+    let root = selftrace::tracefs::root().unwrap();
+    let copy = std::fs::read_to_string(root.join(&inst).join("options/copy_trace_marker"))
+        .unwrap_or_default();
+    assert_eq!(copy.trim(), "1", "clean touched the live instance");
+    // The recording goes on and ends normally.
+    // SAFETY: kill of the recorded program (our grandchild).
+    unsafe { libc::kill(command, libc::SIGTERM) };
+    let o = rec.wait_with_output().unwrap();
+    assert!(file.exists(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("command killed by signal 15"),
+        "{}",
+        stderr(&o)
+    );
+    assert_clean(pid);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kernel_errors_name_their_cause() {
+    if !usable("kernel_errors_name_their_cause") {
+        return;
+    }
+    // A copy of its own: the other tests record record_target's probes concurrently, and the
+    // kernel allows one reference counter per address.
+    let dir = tempdir("kernel-errors");
+    let bin = dir.join("record_target_copy");
+    std::fs::copy(record_target(), &bin).unwrap();
+    let b = bin.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--buffer-kb", "0", "--", "true"],
+            "--buffer-kb 0: expected a number of KiB per CPU from 4 to 4194304",
+        ),
+        (
+            vec!["--buffer-kb", "999999999", "--", "true"],
+            "--buffer-kb 999999999: expected a number of KiB per CPU from 4 to 4194304",
+        ),
+        (
+            vec![
+                "--uprobe",
+                "record_target_compute x=%zz",
+                "--",
+                b,
+                "run",
+                "1",
+            ],
+            "(kernel: Invalid register name at '",
+        ),
+        (
+            vec!["--no-probes", "--all-probes", "--", "true"],
+            "--probe, --all-probes and --no-probes exclude each other",
+        ),
+        (
+            vec!["--uprobe", "0x0", "--", b, "run", "1"],
+            "--uprobe 0x0: invalid input: offset is not in an executable segment of the file",
+        ),
+    ];
+    for (args, want) in cases {
+        let (o, rec) = record(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_clean(rec);
+    }
+    // Another recorder's uprobe on the same USDT site, with another reference counter.
+    let note = selftrace::usdt::read_probes(&bin)
+        .unwrap()
+        .into_iter()
+        .find(|n| n.name == "step")
+        .unwrap();
+    let group = format!("hardening_{}", std::process::id());
+    let canon = std::fs::canonicalize(&bin).unwrap();
+    let other = selftrace::tracefs::uprobe::UprobeEvent::create(
+        &group,
+        "other",
+        &canon,
+        note.file_offset.unwrap(),
+        None,
+        "",
+    )
+    .unwrap();
+    let (o, rec) = record(&["--probe", "rt:step", "--", b, "run", "1"]);
+    drop(other);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "is already probed by the uprobe event {group}/other"
+        )),
+        "{err}"
+    );
+    assert_clean(rec);
+}
+
+#[test]
+fn unprivileged_user_from_a_private_checkout_gets_the_privilege_error() {
+    if !usable("unprivileged_user_from_a_private_checkout_gets_the_privilege_error") {
+        return;
+    }
+    // A copy of the binary where uid 65534 can run it; the command inside this checkout,
+    // which may be a 0700 directory nobody can enter.
+    let shared = SharedDir::new("nobody-bin");
+    let copy = shared.0.join("selftrace");
+    std::fs::copy(env!("CARGO_BIN_EXE_selftrace"), &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let private = tempdir("private");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let cmd = private.join("cmd");
+    let out = shared.0.join("x.trace");
+    let o = as_nobody(&[
+        copy.to_str().unwrap(),
+        "record",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        cmd.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("permission denied: recording needs root"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let _ = std::fs::remove_dir_all(&private);
+}
+
+#[test]
+fn str_probe_arguments_are_recorded_as_text() {
+    if !usable("str_probe_arguments_are_recorded_as_text") {
+        return;
+    }
+    let dir = tempdir("strargs");
+    let file = dir.join("out.trace");
+    let bin = record_target();
+    let (o, rec) = record(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--probe",
+        "rt:text",
+        "--",
+        bin.to_str().unwrap(),
+        "run",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean(rec);
+    // The summary says how many events the kernel dropped.
+    assert!(
+        stderr(&o).contains(" events dropped by the kernel"),
+        "{}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let args: Vec<Vec<(String, String)>> = selftrace::tracefs::records(&text)
+        .filter(|r| r.event.starts_with("rt_text"))
+        .map(|r| selftrace::tracefs::parse_hit_body(r.body).1)
+        .collect();
+    assert_eq!(args.len(), 2, "{text}");
+    let first = &args[0];
+    assert_eq!(
+        first[0],
+        ("a0".into(), "\"héllo \"probe\"\"".into()),
+        "{first:?}"
+    );
+    assert_eq!(first[1], ("a1".into(), "14".into()));
+    let long = &args[1];
+    assert_eq!(
+        long[0].1,
+        format!("\"{}…[+36 bytes]\"", "x".repeat(64)),
+        "{long:?}"
+    );
+    // The Chrome JSON carries the text too.
+    let json = json_of(&file);
+    let texts: Vec<String> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"].as_str().is_some_and(|n| n.contains("rt:text")))
+        .filter_map(|e| e["args"]["a0"].as_str().map(str::to_string))
+        .collect();
+    assert!(texts.contains(&"héllo \"probe\"".to_string()), "{texts:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

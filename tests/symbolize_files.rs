@@ -1,0 +1,433 @@
+//! The symbolizer and the files it reads: a debug file truncated on disk after `init` makes
+//! nothing fault (in a signal handler or outside one); a forged debug file (no build-id, or a
+//! `.gnu_debuglink` target with the wrong CRC) is not used; PLT stubs are named `name@plt` as
+//! objdump names them; glibc's signal trampoline is `__restore_rt`; symbol versions are not
+//! printed.
+
+use selftrace::symbolize::{self, FrameKind, KernelOptions};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const CHILD_ENV: &str = "SELFTRACE_FILES_CHILD";
+const TRUNCATE_ENV: &str = "SELFTRACE_FILES_TRUNCATE";
+
+fn kernel_line(addr: usize, kind: FrameKind) -> String {
+    let mut buf = [0u8; 512];
+    let n = symbolize::write_kernel_frame(&mut buf, addr, kind, KernelOptions::default());
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// Prints every frame of the current stack in the kernel format and the demangled names.
+#[inline(never)]
+fn print_stack(tag: &str) {
+    let mut frames = [0usize; 64];
+    let n = selftrace::capture(&mut frames);
+    for (i, &a) in frames[..n].iter().enumerate() {
+        let kind = symbolize::frame_kind(&frames[..n], i, false);
+        println!("{tag} {}", kernel_line(a, kind));
+    }
+    std::hint::black_box(&frames);
+}
+
+static HANDLER_FRAMES: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_usr1(_: libc::c_int) {
+    // Async-signal-safe only: capture, lookups, formatting into stack buffers, write(2).
+    let mut frames = [0usize; 64];
+    let n = selftrace::capture(&mut frames);
+    let mut buf = [0u8; 512];
+    for (i, &a) in frames[..n].iter().enumerate() {
+        let kind = symbolize::frame_kind(&frames[..n], i, false);
+        let len = symbolize::write_kernel_frame(&mut buf, a, kind, KernelOptions::default());
+        let mut line = [0u8; 600];
+        let head = b"handler ";
+        line[..head.len()].copy_from_slice(head);
+        line[head.len()..head.len() + len].copy_from_slice(&buf[..len]);
+        line[head.len() + len] = b'\n';
+        // SAFETY: write(2) of a stack buffer to stdout.
+        unsafe { libc::write(1, line.as_ptr().cast(), head.len() + len + 1) };
+        if let Some(s) = symbolize::symbolize(kind.lookup_address(a)) {
+            let mut name = [0u8; 256];
+            let _ = s.demangle_into(&mut name);
+        }
+    }
+    symbolize::backtrace_symbols_fd(&frames[..n], 1);
+    HANDLER_FRAMES.store(n, Ordering::SeqCst);
+}
+
+#[inline(never)]
+fn child_before() {
+    print_stack("before");
+    println!("before-bt\n{:#}", selftrace::Backtrace::capture());
+}
+
+#[inline(never)]
+fn child_after() {
+    print_stack("after");
+    println!("after-bt\n{:#}", selftrace::Backtrace::capture());
+    for l in selftrace::backtrace_symbols(&[child_after as *const () as usize + 1]) {
+        println!("after-glibc {l}");
+    }
+    // SAFETY: a handler that only does async-signal-safe work; raise(3) runs it now.
+    unsafe {
+        libc::signal(
+            libc::SIGUSR1,
+            on_usr1 as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+        libc::raise(libc::SIGUSR1);
+    }
+    assert!(HANDLER_FRAMES.load(Ordering::SeqCst) > 2);
+}
+
+/// The child's body: does nothing unless started by one of the tests below.
+#[test]
+fn child_report() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    symbolize::prepare().expect("prepare");
+    child_before();
+    if let Some(path) = std::env::var_os(TRUNCATE_ENV) {
+        // Truncate in place (same inode), as an editor or a careless `cp` over the file would.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open the debug file");
+        f.set_len(0).expect("truncate");
+        drop(f);
+        println!("truncated {}", Path::new(&path).display());
+    }
+    child_after();
+    let s = symbolize::symbolize(child_after as *const () as usize).expect("own object");
+    println!("source {:?}", s.source);
+    println!("== end");
+}
+
+fn work_dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("selftrace-files")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(cmd: &str, dir: &Path, args: &[&str]) {
+    let st = Command::new(cmd)
+        .current_dir(dir)
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(st.success(), "{cmd} {args:?}");
+}
+
+fn have(tool: &str) -> bool {
+    let ok = Command::new(tool).arg("--version").output().is_ok();
+    if !ok {
+        assert!(
+            std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
+            "{tool} (binutils) is required"
+        );
+        println!("SKIP: {tool} (binutils) not installed");
+    }
+    ok
+}
+
+fn run_child(exe: &Path, debug_dir: Option<&Path>, truncate: Option<&Path>) -> String {
+    let mut c = Command::new(exe);
+    c.args(["--exact", "child_report", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1");
+    match debug_dir {
+        Some(d) => c.env("SELFTRACE_DEBUG_DIR", d),
+        None => c.env_remove("SELFTRACE_DEBUG_DIR"),
+    };
+    if let Some(t) = truncate {
+        c.env(TRUNCATE_ENV, t);
+    }
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "child failed ({:?}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("== end"), "{stdout}");
+    stdout
+}
+
+/// A stripped copy of this test binary and its debug file (`objcopy --only-keep-debug`).
+fn stripped_and_debug(dir: &Path) -> (PathBuf, PathBuf) {
+    let me = std::env::current_exe().unwrap();
+    let me = me.to_str().unwrap();
+    run("objcopy", dir, &["--only-keep-debug", me, "full.debug"]);
+    run("objcopy", dir, &["--strip-all", me, "stripped-copy"]);
+    (dir.join("stripped-copy"), dir.join("full.debug"))
+}
+
+/// `<root>/.build-id/xx/yyyy.debug` for this binary's build-id.
+fn build_id_path(root: &Path) -> PathBuf {
+    let id = selftrace::modules::snapshot()
+        .objects()
+        .iter()
+        .find(|o| o.is_main)
+        .and_then(|o| o.build_id.clone())
+        .expect("build-id");
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let sub = root.join(".build-id").join(&hex[..2]);
+    std::fs::create_dir_all(&sub).unwrap();
+    sub.join(format!("{}.debug", &hex[2..]))
+}
+
+#[test]
+fn truncated_debug_file_does_not_fault() {
+    if !have("objcopy") {
+        return;
+    }
+    let dir = work_dir("truncate");
+    let (exe, full) = stripped_and_debug(&dir);
+    let root = dir.join("debug");
+    let target = build_id_path(&root);
+    std::fs::rename(&full, &target).unwrap();
+    let out = run_child(&exe, Some(&root), Some(&target));
+    println!("{out}");
+    assert!(out.contains("truncated "), "{out}");
+    assert_eq!(std::fs::metadata(&target).unwrap().len(), 0);
+    // The names were taken from the debug file at init and stay, in every context.
+    assert!(out.contains("source DebugFile"), "{out}");
+    for tag in ["before", "after", "handler"] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(tag) && l.contains(" : symbolize_files::child_")),
+            "no named frame from {tag}:\n{out}"
+        );
+    }
+    // file:line read before the truncation stays (the DWARF is read, not mapped).
+    let before = &out[out.find("before-bt").unwrap()..out.find("truncated").unwrap()];
+    assert!(before.contains("tests/symbolize_files.rs:"), "{before}");
+    assert!(out.contains("after-glibc "), "{out}");
+}
+
+/// `objcopy` a forged debug file from the real one: every symbol renamed `FORGED_...`,
+/// optionally without the build-id note.
+fn forge(dir: &Path, real: &Path, out: &str, keep_build_id: bool) -> PathBuf {
+    let mut args = vec!["--prefix-symbols=FORGED_"];
+    if !keep_build_id {
+        args.push("--remove-section=.note.gnu.build-id");
+    }
+    args.push(real.to_str().unwrap());
+    args.push(out);
+    run("objcopy", dir, &args);
+    dir.join(out)
+}
+
+#[test]
+fn build_id_debug_file_without_build_id_is_not_used() {
+    if !have("objcopy") {
+        return;
+    }
+    let dir = work_dir("forged-build-id");
+    let (exe, full) = stripped_and_debug(&dir);
+    let forged = forge(&dir, &full, "forged.debug", false);
+    let root = dir.join("debug");
+    std::fs::rename(&forged, build_id_path(&root)).unwrap();
+    let out = run_child(&exe, Some(&root), None);
+    assert!(!out.contains("FORGED_"), "a forged name was used:\n{out}");
+    assert!(!out.contains("source DebugFile"), "{out}");
+    // The genuine file at the same place is used.
+    std::fs::rename(&full, build_id_path(&root)).unwrap();
+    let out = run_child(&exe, Some(&root), None);
+    assert!(out.contains("source DebugFile"), "{out}");
+}
+
+#[test]
+fn debuglink_file_with_wrong_crc_is_not_used() {
+    if !have("objcopy") {
+        return;
+    }
+    let dir = work_dir("forged-debuglink");
+    let (exe, full) = stripped_and_debug(&dir);
+    std::fs::rename(&full, dir.join("stripped-copy.debug")).unwrap();
+    run(
+        "objcopy",
+        &dir,
+        &["--add-gnu-debuglink=stripped-copy.debug", "stripped-copy"],
+    );
+    let real = dir.join("real.debug");
+    std::fs::rename(dir.join("stripped-copy.debug"), &real).unwrap();
+    // Same build-id, other contents; then also without a build-id.
+    for keep_id in [true, false] {
+        let forged = forge(&dir, &real, "forged.debug", keep_id);
+        std::fs::rename(&forged, dir.join("stripped-copy.debug")).unwrap();
+        let out = run_child(&exe, None, None);
+        assert!(
+            !out.contains("FORGED_"),
+            "forged (build-id kept: {keep_id}) used:\n{out}"
+        );
+        assert!(!out.contains("source DebugFile"), "{out}");
+    }
+    // The genuine file (its CRC is the one in the link) is used.
+    std::fs::copy(&real, dir.join("stripped-copy.debug")).unwrap();
+    let out = run_child(&exe, None, None);
+    assert!(out.contains("source DebugFile"), "{out}");
+    assert!(out.contains("symbolize_files::child_after"), "{out}");
+}
+
+/// `objdump -d -j SECTION FILE`'s `<name@plt>` labels: (link-time address, name).
+fn objdump_plt(file: &Path) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    for sec in [".plt", ".plt.sec", ".plt.got"] {
+        let o = Command::new("objdump")
+            .args(["-d", "-j", sec])
+            .arg(file)
+            .output()
+            .expect("objdump");
+        for l in String::from_utf8_lossy(&o.stdout).lines() {
+            // 0000000000001030 <fputs@plt>:
+            let Some((addr, rest)) = l.split_once(" <") else {
+                continue;
+            };
+            let Some(name) = rest.strip_suffix(">:") else {
+                continue;
+            };
+            if let (Ok(a), true) = (u64::from_str_radix(addr.trim(), 16), name.ends_with("@plt")) {
+                out.push((a, name.to_string()));
+            }
+        }
+    }
+    out
+}
+
+fn check_plt(obj_path: &Path, bias: usize) -> usize {
+    let want = objdump_plt(obj_path);
+    for (addr, name) in &want {
+        let pc = bias + *addr as usize + 7;
+        if name.starts_with("*ABS*") {
+            // An IRELATIVE slot (objdump: `*ABS*+0x31c20@plt`): no symbol names it; left
+            // unnamed, never a neighbour's name.
+            let s = symbolize::symbolize(pc).expect("inside the object");
+            assert_eq!(s.name, None, "{name}");
+            continue;
+        }
+        let s = symbolize::symbolize(pc).expect("inside the object");
+        assert_eq!(
+            s.name_str(),
+            Some(name.as_str()),
+            "{} at {addr:#x}+7",
+            obj_path.display()
+        );
+        // Every format: kernel (as a return address: looked up at pc - 1), glibc.
+        let k = kernel_line(pc + 1, FrameKind::Return);
+        assert!(k.contains(&format!(" : {name}+0x8/0x")), "{k}");
+        let g = &selftrace::backtrace_symbols(&[pc])[0];
+        assert!(g.contains(&format!("({name}+0x7)")), "{g}");
+        let b = selftrace::Backtrace::from_addresses(&[pc], true);
+        assert_eq!(b.frames()[0].name(), Some(name.as_str()));
+    }
+    want.len()
+}
+
+#[test]
+fn plt_stubs_are_named_like_objdump() {
+    if !have("objdump") {
+        return;
+    }
+    symbolize::prepare().unwrap();
+    // libm: a GNU ld object, its PLT right after `_init` (gdb: `fputs@plt + 7`).
+    // SAFETY: dlopen of a system library by name.
+    let h = unsafe { libc::dlopen(c"libm.so.6".as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null());
+    selftrace::refresh();
+    symbolize::prepare().unwrap();
+    let snap = selftrace::modules::snapshot();
+    let mut checked = 0;
+    for o in snap.objects() {
+        let name = selftrace::modules::short_name(&o.path);
+        if o.is_main || name.starts_with("libm.so") {
+            let path = if o.is_main {
+                std::env::current_exe().unwrap()
+            } else {
+                PathBuf::from(&o.path)
+            };
+            let n = check_plt(&path, o.bias);
+            println!("{}: {n} PLT entries agree with objdump", path.display());
+            assert!(n > 0, "no PLT entries in {}", path.display());
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 2);
+}
+
+#[test]
+fn signal_trampoline_is_restore_rt_and_versions_are_dropped() {
+    symbolize::prepare().unwrap();
+    // __restore_rt is a local symbol: only libc's .symtab (its debug file) has it.
+    let libc_syms = {
+        // SAFETY: dlsym of a libc function by name.
+        let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__libc_start_main".as_ptr()) };
+        symbolize::symbolize(p as usize).expect("libc is indexed")
+    };
+    if libc_syms.source != symbolize::SymbolSource::DebugFile
+        && libc_syms.source != symbolize::SymbolSource::Symtab
+    {
+        assert!(
+            std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
+            "libc's debug file (libc6-dbg) is required"
+        );
+        println!("SKIP: libc has no .symtab here (install libc6-dbg)");
+        return;
+    }
+    // Versions: the raw name keeps them (what .symtab says), printed names do not.
+    let raw = libc_syms.name_str().unwrap();
+    println!("raw name: {raw}");
+    assert!(raw.starts_with("__libc_start_main"), "{raw}");
+    let mut buf = [0u8; 128];
+    assert_eq!(libc_syms.demangle_into(&mut buf), Some("__libc_start_main"));
+    let k = kernel_line(libc_syms.addr, FrameKind::Exact);
+    assert!(k.contains(" : __libc_start_main+0x0/0x"), "{k}");
+    assert!(!k.contains('@'), "{k}");
+    // (file:line names it after its DWARF name, __libc_start_main_impl)
+    let b = selftrace::Backtrace::from_addresses(&[libc_syms.addr], true);
+    let name = b.frames()[0].name().unwrap();
+    assert!(
+        name.starts_with("__libc_start_main") && !name.contains('@'),
+        "{name}"
+    );
+
+    // The trampoline: capture() inside a handler crosses it.
+    static FRAMES: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+    static N: AtomicUsize = AtomicUsize::new(0);
+    extern "C" fn h(_: libc::c_int) {
+        let mut f = [0usize; 64];
+        let n = selftrace::capture(&mut f);
+        for (slot, &a) in FRAMES.iter().zip(&f[..n]) {
+            slot.store(a, Ordering::SeqCst);
+        }
+        N.store(n, Ordering::SeqCst);
+    }
+    // SAFETY: an async-signal-safe handler; raise(3) runs it on this thread now.
+    unsafe {
+        libc::signal(
+            libc::SIGUSR2,
+            h as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+        libc::raise(libc::SIGUSR2);
+    }
+    let frames: Vec<usize> = FRAMES[..N.load(Ordering::SeqCst)]
+        .iter()
+        .map(|a| a.load(Ordering::SeqCst))
+        .collect();
+    let i = frames
+        .iter()
+        .position(|&a| symbolize::is_signal_trampoline(a))
+        .expect("the walk crossed the trampoline");
+    let kind = symbolize::frame_kind(&frames, i, false);
+    let k = kernel_line(frames[i], kind);
+    println!("{k}");
+    assert!(k.contains(" : __restore_rt+0x0/0x0 [libc.so.6]"), "{k}");
+    let s = symbolize::symbolize_frame(frames[i], kind).unwrap();
+    assert_eq!(s.name_str(), Some("__restore_rt"));
+    let b = selftrace::Backtrace::from_addresses(&frames, false);
+    assert_eq!(b.frames()[i].name(), Some("__restore_rt"), "{b:#}");
+}
