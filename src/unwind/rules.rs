@@ -228,39 +228,26 @@ impl RuleCache {
     /// kind, CFA, return address, and the save slots of rbx, rbp, r12 and r13).
     #[inline(always)]
     pub(crate) fn get_head(&self, key: u64) -> Option<[u64; 2]> {
-        for e in &self.bucket(key).0 {
-            let h1 = e.head.load(Ordering::Acquire);
-            if h1 & (KEY_MASK | 1 << KEY_BITS) != key {
-                continue;
-            }
-            let w = [
-                e.rule[0].load(Ordering::Relaxed),
-                e.rule[1].load(Ordering::Relaxed),
-            ];
-            fence(Ordering::Acquire);
-            if e.head.load(Ordering::Relaxed) != h1 {
-                continue;
-            }
-            return Some(w);
-        }
-        None
+        self.get_words(key)
     }
 
     /// The packed words of the cached rule of `key` (see [`Rule`]'s packing).
     #[inline(always)]
     pub(crate) fn get_raw(&self, key: u64) -> Option<[u64; 3]> {
-        debug_assert!(key <= KEY_MASK);
+        self.get_words(key)
+    }
+
+    /// The first `N` packed words of the cached rule of `key`. Async-signal-safe, wait-free.
+    #[inline(always)]
+    fn get_words<const N: usize>(&self, key: u64) -> Option<[u64; N]> {
+        debug_assert!(key <= KEY_MASK && N <= 3);
         for e in &self.bucket(key).0 {
             let h1 = e.head.load(Ordering::Acquire);
             // The key matches and the sequence number is even.
             if h1 & (KEY_MASK | 1 << KEY_BITS) != key {
                 continue;
             }
-            let w = [
-                e.rule[0].load(Ordering::Relaxed),
-                e.rule[1].load(Ordering::Relaxed),
-                e.rule[2].load(Ordering::Relaxed),
-            ];
+            let w: [u64; N] = core::array::from_fn(|i| e.rule[i].load(Ordering::Relaxed));
             fence(Ordering::Acquire);
             // An unchanged head: no writer touched the entry meanwhile.
             if e.head.load(Ordering::Relaxed) != h1 {

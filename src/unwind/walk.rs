@@ -165,14 +165,8 @@ fn walk_all_cached(
             limit,
         ),
     };
-    let end = match end {
-        Fast::Slow => return Cached::Partial((regs, frames, dropped)),
-        Fast::Full => WalkEnd::BufferFull,
-        Fast::End => WalkEnd::Complete,
-        Fast::Stop(reason) => WalkEnd::Truncated(super::Truncation {
-            pc: buf[frames - 1],
-            reason,
-        }),
+    let Some(end) = end.end(buf, frames) else {
+        return Cached::Partial((regs, frames, dropped));
     };
     Cached::Done(Outcome {
         frames,
@@ -282,64 +276,33 @@ impl Job<'_, '_> {
             }
         }
         loop {
-            if let (Some(state), UnwindMode::FramePointer) = (w.state, w.mode) {
-                let stack = w.mem.stack();
-                match fast_fp_frames(
+            let fast = match (w.state, w.fast, w.mode) {
+                (Some(state), _, UnwindMode::FramePointer) => fast_fp_frames(
                     state,
                     &mut w.loaded,
-                    stack,
+                    w.mem.stack(),
                     &mut regs,
                     buf,
                     &mut out.frames,
                     limit,
-                ) {
-                    Fast::Slow => {}
-                    Fast::Full => {
-                        out.end = WalkEnd::BufferFull;
-                        break;
-                    }
-                    Fast::End => {
-                        out.end = WalkEnd::Complete;
-                        break;
-                    }
-                    Fast::Stop(reason) => {
-                        let pc = buf[out.frames - 1];
-                        out.end = WalkEnd::Truncated(super::Truncation { pc, reason });
-                        break;
-                    }
-                }
-            }
-            if let Some(state) = w.fast {
-                if !exact {
-                    let stack = w.mem.stack();
-                    match fast_frames(
-                        state,
-                        &mut w.loaded,
-                        &mut w.current,
-                        stack,
-                        &mut regs,
-                        buf,
-                        &mut out.frames,
-                        limit,
-                        precise,
-                        &mut dropped,
-                    ) {
-                        Fast::Slow => {}
-                        Fast::Full => {
-                            out.end = WalkEnd::BufferFull;
-                            break;
-                        }
-                        Fast::End => {
-                            out.end = WalkEnd::Complete;
-                            break;
-                        }
-                        Fast::Stop(reason) => {
-                            let pc = buf[out.frames - 1];
-                            out.end = WalkEnd::Truncated(super::Truncation { pc, reason });
-                            break;
-                        }
-                    }
-                }
+                ),
+                (_, Some(state), _) if !exact => fast_frames(
+                    state,
+                    &mut w.loaded,
+                    &mut w.current,
+                    w.mem.stack(),
+                    &mut regs,
+                    buf,
+                    &mut out.frames,
+                    limit,
+                    precise,
+                    &mut dropped,
+                ),
+                _ => Fast::Slow,
+            };
+            if let Some(end) = fast.end(buf, out.frames) {
+                out.end = end;
+                break;
             }
             let pc = regs.pc();
             match w.step(&mut regs, exact, out) {
@@ -374,6 +337,21 @@ impl Job<'_, '_> {
             }
         }
         false
+    }
+}
+
+impl Fast {
+    /// How the walk ends, unless the general step goes on (`buf[..frames]` written so far).
+    fn end(self, buf: &[usize], frames: usize) -> Option<WalkEnd> {
+        match self {
+            Fast::Slow => None,
+            Fast::Full => Some(WalkEnd::BufferFull),
+            Fast::End => Some(WalkEnd::Complete),
+            Fast::Stop(reason) => Some(WalkEnd::Truncated(super::Truncation {
+                pc: buf[frames - 1],
+                reason,
+            })),
+        }
     }
 }
 
