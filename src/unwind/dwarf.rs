@@ -91,26 +91,28 @@ impl DwarfState {
         let mut objects = Vec::with_capacity(snapshot.objects().len());
         for o in snapshot.objects() {
             let permanent = o.permanent;
+            // Objects that can be unloaded: copied through the kernel, so an object that
+            // another thread `dlclose`s while we build gives no tables instead of a fault.
             let bytes = |r: &Range<usize>| {
                 if permanent {
-                    Bytes::Mapped(Mapped::new(r))
+                    Some(Bytes::Mapped(Mapped::new(r)))
                 } else {
-                    // SAFETY: the range lies in a mapped, readable segment of an object that is
-                    // loaded now (normal context: the caller holds no loader lock and the
-                    // snapshot was just taken; a concurrent dlclose of this very object while we
-                    // build is the program's own race with itself).
-                    let s = unsafe { core::slice::from_raw_parts(r.start as *const u8, r.len()) };
-                    Bytes::Owned(s.into())
+                    let mut v = vec![0u8; r.len()];
+                    (sys::read_memory(r.start, &mut v) == r.len())
+                        .then(|| Bytes::Owned(v.into_boxed_slice()))
                 }
             };
             let unwind = match (&o.eh_frame_hdr, &o.eh_frame) {
-                (Some(h), Some(f)) => Some(UnwindData {
-                    hdr: bytes(h),
-                    hdr_addr: h.start,
-                    eh_frame: bytes(f),
-                    eh_frame_addr: f.start,
-                    text_addr: o.exec.first().map_or(0, |r| r.start),
-                }),
+                (Some(h), Some(f)) => match (bytes(h), bytes(f)) {
+                    (Some(hdr), Some(eh_frame)) => Some(UnwindData {
+                        hdr,
+                        hdr_addr: h.start,
+                        eh_frame,
+                        eh_frame_addr: f.start,
+                        text_addr: o.exec.first().map_or(0, |r| r.start),
+                    }),
+                    _ => None,
+                },
                 _ => None,
             };
             objects.push(ObjectCheck {
