@@ -23,22 +23,8 @@ use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
 use crate::sys;
 use crate::unwind::WalkEnd;
 
-/// Where a report goes and how frames are printed.
-#[derive(Clone, Copy)]
-pub(crate) struct Out {
-    pub(crate) fd: i32,
-}
-
-impl Out {
-    /// Writes one line (adds the newline).
-    pub(crate) fn line(&self, f: impl FnOnce(&mut FixedBuf<'_>)) {
-        let mut buf = [0u8; 1024];
-        let mut w = FixedBuf::new(&mut buf);
-        f(&mut w);
-        w.push_bytes(b"\n");
-        let _ = sys::write_all(self.fd, w.as_bytes());
-    }
-}
+/// Where a report goes: the same line writer as thread dumps (one `write(2)` per line).
+pub(crate) use crate::threads::dump::Out;
 
 const FRAME_OPTS: KernelOptions = KernelOptions {
     demangle: true,

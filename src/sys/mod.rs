@@ -122,50 +122,6 @@ extern "C" fn load_time_init() {
 #[link_section = ".init_array"]
 static LOAD_TIME_INIT: extern "C" fn() = load_time_init;
 
-/// Checks how many bytes from `addr` on are readable, page by page, without faulting: reads one
-/// byte of each of up to `pages` consecutive pages with one `process_vm_readv(2)` on the own
-/// process, which stops at the first unreadable page. Returns the end of the readable run
-/// (`addr` itself when the first page is unreadable). Async-signal-safe.
-///
-/// # References
-/// process_vm_readv(2)
-pub(crate) fn readable_until(addr: usize, pages: usize) -> usize {
-    const MAX: usize = 16;
-    let ps = page_size();
-    let first = addr & !(ps - 1);
-    let n = pages.clamp(1, MAX);
-    let mut sink = [0u8; MAX];
-    let local = libc::iovec {
-        iov_base: sink.as_mut_ptr().cast(),
-        iov_len: n,
-    };
-    let mut remote = [libc::iovec {
-        iov_base: core::ptr::null_mut(),
-        iov_len: 0,
-    }; MAX];
-    let mut count = 0;
-    for (i, r) in remote.iter_mut().enumerate().take(n) {
-        let Some(page) = first.checked_add(i * ps) else {
-            break;
-        };
-        r.iov_base = page as *mut libc::c_void;
-        r.iov_len = 1;
-        count += 1;
-    }
-    if count == 0 {
-        return addr;
-    }
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() };
-    // SAFETY: local and remote describe `count` valid iovecs; the remote addresses are only
-    // read by the kernel, which reports unreadable ones instead of faulting.
-    let got = unsafe { libc::process_vm_readv(pid, &local, 1, remote.as_ptr(), count as _, 0) };
-    if got <= 0 {
-        return addr;
-    }
-    first + (got as usize) * ps
-}
-
 /// The calling thread's stack bounds `(low, high)` from `pthread_getattr_np(3)`.
 ///
 /// Not async-signal-safe (glibc allocates and locks in it): call in normal context only.

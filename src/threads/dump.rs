@@ -47,12 +47,14 @@ pub struct DumpSummary {
     pub not_listed: usize,
 }
 
+/// Where a dump or report goes: lines written from a fixed buffer, one `write(2)` each.
 #[derive(Clone, Copy)]
 pub(crate) struct Out {
     pub(crate) fd: i32,
 }
 
 impl Out {
+    /// Writes one line (adds the newline).
     pub(crate) fn line(&self, f: impl FnOnce(&mut FixedBuf<'_>)) {
         let mut buf = [0u8; 1024];
         let mut w = FixedBuf::new(&mut buf);

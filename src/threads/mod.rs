@@ -48,7 +48,7 @@
 //! worker.join().unwrap();
 //! ```
 
-mod dump;
+pub(crate) mod dump;
 pub(crate) mod lock;
 mod proc;
 mod request;

@@ -938,24 +938,15 @@ impl Walker<'_, '_> {
             regs.set(dw::RA, ra);
             return Step::Caller { signal: false };
         }
-        let Some(fp) = regs.fp() else {
-            return Step::Stop(StopReason::NoFramePointer);
-        };
-        if fp == 0 || !fp.is_multiple_of(W) || fp < regs.sp() {
-            return Step::Stop(StopReason::NoFramePointer);
-        }
-        let (Some(next_fp), Some(ra)) = (self.mem.read_word(fp), self.mem.read_word(fp + W)) else {
-            return Step::Stop(StopReason::UnreadableMemory);
-        };
+        let (fp, next_fp, ra) =
+            match self.frame_record(regs, Step::Stop(StopReason::NoFramePointer)) {
+                Ok(r) => r,
+                Err(step) => return step,
+            };
         if !self.plausible(ra, out) {
             return Step::Stop(StopReason::NoFramePointer);
         }
-        // Where the other callee-saved registers were saved is unknown.
-        regs.keep_only(1 << dw::RSP | 1 << dw::RBP | 1 << dw::RA);
-        regs.set(dw::RSP, fp + 2 * W);
-        regs.set(dw::RBP, next_fp);
-        regs.set(dw::RA, ra);
-        Step::Caller { signal: false }
+        Self::take_frame_record(regs, fp, next_fp, ra)
     }
 
     /// Whether a return address found by the frame-pointer rule lies in executable code of a
@@ -976,14 +967,49 @@ impl Walker<'_, '_> {
                 }
                 true
             }
-            _ => false,
+            Ok(None) => false,
+            // Without `_dl_find_object` (musl, glibc < 2.35) and before `init()` nothing can
+            // tell; the checked reads keep the walk safe.
+            Err(()) => self.state.is_none(),
         }
+    }
+
+    /// The frame record at rbp: `[fp]` is the caller's frame pointer, `[fp + 8]` the return
+    /// address (`push rbp; mov rbp, rsp`). `Err` carries the step that ends the walk; a zero
+    /// frame pointer or return address is `zero` (the end of the chain, or no frame pointer).
+    fn frame_record(&mut self, regs: &RegSet, zero: Step) -> Result<(usize, usize, usize), Step> {
+        const W: usize = core::mem::size_of::<usize>();
+        let Some(fp) = regs.fp() else {
+            return Err(Step::Stop(StopReason::NoFramePointer));
+        };
+        if fp == 0 {
+            return Err(zero);
+        }
+        if !fp.is_multiple_of(W) || fp < regs.sp() {
+            return Err(Step::Stop(StopReason::NoFramePointer));
+        }
+        let (Some(next_fp), Some(ra)) = (self.mem.read_word(fp), self.mem.read_word(fp + W)) else {
+            return Err(Step::Stop(StopReason::UnreadableMemory));
+        };
+        if ra == 0 {
+            return Err(zero);
+        }
+        Ok((fp, next_fp, ra))
+    }
+
+    /// Moves `regs` to the caller found by [`Self::frame_record`]: where the other
+    /// callee-saved registers were saved is unknown.
+    fn take_frame_record(regs: &mut RegSet, fp: usize, next_fp: usize, ra: usize) -> Step {
+        regs.keep_only(1 << dw::RSP | 1 << dw::RBP | 1 << dw::RA);
+        regs.set(dw::RSP, fp + 2 * core::mem::size_of::<usize>());
+        regs.set(dw::RBP, next_fp);
+        regs.set(dw::RA, ra);
+        Step::Caller { signal: false }
     }
 
     /// Frame-pointer mode (and any walk before `init()`): signal frames are recognised by the
     /// known trampolines, callers by the frame-pointer chain.
     fn fp_mode_step(&mut self, regs: &mut RegSet, exact: bool, out: &mut Outcome) -> Step {
-        const W: usize = core::mem::size_of::<usize>();
         let pc = regs.pc();
         if !exact {
             let trampoline = match self.state {
@@ -999,52 +1025,14 @@ impl Walker<'_, '_> {
         if exact && out.frames == 1 && !matches!(sys::dl_find_object(pc), Ok(Some(_)) | Err(())) {
             return self.no_cfi_step(regs, exact, out, false);
         }
-        let Some(fp) = regs.fp() else {
-            return Step::Stop(StopReason::NoFramePointer);
+        let (fp, next_fp, ra) = match self.frame_record(regs, Step::End) {
+            Ok(r) => r,
+            Err(step) => return step,
         };
-        if fp == 0 {
-            return Step::End;
-        }
-        if !fp.is_multiple_of(W) || fp < regs.sp() {
+        if !self.plausible(ra, out) {
             return Step::Stop(StopReason::NoFramePointer);
         }
-        let (Some(next_fp), Some(ra)) = (self.mem.read_word(fp), self.mem.read_word(fp + W)) else {
-            return Step::Stop(StopReason::UnreadableMemory);
-        };
-        if ra == 0 {
-            return Step::End;
-        }
-        if !self.fp_plausible(ra) {
-            return Step::Stop(StopReason::NoFramePointer);
-        }
-        regs.keep_only(1 << dw::RSP | 1 << dw::RBP | 1 << dw::RA);
-        regs.set(dw::RSP, fp + 2 * W);
-        regs.set(dw::RBP, next_fp);
-        regs.set(dw::RA, ra);
-        Step::Caller { signal: false }
-    }
-
-    /// [`Self::plausible`] for frame-pointer mode: one range comparison when the return address
-    /// is in the same object as the previous frame.
-    #[inline]
-    fn fp_plausible(&mut self, ra: usize) -> bool {
-        match self.state {
-            Some(state) => {
-                if let Some(o) = state.objects.get(self.loaded.last) {
-                    if o.text.start < ra && ra <= o.text.end {
-                        return true;
-                    }
-                }
-                match state.find(ra) {
-                    Some(i) => {
-                        self.loaded.last = i;
-                        state.objects[i].is_code(ra - 1, 1)
-                    }
-                    None => matches!(sys::dl_find_object(ra), Ok(Some(_))),
-                }
-            }
-            None => !matches!(sys::dl_find_object(ra), Ok(None)),
-        }
+        Self::take_frame_record(regs, fp, next_fp, ra)
     }
 }
 
