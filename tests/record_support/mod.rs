@@ -46,22 +46,25 @@ pub fn record_target() -> PathBuf {
     target.join("debug").join("examples").join("record_target")
 }
 
-/// Lines of `uprobe_events` of the uprobe group `group` (a `Session`'s: `selftrace_<pid>_<n>`;
+/// Events (`GROUP/EVENT`) of the uprobe group `group` (a `Session`'s: `selftrace_<pid>_<n>`;
 /// or every group of process `pid` when `group` ends with `_`) and entries of `instances/` whose
 /// name starts with `instance_prefix` (`<prefix>-<pid>-`).
 pub fn leftovers(group: &str, instance_prefix: &str) -> Vec<String> {
     let root = selftrace::tracefs::root().unwrap();
-    let pat = if group.ends_with('_') {
-        format!(":{group}")
-    } else {
-        format!(":{group}/")
-    };
-    let mut left: Vec<String> = std::fs::read_to_string(root.join("uprobe_events"))
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(&pat))
-        .map(str::to_string)
-        .collect();
+    // The kernel's `events/GROUP/EVENT` directories, not the `uprobe_events` listing: that is
+    // a seq_file, and a read that spans an addition or removal by a concurrent test skips lines.
+    let mut left = Vec::new();
+    for g in std::fs::read_dir(root.join("events")).unwrap() {
+        let g = g.unwrap().file_name().to_string_lossy().into_owned();
+        let ours = if group.ends_with('_') {
+            g.starts_with(group)
+        } else {
+            g == group
+        };
+        if ours {
+            left.extend(group_events(&g).into_iter().map(|e| format!("{g}/{e}")));
+        }
+    }
     for e in std::fs::read_dir(root.join("instances")).unwrap() {
         let name = e.unwrap().file_name().to_string_lossy().into_owned();
         if name.starts_with(instance_prefix) {
@@ -69,6 +72,22 @@ pub fn leftovers(group: &str, instance_prefix: &str) -> Vec<String> {
         }
     }
     left
+}
+
+/// The events the kernel has in the event group `group` (the directories of
+/// `events/GROUP/`), sorted; empty when the group does not exist.
+pub fn group_events(group: &str) -> Vec<String> {
+    let root = selftrace::tracefs::root().unwrap();
+    let Ok(dir) = std::fs::read_dir(root.join("events").join(group)) else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = dir
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
 }
 
 /// The calling thread's id.
