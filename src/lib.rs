@@ -66,6 +66,7 @@ extern crate self as selftrace;
 pub mod crash;
 mod error;
 pub mod modules;
+pub mod profile;
 mod published;
 pub mod symbolize;
 mod sys;

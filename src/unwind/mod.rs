@@ -129,7 +129,7 @@ pub fn stats() -> UnwindStats {
 }
 
 /// How a walk ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WalkEnd {
     /// It reached the outermost frame: every frame of the stack is in the buffer.
     Complete,
@@ -140,7 +140,7 @@ pub enum WalkEnd {
 }
 
 /// Where a truncated walk stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Truncation {
     /// The pc of the last frame written (whose caller could not be found).
     pub pc: usize,
@@ -149,7 +149,7 @@ pub struct Truncation {
 }
 
 /// Why a walk stopped before the outermost frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StopReason {
     /// The pc has CFI, but it is malformed or uses something the evaluator does not support.
     NoUnwindRule,
@@ -172,6 +172,12 @@ pub enum StopReason {
     /// Every walk slot was taken by concurrent walks (see [`crate::init`]), and this frame's
     /// rule was not cached yet.
     Busy,
+    /// The stack is deeper than the buffer that kept it (a profile's [`MAX_DEPTH`] frames):
+    /// its outermost frames are missing. Walks into a caller's buffer end with
+    /// [`WalkEnd::BufferFull`] instead.
+    ///
+    /// [`MAX_DEPTH`]: crate::profile::MAX_DEPTH
+    TooDeep,
 }
 
 impl StopReason {
@@ -187,6 +193,7 @@ impl StopReason {
             StopReason::BadSignalFrame => "unreadable signal frame",
             StopReason::TooManySignalFrames => "too many nested signal frames",
             StopReason::Busy => "all unwinder slots busy",
+            StopReason::TooDeep => "stack deeper than the profile keeps",
         }
     }
 }

@@ -1,0 +1,721 @@
+//! The sampling machinery: the signal handler, the per-thread timers, the profiler's thread
+//! and the aggregation of samples into a [`Profile`].
+
+use super::data::{Line, Location, Mapping, Mode, Profile, Sample};
+use super::ring::{Record, Ring};
+use super::{Builder, Stats, Threads, MAX_DEPTH};
+use crate::symbolize::{BacktraceFrame, FrameKind};
+use crate::sys;
+use crate::{Error, StopReason, Truncation, WalkEnd};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+/// What the handler needs, published while a profiler runs.
+struct Shared {
+    ring: Ring,
+    generation: u32,
+}
+
+/// The running profiler's shared state, or null.
+static SHARED: AtomicPtr<Shared> = AtomicPtr::new(core::ptr::null_mut());
+/// Handlers between their first and last look at `SHARED`: the state is freed only when this
+/// is zero after `SHARED` was cleared.
+static ACTIVE: AtomicU32 = AtomicU32::new(0);
+/// Whether a profiler runs (one at a time per process).
+static RUNNING: AtomicBool = AtomicBool::new(false);
+/// Start count, carried in each timer's `sigev_value` so that a late signal of an old timer is
+/// recognized.
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+/// Signals our handler is installed for (bit `sig`); it stays installed once it is.
+static INSTALLED: AtomicU64 = AtomicU64::new(0);
+/// Set by a handler that found the ring half full; the profiler's thread waits on it.
+static DRAIN: AtomicU32 = AtomicU32::new(0);
+
+/// `si_code` of a POSIX timer's signal.
+const SI_TIMER: i32 = -2;
+
+/// The sampling signal's handler. Async-signal-safe: atomics, one walk into a ring slot,
+/// maybe one futex wake; keeps `errno`.
+extern "C" fn on_sample(_sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+    // SAFETY: __errno_location returns this thread's errno, always valid.
+    let errno = unsafe { *libc::__errno_location() };
+    ACTIVE.fetch_add(1, Ordering::SeqCst);
+    let shared = SHARED.load(Ordering::SeqCst);
+    if !shared.is_null() && !info.is_null() {
+        // SAFETY: the kernel passes a valid siginfo_t; for SI_TIMER its union holds the
+        // timer id (offset 16), the overrun count (20) and the sigval (24).
+        let (code, overrun, value) = unsafe {
+            let base = info as *const u8;
+            (
+                (*info).si_code,
+                core::ptr::read_unaligned(base.add(20) as *const i32),
+                core::ptr::read_unaligned(base.add(24) as *const u64),
+            )
+        };
+        // SAFETY: SHARED is freed only after it was cleared and ACTIVE dropped to zero; we
+        // raised ACTIVE before loading it.
+        let shared = unsafe { &*shared };
+        if code == SI_TIMER && (value >> 32) as u32 == shared.generation {
+            let tid = value as u32 as i32;
+            let weight = 1 + overrun.max(0) as u32;
+            shared.ring.push(|rec: &mut Record| {
+                rec.tid = tid;
+                rec.weight = weight;
+                // SAFETY: the kernel's ucontext_t of this signal.
+                let walk = unsafe {
+                    crate::capture_walk_from_ucontext(
+                        uc as *const libc::ucontext_t,
+                        &mut rec.frames,
+                    )
+                };
+                rec.len = walk.frames;
+                rec.end = walk.end;
+            });
+            if shared.ring.fill() * 2 >= shared.ring.capacity()
+                && DRAIN.swap(1, Ordering::AcqRel) == 0
+            {
+                sys::futex_wake(&DRAIN, 1);
+            }
+        }
+    }
+    ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Installs the handler for `sig` unless it is installed; refuses a signal with another
+/// handler.
+fn install(sig: i32) -> Result<(), Error> {
+    let bit = 1u64 << sig;
+    if INSTALLED.load(Ordering::Acquire) & bit != 0 {
+        return Ok(());
+    }
+    let current = sys::current_handler(sig).map_err(|errno| Error::Sys {
+        call: "sigaction",
+        errno,
+    })?;
+    let ours = on_sample as *const () as usize;
+    if current != ours && current != libc::SIG_DFL && current != libc::SIG_IGN {
+        return Err(Error::AlreadyExists("handler for the sampling signal"));
+    }
+    if crate::threads::signal() == Some(sig) {
+        return Err(Error::InvalidInput(
+            "the stack-request signal of selftrace::threads cannot also sample",
+        ));
+    }
+    sys::install_siginfo_handler(sig, on_sample, libc::SA_RESTART).map_err(|errno| Error::Sys {
+        call: "sigaction",
+        errno,
+    })?;
+    INSTALLED.fetch_or(bit, Ordering::AcqRel);
+    Ok(())
+}
+
+/// One thread's timer.
+struct Timer {
+    id: libc::timer_t,
+}
+
+// SAFETY: a timer_t is a process-wide handle (glibc: the kernel's timer id), usable from any
+// thread of the process.
+unsafe impl Send for Timer {}
+
+impl Timer {
+    /// A timer on `tid`'s CPU clock (or the monotonic clock), sending `sig` to `tid` every
+    /// `period_ns`, with `value` in the signal's `si_value`.
+    fn arm(tid: i32, mode: Mode, sig: i32, period_ns: u64, value: u64) -> Result<Timer, i32> {
+        let clock = match mode {
+            // MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED), as in sys::thread_cpu_ns.
+            Mode::Cpu => ((!(tid as u32)) << 3 | 6) as libc::clockid_t,
+            Mode::Wall => libc::CLOCK_MONOTONIC,
+        };
+        // SAFETY: all-zero is a valid sigevent.
+        let mut sev: libc::sigevent = unsafe { core::mem::zeroed() };
+        sev.sigev_notify = libc::SIGEV_THREAD_ID;
+        sev.sigev_signo = sig;
+        sev.sigev_notify_thread_id = tid;
+        sev.sigev_value = libc::sigval {
+            sival_ptr: value as usize as *mut libc::c_void,
+        };
+        let mut id: libc::timer_t = core::ptr::null_mut();
+        // SAFETY: sev and id are valid; SIGEV_THREAD_ID names a thread of this process.
+        if unsafe { libc::timer_create(clock, &mut sev, &mut id) } != 0 {
+            return Err(sys::errno());
+        }
+        let timer = Timer { id };
+        // Wall mode: spread the threads' first samples over a period, so that they are not all
+        // interrupted at the same instant.
+        let first = match mode {
+            Mode::Cpu => period_ns,
+            Mode::Wall => 1 + (tid as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) % period_ns,
+        };
+        let spec = libc::itimerspec {
+            it_interval: timespec(period_ns),
+            it_value: timespec(first),
+        };
+        // SAFETY: id is the timer just created; spec is valid.
+        if unsafe { libc::timer_settime(timer.id, 0, &spec, core::ptr::null_mut()) } != 0 {
+            return Err(sys::errno());
+        }
+        Ok(timer)
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        // SAFETY: id is a timer we created and did not delete yet.
+        unsafe { libc::timer_delete(self.id) };
+    }
+}
+
+fn timespec(ns: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    }
+}
+
+/// A location while the profiler runs.
+struct Loc {
+    address: usize,
+    kind: FrameKind,
+    mapping: Option<usize>,
+    lines: Arc<[Line]>,
+}
+
+type StackKey = (i32, Box<[u32]>, Option<Truncation>);
+
+/// Samples of the current interval, and what resolving them needs.
+struct Aggregator {
+    stacks: HashMap<StackKey, u64>,
+    locs: Vec<Loc>,
+    loc_index: HashMap<(usize, bool), u32>,
+    mappings: Vec<Mapping>,
+    mapping_index: HashMap<(Arc<str>, usize), usize>,
+    names: HashMap<i32, Arc<str>>,
+    /// The loader's (adds, subs) at the last drain.
+    counters: (u64, u64),
+    /// The objects (start, end, path) at the last drain.
+    objects: Vec<(usize, usize, Arc<str>)>,
+    interval_start: SystemTime,
+    interval_instant: Instant,
+    dropped_before: u64,
+    scratch: Vec<u32>,
+}
+
+impl Aggregator {
+    fn new() -> Aggregator {
+        let mut a = Aggregator {
+            stacks: HashMap::new(),
+            locs: Vec::new(),
+            loc_index: HashMap::new(),
+            mappings: Vec::new(),
+            mapping_index: HashMap::new(),
+            names: HashMap::new(),
+            counters: (0, 0),
+            objects: Vec::new(),
+            interval_start: SystemTime::now(),
+            interval_instant: Instant::now(),
+            dropped_before: 0,
+            scratch: Vec::new(),
+        };
+        a.counters = sys::dl_load_counters();
+        a.objects = current_objects();
+        a
+    }
+
+    /// Moves the ring's samples into the interval's stacks.
+    fn drain(&mut self, ring: &Ring) {
+        if ring.fill() == 0 {
+            return;
+        }
+        // Objects loaded or unloaded since the last drain: the unwinder and symbolizer learn
+        // the new ones, and an address whose object changed cannot be named with certainty.
+        let counters = sys::dl_load_counters();
+        let mut unloaded = false;
+        let mut before = Vec::new();
+        if counters != self.counters {
+            crate::refresh();
+            unloaded = counters.1 != self.counters.1;
+            if unloaded {
+                self.loc_index.clear();
+            }
+            before = std::mem::replace(&mut self.objects, current_objects());
+            self.counters = counters;
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        ring.drain(|rec| {
+            scratch.clear();
+            let frames = &rec.frames[..rec.len.min(MAX_DEPTH)];
+            for i in 0..frames.len() {
+                let kind = crate::symbolize::frame_kind(frames, i, true);
+                scratch.push(self.location(frames[i], kind, unloaded.then_some(&before[..])));
+            }
+            let truncation = match rec.end {
+                WalkEnd::Complete => None,
+                WalkEnd::Truncated(t) => Some(t),
+                WalkEnd::BufferFull => Some(Truncation {
+                    pc: frames.last().copied().unwrap_or(0),
+                    reason: StopReason::TooDeep,
+                }),
+            };
+            if !self.names.contains_key(&rec.tid) {
+                self.names.insert(rec.tid, thread_name(rec.tid));
+            }
+            *self
+                .stacks
+                .entry((rec.tid, scratch.as_slice().into(), truncation))
+                .or_insert(0) += u64::from(rec.weight);
+        });
+        self.scratch = scratch;
+    }
+
+    /// The location id of a frame, resolving (symbolizing) an address seen for the first time.
+    /// With `before` (objects were unloaded since the last drain), an address whose object is
+    /// not the same as at the last drain is kept unnamed: it may have been in code unloaded
+    /// since.
+    fn location(
+        &mut self,
+        address: usize,
+        kind: FrameKind,
+        before: Option<&[(usize, usize, Arc<str>)]>,
+    ) -> u32 {
+        let key = (address, kind == FrameKind::Exact);
+        if let Some(&id) = self.loc_index.get(&key) {
+            return id;
+        }
+        let probe = kind.lookup_address(address);
+        let now = find(&self.objects, probe);
+        let certain = match before {
+            None => true,
+            Some(b) => match (find(b, probe), &now) {
+                (Some(x), Some(y)) => x == *y,
+                _ => false,
+            },
+        };
+        let loc = match now {
+            Some(obj) if certain => {
+                let mapping = self.mapping(&obj);
+                let frame = BacktraceFrame::resolve(address, kind);
+                Loc {
+                    address,
+                    kind,
+                    mapping,
+                    lines: frame.symbols().iter().map(line).collect(),
+                }
+            }
+            _ => Loc {
+                address,
+                kind,
+                mapping: None,
+                lines: Arc::from(Vec::new()),
+            },
+        };
+        let id = self.locs.len() as u32;
+        self.locs.push(loc);
+        self.loc_index.insert(key, id);
+        id
+    }
+
+    /// The mapping of the object `(start, end, path)`.
+    fn mapping(&mut self, obj: &(usize, usize, Arc<str>)) -> Option<usize> {
+        let key = (obj.2.clone(), obj.0);
+        if let Some(&m) = self.mapping_index.get(&key) {
+            return Some(m);
+        }
+        let m = crate::modules::with_current(|s| {
+            let o = s?.find(obj.0)?;
+            Some(Mapping {
+                start: o.range.start,
+                limit: o.range.end,
+                // The first PT_LOAD segment maps file offset 0 at link-time address 0 in the
+                // objects the toolchains build (start - bias is that link-time address).
+                file_offset: (o.range.start - o.bias) as u64,
+                path: Arc::from(o.path.as_str()),
+                build_id: o.build_id.clone(),
+            })
+        })?;
+        let id = self.mappings.len();
+        self.mappings.push(m);
+        self.mapping_index.insert(key, id);
+        Some(id)
+    }
+
+    /// Ends the interval: its profile, and a new empty interval.
+    fn finish(&mut self, mode: Mode, frequency_hz: u32, dropped_total: u64) -> Profile {
+        let now = Instant::now();
+        let stacks = std::mem::take(&mut self.stacks);
+        // Names as they are now for live threads (a thread often names itself after it
+        // started).
+        for (tid, name) in self.names.iter_mut() {
+            if let Some(info) = crate::threads::info(*tid) {
+                if info.name() != &**name {
+                    *name = Arc::from(info.name());
+                }
+            }
+        }
+        let mut loc_map: HashMap<u32, usize> = HashMap::new();
+        let mut map_map: HashMap<usize, usize> = HashMap::new();
+        let mut locations = Vec::new();
+        let mut mappings = Vec::new();
+        let mut samples = Vec::with_capacity(stacks.len());
+        for ((tid, locs, truncation), count) in stacks {
+            let mut ids = Vec::with_capacity(locs.len());
+            for &l in locs.iter() {
+                let id = *loc_map.entry(l).or_insert_with(|| {
+                    let loc = &self.locs[l as usize];
+                    let mapping = loc.mapping.map(|m| {
+                        *map_map.entry(m).or_insert_with(|| {
+                            mappings.push(self.mappings[m].clone());
+                            mappings.len() - 1
+                        })
+                    });
+                    locations.push(Location {
+                        address: loc.address,
+                        kind: loc.kind,
+                        mapping,
+                        lines: loc.lines.to_vec(),
+                    });
+                    locations.len() - 1
+                });
+                ids.push(id);
+            }
+            samples.push(Sample {
+                locations: ids,
+                count,
+                thread_id: tid,
+                thread_name: self
+                    .names
+                    .get(&tid)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from("?")),
+                truncation,
+            });
+        }
+        samples.sort_by(|a, b| b.count.cmp(&a.count).then(a.thread_id.cmp(&b.thread_id)));
+        let profile = Profile {
+            mode,
+            frequency_hz,
+            period_ns: 1_000_000_000 / u64::from(frequency_hz),
+            start: self.interval_start,
+            duration: now - self.interval_instant,
+            samples,
+            locations,
+            mappings,
+            dropped: dropped_total - self.dropped_before,
+        };
+        self.interval_start = SystemTime::now();
+        self.interval_instant = now;
+        self.dropped_before = dropped_total;
+        // Keep the per-address cache bounded for long continuous profiling: what the next
+        // interval needs is resolved again.
+        if self.locs.len() > 1 << 18 {
+            self.locs.clear();
+            self.loc_index.clear();
+        }
+        self.names.retain(|tid, _| sys::tgkill(*tid, 0).is_ok());
+        profile
+    }
+}
+
+fn line(s: &crate::symbolize::BacktraceSymbol) -> Line {
+    Line {
+        function: Arc::from(s.name.as_deref().unwrap_or("??")),
+        system_name: Arc::from(s.raw_name.unwrap_or("")),
+        file: s.file.map(Arc::from),
+        line: s.line,
+    }
+}
+
+fn current_objects() -> Vec<(usize, usize, Arc<str>)> {
+    crate::modules::with_current(|s| {
+        s.map(|s| {
+            s.objects()
+                .iter()
+                .map(|o| (o.range.start, o.range.end, Arc::from(o.path.as_str())))
+                .collect()
+        })
+        .unwrap_or_default()
+    })
+}
+
+fn find(objects: &[(usize, usize, Arc<str>)], addr: usize) -> Option<(usize, usize, Arc<str>)> {
+    let i = objects.partition_point(|o| o.0 <= addr).checked_sub(1)?;
+    let o = &objects[i];
+    (addr < o.1).then(|| o.clone())
+}
+
+fn thread_name(tid: i32) -> Arc<str> {
+    match crate::threads::info(tid) {
+        Some(info) => Arc::from(info.name()),
+        None => Arc::from(format!("thread-{tid}")),
+    }
+}
+
+/// State shared by the [`super::Profiler`] handle and its thread.
+struct Inner {
+    agg: Mutex<Aggregator>,
+    shared: *const Shared,
+    stop: AtomicBool,
+    threads: AtomicUsize,
+    threads_seen: AtomicU64,
+    mode: Mode,
+    frequency_hz: u32,
+}
+
+// SAFETY: `shared` points to the published Shared, which is Sync and outlives Inner's use of
+// it (freed in Running::stop after the thread ended).
+unsafe impl Send for Inner {}
+// SAFETY: as above.
+unsafe impl Sync for Inner {}
+
+impl Inner {
+    fn ring(&self) -> &Ring {
+        // SAFETY: see the Send impl.
+        unsafe { &(*self.shared).ring }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Aggregator> {
+        self.agg.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running profiler.
+pub(crate) struct Running {
+    inner: Arc<Inner>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pid: i32,
+}
+
+pub(crate) fn start(b: Builder) -> Result<Running, Error> {
+    if RUNNING
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return Err(Error::AlreadyExists("a running profiler"));
+    }
+    match start_locked(b) {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            RUNNING.store(false, Ordering::Release);
+            Err(e)
+        }
+    }
+}
+
+fn start_locked(b: Builder) -> Result<Running, Error> {
+    let _ = crate::init();
+    install(b.signal)?;
+    if let Threads::Only(tids) = &b.threads {
+        if let Some(gone) = tids.iter().find(|&&t| t <= 0 || sys::tgkill(t, 0).is_err()) {
+            let _ = gone;
+            return Err(Error::ThreadGone);
+        }
+    }
+    let generation = GENERATION.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+    let shared = Box::into_raw(Box::new(Shared {
+        ring: Ring::new(b.ring_capacity),
+        generation,
+    }));
+    let inner = Arc::new(Inner {
+        agg: Mutex::new(Aggregator::new()),
+        shared,
+        stop: AtomicBool::new(false),
+        threads: AtomicUsize::new(0),
+        threads_seen: AtomicU64::new(0),
+        mode: b.mode,
+        frequency_hz: b.frequency_hz,
+    });
+    SHARED.store(shared, Ordering::SeqCst);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread_inner = inner.clone();
+    let spawned = std::thread::Builder::new()
+        .name("selftrace-prof".into())
+        .spawn(move || profiler_thread(thread_inner, b, ready_tx));
+    let thread = match spawned {
+        Ok(t) => t,
+        Err(e) => {
+            unpublish(shared);
+            return Err(Error::Sys {
+                call: "pthread_create",
+                errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+            });
+        }
+    };
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(Running {
+            inner,
+            thread: Some(thread),
+            pid: sys::getpid(),
+        }),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            unpublish(shared);
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            unpublish(shared);
+            Err(Error::Sys {
+                call: "profiler thread",
+                errno: libc::EIO,
+            })
+        }
+    }
+}
+
+/// Clears the published state, waits for handlers still using it, frees it.
+fn unpublish(shared: *mut Shared) {
+    SHARED.store(core::ptr::null_mut(), Ordering::SeqCst);
+    while ACTIVE.load(Ordering::SeqCst) != 0 {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    // SAFETY: created by Box::into_raw in start_locked; no handler can reach it any more.
+    drop(unsafe { Box::from_raw(shared) });
+}
+
+/// The profiler's thread: arms timers for new threads, deletes those of exited threads,
+/// drains the ring.
+fn profiler_thread(
+    inner: Arc<Inner>,
+    b: Builder,
+    ready: std::sync::mpsc::Sender<Result<(), Error>>,
+) {
+    let me = sys::gettid();
+    let period_ns = 1_000_000_000 / u64::from(b.frequency_hz);
+    // SAFETY: the Shared outlives this thread (freed after it is joined).
+    let generation = unsafe { (*inner.shared).generation };
+    let mut timers: HashMap<i32, Timer> = HashMap::new();
+    // Threads seen and not sampled (filtered out), so that their names are read once.
+    let mut skipped: HashMap<i32, ()> = HashMap::new();
+    let mut first = true;
+    loop {
+        // Rescan.
+        let mut live = Vec::with_capacity(timers.len() + 8);
+        let listed = sys::for_each_task(|tid| live.push(tid));
+        if let Err(errno) = listed {
+            if first {
+                let _ = ready.send(Err(Error::Sys {
+                    call: "open /proc/self/task",
+                    errno,
+                }));
+                return;
+            }
+        }
+        if listed.is_ok() {
+            timers.retain(|tid, _| live.contains(tid));
+            skipped.retain(|tid, _| live.contains(tid));
+        }
+        for &tid in &live {
+            if tid == me || timers.contains_key(&tid) || skipped.contains_key(&tid) {
+                continue;
+            }
+            let wanted = match &b.threads {
+                Threads::All => true,
+                Threads::Only(tids) => tids.contains(&tid),
+                Threads::NamePrefix(p) => thread_name(tid).starts_with(p.as_str()),
+            };
+            if !wanted {
+                skipped.insert(tid, ());
+                continue;
+            }
+            let value = (u64::from(generation) << 32) | u64::from(tid as u32);
+            match Timer::arm(tid, b.mode, b.signal, period_ns, value) {
+                Ok(t) => {
+                    timers.insert(tid, t);
+                    inner.threads_seen.fetch_add(1, Ordering::Relaxed);
+                }
+                // The thread exited meanwhile.
+                Err(libc::EINVAL) | Err(libc::ESRCH) => {}
+                Err(errno) => {
+                    if first {
+                        let _ = ready.send(Err(Error::Sys {
+                            call: "timer_create",
+                            errno,
+                        }));
+                        return;
+                    }
+                }
+            }
+        }
+        inner.threads.store(timers.len(), Ordering::Relaxed);
+        if first {
+            first = false;
+            let _ = ready.send(Ok(()));
+        }
+        inner.lock().drain(inner.ring());
+        if inner.stop.load(Ordering::Acquire) {
+            break;
+        }
+        sys::futex_wait(&DRAIN, 0, b.rescan.as_nanos() as u64);
+        DRAIN.store(0, Ordering::Release);
+        if inner.stop.load(Ordering::Acquire) {
+            break;
+        }
+    }
+    // Deleting the timers stops new samples; samples already in the ring are drained by stop.
+    drop(timers);
+}
+
+impl Running {
+    pub(crate) fn take(&self) -> Profile {
+        let mut agg = self.inner.lock();
+        agg.drain(self.inner.ring());
+        let dropped = self.inner.ring().dropped.load(Ordering::Relaxed);
+        agg.finish(self.inner.mode, self.inner.frequency_hz, dropped)
+    }
+
+    pub(crate) fn stop(mut self) -> Profile {
+        self.inner.stop.store(true, Ordering::Release);
+        let thread = self.thread.take();
+        if sys::getpid() != self.pid {
+            // A forked child: the profiler's thread and timers exist only in the parent.
+            // Nothing to stop; leave the parent's memory alone.
+            core::mem::forget(thread);
+            core::mem::forget(self.inner.clone());
+            return empty(self.inner.mode, self.inner.frequency_hz);
+        }
+        if DRAIN.swap(1, Ordering::AcqRel) == 0 {
+            sys::futex_wake(&DRAIN, 1);
+        }
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+        // Signals already queued by the deleted timers find the state gone and do nothing.
+        SHARED.store(core::ptr::null_mut(), Ordering::SeqCst);
+        while ACTIVE.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let profile = self.take();
+        // SAFETY: unpublished above, and no handler uses it any more.
+        drop(unsafe { Box::from_raw(self.inner.shared as *mut Shared) });
+        RUNNING.store(false, Ordering::Release);
+        profile
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let ring = self.inner.ring();
+        Stats {
+            samples: ring.written.load(Ordering::Relaxed),
+            dropped: ring.dropped.load(Ordering::Relaxed),
+            threads: self.inner.threads.load(Ordering::Relaxed),
+            threads_seen: self.inner.threads_seen.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn empty(mode: Mode, frequency_hz: u32) -> Profile {
+    Profile {
+        mode,
+        frequency_hz,
+        period_ns: 1_000_000_000 / u64::from(frequency_hz),
+        start: SystemTime::now(),
+        duration: Duration::ZERO,
+        samples: Vec::new(),
+        locations: Vec::new(),
+        mappings: Vec::new(),
+        dropped: 0,
+    }
+}

@@ -1,0 +1,418 @@
+//! The sampling profiler against real work: shares of CPU time measured with each thread's CPU
+//! clock, sample counts against CPU time x frequency, wall-clock samples of blocked threads,
+//! threads created after the start, continuous profiles without gaps, no allocation in the
+//! handler, clear errors.
+
+use selftrace::profile::{self, Mode, Profile, Threads};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+/// Counts allocations made on threads that asked to be watched.
+struct Counting;
+
+thread_local! {
+    static WATCHED: Cell<bool> = const { Cell::new(false) };
+}
+static WATCHED_ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to System; the counter is an atomic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if WATCHED.try_with(Cell::get).unwrap_or(false) {
+            WATCHED_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        if WATCHED.try_with(Cell::get).unwrap_or(false) {
+            WATCHED_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// One profiler at a time per process: the tests take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is valid.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Spins for `units` rounds of arithmetic.
+#[inline(always)]
+fn spin(units: u64) -> u64 {
+    let mut x = units;
+    for i in 0..units * 20_000 {
+        x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+    }
+    x
+}
+
+macro_rules! measured {
+    ($name:ident, $k:expr) => {
+        #[inline(never)]
+        fn $name(cpu: &AtomicU64) -> u64 {
+            let t = thread_cpu_ns();
+            let x = spin($k);
+            cpu.fetch_add(thread_cpu_ns() - t, Ordering::Relaxed);
+            x
+        }
+    };
+}
+measured!(share_one_part, 1);
+measured!(share_two_parts, 2);
+measured!(share_three_parts, 3);
+
+fn tid() -> i32 {
+    selftrace::threads::current_tid()
+}
+
+fn samples_of(p: &Profile, tids: &[i32], needle: &str) -> u64 {
+    p.samples
+        .iter()
+        .filter(|s| tids.contains(&s.thread_id))
+        .filter(|s| p.function_names(s).any(|f| f.contains(needle)))
+        .map(|s| s.count)
+        .sum()
+}
+
+#[test]
+fn shares_and_sample_count_match_cpu_time() {
+    let _g = serial();
+    selftrace::init().unwrap();
+    const HZ: u32 = 1000;
+    let cpu = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    let total_cpu = Arc::new(AtomicU64::new(0));
+    let go = Arc::new(Barrier::new(3));
+    let done = Arc::new(Barrier::new(3));
+    let tids = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (cpu, total_cpu, go, done, tids) = (
+                cpu.clone(),
+                total_cpu.clone(),
+                go.clone(),
+                done.clone(),
+                tids.clone(),
+            );
+            std::thread::spawn(move || {
+                tids.lock().unwrap().push(tid());
+                go.wait();
+                let t0 = thread_cpu_ns();
+                let end = Instant::now() + Duration::from_millis(2500);
+                let mut x = 0;
+                while Instant::now() < end {
+                    x ^= share_one_part(&cpu[0]);
+                    x ^= share_two_parts(&cpu[1]);
+                    x ^= share_three_parts(&cpu[2]);
+                }
+                total_cpu.fetch_add(thread_cpu_ns() - t0, Ordering::Relaxed);
+                black_box(x);
+                done.wait();
+            })
+        })
+        .collect();
+    // The workers exist before the start: their timers are armed by the first scan.
+    while tids.lock().unwrap().len() < 2 {
+        std::thread::yield_now();
+    }
+    let p = profile::builder()
+        .frequency(HZ)
+        .mode(Mode::Cpu)
+        .start()
+        .unwrap();
+    go.wait();
+    done.wait();
+    let profile = p.stop();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let tids = tids.lock().unwrap().clone();
+    let counts = [
+        samples_of(&profile, &tids, "share_one_part"),
+        samples_of(&profile, &tids, "share_two_parts"),
+        samples_of(&profile, &tids, "share_three_parts"),
+    ];
+    let measured: Vec<f64> = cpu
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed) as f64)
+        .collect();
+    let measured_sum: f64 = measured.iter().sum();
+    let counted: u64 = counts.iter().sum();
+    let report = format!(
+        "counts {counts:?}, cpu ns {measured:?}, dropped {}, total {}",
+        profile.dropped,
+        profile.total()
+    );
+    eprintln!("{report}");
+    for i in 0..3 {
+        let want = measured[i] / measured_sum;
+        let got = counts[i] as f64 / counted as f64;
+        assert!(
+            (want - got).abs() < 0.05,
+            "function {i}: profile share {got:.3}, CPU-time share {want:.3}; {report}"
+        );
+    }
+    // Every sample of the workers, against their CPU time x frequency.
+    let worker_samples: u64 = profile
+        .samples
+        .iter()
+        .filter(|s| tids.contains(&s.thread_id))
+        .map(|s| s.count)
+        .sum();
+    let expected = total_cpu.load(Ordering::Relaxed) as f64 * f64::from(HZ) / 1e9;
+    assert!(
+        (worker_samples as f64 - expected).abs() < 0.1 * expected,
+        "{worker_samples} samples for {expected:.0} periods of CPU time; {report}"
+    );
+    assert_eq!(profile.dropped, 0, "{report}");
+    // Named by the thread, complete stacks down to the thread's start.
+    let s = profile
+        .samples
+        .iter()
+        .find(|s| tids.contains(&s.thread_id) && s.truncation.is_none())
+        .expect("a complete worker stack");
+    let names: Vec<&str> = profile.function_names(s).collect();
+    assert!(
+        names.iter().any(|n| n.contains("shares_and_sample_count")),
+        "{names:?}"
+    );
+}
+
+#[inline(never)]
+fn wait_on_lock(m: &Mutex<()>) {
+    drop(black_box(m.lock().unwrap()));
+}
+
+#[test]
+fn wall_mode_samples_blocked_threads() {
+    let _g = serial();
+    selftrace::init().unwrap();
+    let m = Arc::new(Mutex::new(()));
+    let held = m.lock().unwrap();
+    let m2 = m.clone();
+    let waiter_tid = Arc::new(AtomicU64::new(0));
+    let wt = waiter_tid.clone();
+    let waiter = std::thread::Builder::new()
+        .name("lock-waiter".into())
+        .spawn(move || {
+            wt.store(tid() as u64, Ordering::SeqCst);
+            wait_on_lock(&m2);
+        })
+        .unwrap();
+    while waiter_tid.load(Ordering::SeqCst) == 0 {
+        std::thread::yield_now();
+    }
+    let wtid = waiter_tid.load(Ordering::SeqCst) as i32;
+    let p = profile::builder()
+        .frequency(200)
+        .mode(Mode::Wall)
+        .start()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let profile = p.stop();
+    drop(held);
+    waiter.join().unwrap();
+    let mine: u64 = profile
+        .samples
+        .iter()
+        .filter(|s| s.thread_id == wtid)
+        .map(|s| s.count)
+        .sum();
+    // 600 ms at 200 Hz: about 120 samples of a thread that used no CPU.
+    assert!(
+        (80..=160).contains(&mine),
+        "{mine} wall samples of the waiter"
+    );
+    let in_wait = samples_of(&profile, &[wtid], "wait_on_lock");
+    assert!(
+        in_wait * 10 >= mine * 9,
+        "{in_wait} of {mine} in wait_on_lock"
+    );
+    let s = profile
+        .samples
+        .iter()
+        .find(|s| s.thread_id == wtid)
+        .unwrap();
+    assert_eq!(&*s.thread_name, "lock-waiter");
+    assert_eq!(profile.mode, Mode::Wall);
+}
+
+#[inline(never)]
+fn late_thread_work() -> u64 {
+    spin(200)
+}
+
+#[test]
+fn threads_created_after_the_start_are_sampled() {
+    let _g = serial();
+    let p = profile::builder()
+        .frequency(500)
+        .rescan_interval(Duration::from_millis(5))
+        .start()
+        .unwrap();
+    let t = std::thread::spawn(|| {
+        let id = tid();
+        let end = Instant::now() + Duration::from_millis(400);
+        while Instant::now() < end {
+            black_box(late_thread_work());
+        }
+        id
+    });
+    let late = t.join().unwrap();
+    let stats = p.stats();
+    let profile = p.stop();
+    assert!(stats.threads_seen >= 2, "{stats:?}");
+    let n = samples_of(&profile, &[late], "late_thread_work");
+    assert!(n >= 100, "{n} samples of the late thread; {stats:?}");
+}
+
+#[inline(never)]
+fn continuous_work() -> u64 {
+    spin(5)
+}
+
+#[test]
+fn continuous_profiles_have_no_gaps() {
+    let _g = serial();
+    const HZ: u32 = 1000;
+    let me = tid();
+    let p = profile::builder()
+        .frequency(HZ)
+        .threads(Threads::Only(vec![me]))
+        .start()
+        .unwrap();
+    let t0 = thread_cpu_ns();
+    let mut profiles = Vec::new();
+    for _ in 0..6 {
+        let end = Instant::now() + Duration::from_millis(250);
+        while Instant::now() < end {
+            black_box(continuous_work());
+        }
+        profiles.push(p.take());
+    }
+    let cpu = thread_cpu_ns() - t0;
+    let last = p.stop();
+    let total: u64 = profiles.iter().map(Profile::total).sum::<u64>() + last.total();
+    let expected = cpu as f64 * f64::from(HZ) / 1e9;
+    assert!(
+        (total as f64 - expected).abs() < 0.1 * expected,
+        "{total} samples over the intervals for {expected:.0} periods"
+    );
+    for w in profiles.windows(2) {
+        let end = w[0].start + w[0].duration;
+        let gap = w[1].start.duration_since(end).unwrap_or_default();
+        assert!(gap < Duration::from_millis(5), "{gap:?} between intervals");
+        assert!(w[1].total() > 0);
+    }
+    for p in &profiles {
+        assert!(p.samples.iter().all(|s| s.thread_id == me));
+    }
+}
+
+#[test]
+fn the_handler_does_not_allocate() {
+    let _g = serial();
+    selftrace::init().unwrap();
+    let me = tid();
+    // Warm up: the first samples of a stack resolve nothing in the handler anyway, but make
+    // every rule cached and every lazy initialization done.
+    let p = profile::start(1000).unwrap();
+    black_box(spin(500));
+    drop(p);
+    let p = profile::builder()
+        .frequency(2000)
+        .threads(Threads::Only(vec![me]))
+        .start()
+        .unwrap();
+    WATCHED.with(|w| w.set(true));
+    let before = WATCHED_ALLOCS.load(Ordering::Relaxed);
+    let t0 = thread_cpu_ns();
+    let mut x = 0;
+    while thread_cpu_ns() - t0 < 500_000_000 {
+        x ^= spin(1);
+    }
+    let after = WATCHED_ALLOCS.load(Ordering::Relaxed);
+    WATCHED.with(|w| w.set(false));
+    black_box(x);
+    let stats = p.stats();
+    drop(p);
+    // CPU-time timers fire on scheduler ticks (CONFIG_HZ 250 here): ~125 signals in 0.5 s.
+    assert!(stats.samples >= 60, "{stats:?}");
+    assert_eq!(
+        after - before,
+        0,
+        "allocations in {} samples",
+        stats.samples
+    );
+}
+
+#[test]
+fn clear_errors() {
+    let _g = serial();
+    use selftrace::Error;
+    assert!(matches!(
+        profile::builder().frequency(0).start(),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        profile::builder().frequency(20_000).start(),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        profile::builder().signal(libc::SIGSEGV).start(),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        profile::builder().ring_capacity(1).start(),
+        Err(Error::InvalidInput(_))
+    ));
+    assert_eq!(
+        profile::builder()
+            .threads(Threads::Only(vec![i32::MAX]))
+            .start()
+            .unwrap_err(),
+        Error::ThreadGone
+    );
+    let p = profile::start(99).unwrap();
+    assert_eq!(
+        profile::start(99).unwrap_err(),
+        Error::AlreadyExists("a running profiler")
+    );
+    drop(p);
+    // A signal the program handles itself is refused, not taken over.
+    extern "C" fn mine(_: i32) {}
+    // SAFETY: installs a plain handler for SIGUSR2, which nothing else in this test uses.
+    unsafe { libc::signal(libc::SIGUSR2, mine as *const () as usize) };
+    assert_eq!(
+        profile::builder()
+            .signal(libc::SIGUSR2)
+            .start()
+            .unwrap_err(),
+        Error::AlreadyExists("handler for the sampling signal")
+    );
+    // After all that, a profiler starts.
+    let stop = AtomicBool::new(false);
+    let p = profile::start(99).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    drop(p.stop());
+}
