@@ -1,7 +1,7 @@
 //! selftrace in one run: a program traces itself.
 //!
 //! ```sh
-//! cargo run --release --example demo
+//! cargo run --release --all-features --example demo
 //! ```
 //!
 //! 1. Stacks: the current stack captured async-signal-safely, printed the kernel's way and
@@ -14,6 +14,9 @@
 //!    instance.
 //! 6. Other threads: an all-thread dump (a thread blocked on a `Mutex` held by another), and
 //!    the stall watchdog catching a thread that stops checking in, then its recovery.
+//! 7. A CPU profile of two threads that split their work 1:2:3 over three functions; with the
+//!    `pprof` and `flamegraph` features (`--all-features`), also a pprof file and a flame graph
+//!    in `target/`.
 //!
 //! Parts 4 and 5 need root and tracefs; without them the demo says why and goes on.
 
@@ -148,6 +151,101 @@ fn main() {
 
     heading("6. other threads: an all-thread dump and the stall watchdog");
     other_threads();
+
+    heading("7. a CPU profile (sampling profiler, per-thread CPU-time timers)");
+    profile_demo();
+}
+
+/// Two threads split their CPU time 1:2:3 over three functions; the profile says so.
+fn profile_demo() {
+    use selftrace::profile;
+    let p = profile::builder()
+        .frequency(999)
+        .start()
+        .expect("start the profiler");
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            std::thread::Builder::new()
+                .name(format!("demo-worker-{i}"))
+                .spawn(|| {
+                    let end = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+                    let mut x = 0u64;
+                    while std::time::Instant::now() < end {
+                        x ^= decode_frame(x);
+                        x ^= checksum_block(x);
+                        x ^= compress_block(x);
+                    }
+                    black_box(x);
+                })
+                .expect("spawn a worker")
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let profile = p.stop();
+    println!(
+        "{} samples ({} Hz, {:.1} s, {} dropped); share of the samples per function:",
+        profile.total(),
+        profile.frequency_hz,
+        profile.duration.as_secs_f64(),
+        profile.dropped
+    );
+    for f in ["decode_frame", "checksum_block", "compress_block"] {
+        println!("  {:5.1}%  demo::{f}", 100.0 * profile.share_of(f));
+    }
+    println!("the hottest stack, folded (what flamegraph.pl reads):");
+    if let Some(line) = profile
+        .folded()
+        .lines()
+        .max_by_key(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()))
+    {
+        println!("  {line}");
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    #[cfg(feature = "flamegraph")]
+    {
+        let path = dir.join("selftrace-profile.svg");
+        match std::fs::File::create(&path).and_then(|f| profile.write_flamegraph(f)) {
+            Ok(()) => println!("flame graph: {}", path.display()),
+            Err(e) => println!("flame graph not written: {e}"),
+        }
+    }
+    #[cfg(feature = "pprof")]
+    {
+        let path = dir.join("selftrace-profile.pb.gz");
+        match std::fs::File::create(&path).and_then(|f| profile.write_pprof(f)) {
+            Ok(()) => println!("pprof: {} (go tool pprof -top {})", path.display(), path.display()),
+            Err(e) => println!("pprof file not written: {e}"),
+        }
+    }
+    #[cfg(not(all(feature = "flamegraph", feature = "pprof")))]
+    println!(
+        "(build with --features pprof,flamegraph for the pprof file and the flame graph; {})",
+        dir.display()
+    );
+}
+
+#[inline(never)]
+fn decode_frame(seed: u64) -> u64 {
+    spin_for(seed, 100_000)
+}
+
+#[inline(never)]
+fn checksum_block(seed: u64) -> u64 {
+    spin_for(seed, 200_000)
+}
+
+#[inline(never)]
+fn compress_block(seed: u64) -> u64 {
+    spin_for(seed, 300_000)
+}
+
+fn spin_for(mut x: u64, n: u64) -> u64 {
+    for i in 0..n {
+        x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+    }
+    x
 }
 
 /// Holds `lock` until `release` is set.

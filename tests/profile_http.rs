@@ -1,0 +1,157 @@
+//! `examples/pprof_server.rs` against real clients: `go tool pprof` fetches a CPU profile over
+//! HTTP the way it does from Go services and lists the workload's hot functions; the flame
+//! graph route returns SVG; a second profile meanwhile and a bad query get clear answers.
+#![cfg(all(feature = "pprof", feature = "flamegraph"))]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Builds the example in a target directory of its own.
+fn server_binary() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = root.join("target").join("profile-fixtures");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(root)
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "--features",
+            "pprof,flamegraph",
+            "--example",
+            "pprof_server",
+        ])
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building pprof_server failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target.join("release").join("examples").join("pprof_server")
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server() -> Server {
+    let mut child = Command::new(server_binary())
+        .arg("127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start pprof_server");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    Server { child, addr }
+}
+
+/// A plain HTTP GET: (status, body).
+fn get(addr: &str, target: &str) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET {target} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let head_end = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("end of headers");
+    let head = String::from_utf8_lossy(&resp[..head_end]).to_string();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, resp[head_end + 4..].to_vec())
+}
+
+/// `go tool pprof ARGS` with its caches in a temporary directory.
+fn go_pprof(args: &[&str]) -> String {
+    let tmp = std::env::temp_dir().join(format!("selftrace-gopprof-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .env("HOME", &tmp)
+        .env("GOCACHE", tmp.join("cache"))
+        .env("GOPATH", tmp.join("gopath"))
+        .env("PPROF_TMPDIR", &tmp)
+        .output()
+        .expect("go tool pprof (Debian package golang-go; .ci/run installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+    text
+}
+
+/// The flat percentage `go tool pprof -top` gives the function whose name ends with `name`.
+fn flat_percent(top: &str, name: &str) -> Option<f64> {
+    top.lines().find_map(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        if cols.len() >= 6 && cols[5..].join(" ").ends_with(name) {
+            cols[1].strip_suffix('%')?.parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+#[test]
+fn go_tool_pprof_fetches_a_profile_over_http() {
+    let server = start_server();
+    let url = format!("http://{}/debug/pprof/profile?seconds=3&hz=499", server.addr);
+    let top = go_pprof(&["-top", "-nodecount=30", &url]);
+    eprintln!("{top}");
+    assert!(top.contains("Type: cpu"), "{top}");
+    let parse = flat_percent(&top, "pprof_server::parse_request").expect("parse_request listed");
+    let render = flat_percent(&top, "pprof_server::render_page").expect("render_page listed");
+    // The workload splits its CPU time 1:3.
+    let ratio = render / parse;
+    assert!((2.0..=4.5).contains(&ratio), "render/parse = {ratio:.2}\n{top}");
+}
+
+#[test]
+fn flame_graph_route_and_errors() {
+    let server = start_server();
+    let (status, body) = get(&server.addr, "/debug/pprof/flamegraph?seconds=1&hz=499");
+    assert_eq!(status, 200);
+    let svg = String::from_utf8(body).unwrap();
+    assert!(svg.contains("<svg"), "{svg}");
+    assert!(svg.contains("render_page"), "{svg}");
+
+    let (status, body) = get(&server.addr, "/debug/pprof/profile?seconds=0");
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    let (status, _) = get(&server.addr, "/nothing/here");
+    assert_eq!(status, 404);
+
+    // One profile at a time: a second request while one runs is refused, not queued.
+    let addr = server.addr.clone();
+    let first = std::thread::spawn(move || get(&addr, "/debug/pprof/profile?seconds=2").0);
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body) = get(&server.addr, "/debug/pprof/profile?seconds=1");
+    assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(first.join().unwrap(), 200);
+}
