@@ -108,7 +108,7 @@ pub struct Builder {
 }
 
 /// A profiler's settings, with the defaults: [`DEFAULT_FREQUENCY_HZ`], [`Mode::Cpu`],
-/// [`Threads::All`], `SIGPROF`, a ring of 1024 samples, a rescan every 10 ms.
+/// [`Threads::All`], `SIGPROF`, a ring of 1024 samples, a rescan every 50 ms.
 pub fn builder() -> Builder {
     Builder {
         frequency_hz: DEFAULT_FREQUENCY_HZ,
@@ -116,7 +116,7 @@ pub fn builder() -> Builder {
         threads: Threads::All,
         signal: libc::SIGPROF,
         ring_capacity: 1024,
-        rescan: Duration::from_millis(10),
+        rescan: Duration::from_millis(50),
     }
 }
 
@@ -159,7 +159,9 @@ impl Builder {
     }
 
     /// How often the profiler's thread looks for new threads and drains the ring (1 ms to
-    /// 10 s; default 10 ms).
+    /// 10 s; default 50 ms). Each rescan costs a wake-up and a listing of `/proc/self/task`:
+    /// measured on a 2-core VM, the profiler's thread used 0.18% of a CPU at 50 ms and 0.79% at
+    /// 10 ms. A thread that lives shorter than the interval can be missed.
     pub fn rescan_interval(mut self, interval: Duration) -> Self {
         self.rescan = interval;
         self

@@ -203,6 +203,9 @@ struct Aggregator {
     interval_instant: Instant,
     dropped_before: u64,
     scratch: Vec<u32>,
+    /// Whether an address is a signal trampoline's (the frame after it is an exact pc): the
+    /// check reads code through the kernel, so each address is checked once.
+    trampolines: HashMap<usize, bool>,
 }
 
 impl Aggregator {
@@ -220,6 +223,7 @@ impl Aggregator {
             interval_instant: Instant::now(),
             dropped_before: 0,
             scratch: Vec::new(),
+            trampolines: HashMap::new(),
         };
         a.counters = sys::dl_load_counters();
         a.objects = current_objects();
@@ -241,6 +245,7 @@ impl Aggregator {
             unloaded = counters.1 != self.counters.1;
             if unloaded {
                 self.loc_index.clear();
+                self.trampolines.clear();
             }
             before = std::mem::replace(&mut self.objects, current_objects());
             self.counters = counters;
@@ -250,7 +255,16 @@ impl Aggregator {
             scratch.clear();
             let frames = &rec.frames[..rec.len.min(MAX_DEPTH)];
             for i in 0..frames.len() {
-                let kind = crate::symbolize::frame_kind(frames, i, true);
+                let after_trampoline = i > 0
+                    && *self
+                        .trampolines
+                        .entry(frames[i - 1])
+                        .or_insert_with(|| crate::symbolize::is_signal_trampoline(frames[i - 1]));
+                let kind = if i == 0 || after_trampoline {
+                    FrameKind::Exact
+                } else {
+                    FrameKind::Return
+                };
                 scratch.push(self.location(frames[i], kind, unloaded.then_some(&before[..])));
             }
             let truncation = match rec.end {
@@ -414,6 +428,7 @@ impl Aggregator {
         if self.locs.len() > 1 << 18 {
             self.locs.clear();
             self.loc_index.clear();
+            self.trampolines.clear();
         }
         self.names.retain(|tid, _| sys::tgkill(*tid, 0).is_ok());
         profile
@@ -591,16 +606,29 @@ fn profiler_thread(
     // Threads seen and not sampled (filtered out), so that their names are read once.
     let mut skipped: HashMap<i32, ()> = HashMap::new();
     let mut first = true;
+    let task_dir = match sys::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY)
+    {
+        Ok(fd) => fd,
+        Err(errno) => {
+            let _ = ready.send(Err(Error::Sys {
+                call: "open /proc/self/task",
+                errno,
+            }));
+            return;
+        }
+    };
+    let mut live = Vec::new();
     loop {
         // Rescan.
-        let mut live = Vec::with_capacity(timers.len() + 8);
-        let listed = sys::for_each_task(|tid| live.push(tid));
+        live.clear();
+        let listed = sys::for_each_task_in(task_dir, |tid| live.push(tid));
         if let Err(errno) = listed {
             if first {
                 let _ = ready.send(Err(Error::Sys {
-                    call: "open /proc/self/task",
+                    call: "getdents64 /proc/self/task",
                     errno,
                 }));
+                sys::close(task_dir);
                 return;
             }
         }
@@ -635,6 +663,7 @@ fn profiler_thread(
                             call: "timer_create",
                             errno,
                         }));
+                        sys::close(task_dir);
                         return;
                     }
                 }
@@ -655,6 +684,7 @@ fn profiler_thread(
             break;
         }
     }
+    sys::close(task_dir);
     // Deleting the timers stops new samples; samples already in the ring are drained by stop.
     drop(timers);
 }
@@ -671,10 +701,11 @@ impl Running {
         self.inner.stop.store(true, Ordering::Release);
         let thread = self.thread.take();
         if sys::getpid() != self.pid {
-            // A forked child: the profiler's thread and timers exist only in the parent.
-            // Nothing to stop; leave the parent's memory alone.
+            // A forked child: the profiler's thread and timers exist only in the parent (its
+            // join handle would wait forever). The child may start a profiler of its own.
             core::mem::forget(thread);
-            core::mem::forget(self.inner.clone());
+            SHARED.store(core::ptr::null_mut(), Ordering::SeqCst);
+            RUNNING.store(false, Ordering::Release);
             return empty(self.inner.mode, self.inner.frequency_hz);
         }
         if DRAIN.swap(1, Ordering::AcqRel) == 0 {

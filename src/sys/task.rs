@@ -40,14 +40,31 @@ pub(crate) fn getdents64(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
 
 /// Calls `f` with each numeric entry (a thread id) of `/proc/self/task`, read with `open(2)` and
 /// `getdents64(2)` into a stack buffer. Returns the `errno` of a failed call.
-pub(crate) fn for_each_task(mut f: impl FnMut(i32)) -> Result<(), i32> {
+pub(crate) fn for_each_task(f: impl FnMut(i32)) -> Result<(), i32> {
     let fd = super::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY)?;
+    let res = tasks_of(fd, f);
+    super::close(fd);
+    res
+}
+
+/// Like [`for_each_task`] on a `/proc/self/task` directory the caller keeps open: rewinds it
+/// and lists it again (the kernel builds the listing afresh on each pass), without the path
+/// lookup of an `open`.
+pub(crate) fn for_each_task_in(fd: i32, f: impl FnMut(i32)) -> Result<(), i32> {
+    // SAFETY: lseek on a descriptor has no memory effects.
+    if unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
+        return Err(super::errno());
+    }
+    tasks_of(fd, f)
+}
+
+fn tasks_of(fd: i32, mut f: impl FnMut(i32)) -> Result<(), i32> {
     let mut buf = [0u8; 4096];
-    let res = loop {
+    loop {
         let n = match getdents64(fd, &mut buf) {
-            Ok(0) => break Ok(()),
+            Ok(0) => return Ok(()),
             Ok(n) => n,
-            Err(e) => break Err(e),
+            Err(e) => return Err(e),
         };
         let mut off = 0;
         // linux_dirent64: u64 d_ino, i64 d_off, u16 d_reclen, u8 d_type, char d_name[].
@@ -63,9 +80,7 @@ pub(crate) fn for_each_task(mut f: impl FnMut(i32)) -> Result<(), i32> {
             }
             off += reclen;
         }
-    };
-    super::close(fd);
-    res
+    }
 }
 
 /// A positive decimal `i32` (no sign, no spaces), or `None`.
