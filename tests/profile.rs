@@ -416,3 +416,110 @@ fn clear_errors() {
     stop.store(true, Ordering::Relaxed);
     drop(p.stop());
 }
+
+#[inline(never)]
+fn named_thread_work() -> u64 {
+    spin(50)
+}
+
+#[test]
+fn a_name_prefix_selects_threads() {
+    let _g = serial();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawn = |name: &str| {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let id = tid();
+                while !stop.load(Ordering::Relaxed) {
+                    black_box(named_thread_work());
+                }
+                id
+            })
+            .unwrap()
+    };
+    let alpha = spawn("alpha-worker");
+    let beta = spawn("beta-worker");
+    std::thread::sleep(Duration::from_millis(50));
+    let p = profile::builder()
+        .frequency(500)
+        .threads(Threads::NamePrefix("alpha".into()))
+        .start()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let profile = p.stop();
+    stop.store(true, Ordering::Relaxed);
+    let (a, b) = (alpha.join().unwrap(), beta.join().unwrap());
+    let of = |t: i32| -> u64 {
+        profile
+            .samples
+            .iter()
+            .filter(|s| s.thread_id == t)
+            .map(|s| s.count)
+            .sum()
+    };
+    assert!(of(a) >= 50, "{} samples of alpha", of(a));
+    assert_eq!(of(b), 0, "beta was not selected");
+    assert!(profile
+        .samples
+        .iter()
+        .all(|s| s.thread_name.starts_with("alpha")));
+}
+
+#[test]
+fn a_small_ring_accounts_for_every_period() {
+    let _g = serial();
+    const HZ: u32 = 1000;
+    let cpu = Arc::new(AtomicU64::new(0));
+    let tids = Arc::new(Mutex::new(Vec::new()));
+    let go = Arc::new(Barrier::new(5));
+    let p = {
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let (cpu, tids, go) = (cpu.clone(), tids.clone(), go.clone());
+                std::thread::spawn(move || {
+                    tids.lock().unwrap().push(tid());
+                    go.wait();
+                    let t0 = thread_cpu_ns();
+                    let end = Instant::now() + Duration::from_millis(1500);
+                    while Instant::now() < end {
+                        black_box(continuous_work());
+                    }
+                    cpu.fetch_add(thread_cpu_ns() - t0, Ordering::Relaxed);
+                })
+            })
+            .collect();
+        while tids.lock().unwrap().len() < 4 {
+            std::thread::yield_now();
+        }
+        let p = profile::builder()
+            .frequency(HZ)
+            .ring_capacity(16)
+            .rescan_interval(Duration::from_secs(1))
+            .threads(Threads::Only(tids.lock().unwrap().clone()))
+            .start()
+            .unwrap();
+        go.wait();
+        for w in workers {
+            w.join().unwrap();
+        }
+        p
+    };
+    let stats = p.stats();
+    let profile = p.stop();
+    let expected = cpu.load(Ordering::Relaxed) as f64 * f64::from(HZ) / 1e9;
+    let accounted = (profile.total() + profile.dropped) as f64;
+    eprintln!(
+        "total {} dropped {} expected {expected:.0}; {stats:?}",
+        profile.total(),
+        profile.dropped
+    );
+    assert!(
+        (accounted - expected).abs() < 0.1 * expected,
+        "{} kept + {} dropped periods for {expected:.0} periods of CPU time",
+        profile.total(),
+        profile.dropped
+    );
+    assert_eq!(profile.dropped, stats.dropped);
+}

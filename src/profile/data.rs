@@ -117,8 +117,8 @@ pub struct Profile {
     pub locations: Vec<Location>,
     /// The objects the locations are in.
     pub mappings: Vec<Mapping>,
-    /// Samples lost because the sample ring was full (the profiler's thread did not drain it in
-    /// time): these periods are missing from `samples`.
+    /// Periods lost because the sample ring was full (the profiler's thread did not drain it in
+    /// time): the samples of these periods are missing from `samples`.
     pub dropped: u64,
 }
 

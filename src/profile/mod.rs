@@ -31,7 +31,7 @@
 //! * **The handler** runs [`crate::capture_walk_from_ucontext`] (async-signal-safe: no
 //!   allocation, no lock, every memory read checked) straight into a slot of a fixed ring that
 //!   was allocated at start; taking a slot is one compare-and-swap. A full ring drops the sample
-//!   and counts it ([`Profile::dropped`]). Nothing in the handler can block on a lock another
+//!   and counts the periods it stood for ([`Profile::dropped`]). Nothing in the handler can block on a lock another
 //!   thread holds (unlike libgcc's `_Unwind_Backtrace`, which pprof-rs calls from its handler),
 //!   so a sample landing in `malloc`, in the loader, or in a panic's unwinding is harmless.
 //! * **Aggregation** happens on the profiler's thread, in normal context: it drains the ring
@@ -209,7 +209,7 @@ impl Builder {
 pub struct Stats {
     /// Signals handled that produced a sample.
     pub samples: u64,
-    /// Samples lost to a full ring.
+    /// Periods lost to a full ring (each dropped sample with its overrun count).
     pub dropped: u64,
     /// Threads that have a timer now.
     pub threads: usize,

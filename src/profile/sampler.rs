@@ -60,7 +60,7 @@ extern "C" fn on_sample(_sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_
         if code == SI_TIMER && (value >> 32) as u32 == shared.generation {
             let tid = value as u32 as i32;
             let weight = 1 + overrun.max(0) as u32;
-            shared.ring.push(|rec: &mut Record| {
+            shared.ring.push(weight, |rec: &mut Record| {
                 rec.tid = tid;
                 rec.weight = weight;
                 // SAFETY: the kernel's ucontext_t of this signal.
@@ -187,6 +187,26 @@ struct Loc {
 
 type StackKey = (i32, Box<[u32]>, Option<Truncation>);
 
+/// A sample copied out of the ring.
+struct Raw {
+    tid: i32,
+    weight: u32,
+    end: WalkEnd,
+    frames: Box<[usize]>,
+}
+
+/// Copies the ring's published samples into `out`, handing their slots back.
+fn pull(ring: &Ring, out: &mut Vec<Raw>) {
+    ring.drain(|rec| {
+        out.push(Raw {
+            tid: rec.tid,
+            weight: rec.weight,
+            end: rec.end,
+            frames: rec.frames[..rec.len.min(MAX_DEPTH)].into(),
+        })
+    });
+}
+
 /// Samples of the current interval, and what resolving them needs.
 struct Aggregator {
     stacks: HashMap<StackKey, u64>,
@@ -203,6 +223,8 @@ struct Aggregator {
     interval_instant: Instant,
     dropped_before: u64,
     scratch: Vec<u32>,
+    /// Samples taken out of the ring during the last drain, for the next one.
+    queued: Vec<Raw>,
     /// Whether an address is a signal trampoline's (the frame after it is an exact pc): the
     /// check reads code through the kernel, so each address is checked once.
     trampolines: HashMap<usize, bool>,
@@ -223,6 +245,7 @@ impl Aggregator {
             interval_instant: Instant::now(),
             dropped_before: 0,
             scratch: Vec::new(),
+            queued: Vec::new(),
             trampolines: HashMap::new(),
         };
         a.counters = sys::dl_load_counters();
@@ -231,8 +254,14 @@ impl Aggregator {
     }
 
     /// Moves the ring's samples into the interval's stacks.
-    fn drain(&mut self, ring: &Ring) {
-        if ring.fill() == 0 {
+    ///
+    /// Resolving an address of an object for the first time can take long (its DWARF is read),
+    /// so while it works through the samples it empties the ring every few samples into a
+    /// queue that the next drain handles (after checking the loader again): the ring does not
+    /// fill up behind a slow symbolization. `take` drains with `pull_meanwhile` false, so that
+    /// an interval ends at a definite point.
+    fn drain(&mut self, ring: &Ring, pull_meanwhile: bool) {
+        if ring.fill() == 0 && self.queued.is_empty() {
             return;
         }
         // Objects loaded or unloaded since the last drain: the unwinder and symbolizer learn
@@ -250,10 +279,15 @@ impl Aggregator {
             before = std::mem::replace(&mut self.objects, current_objects());
             self.counters = counters;
         }
+        let mut batch = std::mem::take(&mut self.queued);
+        pull(ring, &mut batch);
         let mut scratch = std::mem::take(&mut self.scratch);
-        ring.drain(|rec| {
+        for (n, rec) in batch.iter().enumerate() {
+            if pull_meanwhile && n % 8 == 7 {
+                pull(ring, &mut self.queued);
+            }
             scratch.clear();
-            let frames = &rec.frames[..rec.len.min(MAX_DEPTH)];
+            let frames = &rec.frames[..];
             for i in 0..frames.len() {
                 let after_trampoline = i > 0
                     && *self
@@ -278,11 +312,9 @@ impl Aggregator {
             if !self.names.contains_key(&rec.tid) {
                 self.names.insert(rec.tid, thread_name(rec.tid));
             }
-            *self
-                .stacks
-                .entry((rec.tid, scratch.as_slice().into(), truncation))
-                .or_insert(0) += u64::from(rec.weight);
-        });
+            let key = (rec.tid, scratch.as_slice().into(), truncation);
+            *self.stacks.entry(key).or_insert(0) += u64::from(rec.weight);
+        }
         self.scratch = scratch;
     }
 
@@ -674,7 +706,7 @@ fn profiler_thread(
             first = false;
             let _ = ready.send(Ok(()));
         }
-        inner.lock().drain(inner.ring());
+        inner.lock().drain(inner.ring(), true);
         if inner.stop.load(Ordering::Acquire) {
             break;
         }
@@ -692,7 +724,7 @@ fn profiler_thread(
 impl Running {
     pub(crate) fn take(&self) -> Profile {
         let mut agg = self.inner.lock();
-        agg.drain(self.inner.ring());
+        agg.drain(self.inner.ring(), false);
         let dropped = self.inner.ring().dropped.load(Ordering::Relaxed);
         agg.finish(self.inner.mode, self.inner.frequency_hz, dropped)
     }
