@@ -309,9 +309,9 @@ impl Aggregator {
                     reason: StopReason::TooDeep,
                 }),
             };
-            if !self.names.contains_key(&rec.tid) {
-                self.names.insert(rec.tid, thread_name(rec.tid));
-            }
+            self.names
+                .entry(rec.tid)
+                .or_insert_with(|| thread_name(rec.tid));
             let key = (rec.tid, scratch.as_slice().into(), truncation);
             *self.stacks.entry(key).or_insert(0) += u64::from(rec.weight);
         }
