@@ -11,6 +11,8 @@
 //! * **Markers**: Android's `Trace` API over ftrace's `trace_marker` ([`trace`]).
 //! * **Other threads**: any thread's stack, all-thread dumps (on demand, on `SIGQUIT`, in crash
 //!   reports) ([`threads`]), and a stall watchdog ([`watchdog`]).
+//! * **Profiles**: a sampling CPU and wall-clock profiler whose signal handler is the
+//!   async-signal-safe unwinder, with pprof, folded-stack and flame-graph outputs ([`profile`]).
 //!
 //! ```
 //! selftrace::init().expect("init");
@@ -52,8 +54,9 @@
 //! | [`watchdog::pet`], [`watchdog::Watch::pet`] | a watched thread checks in: one relaxed load and store |
 //!
 //! The signal handlers selftrace installs are held to the same rules: the stack-request
-//! handler of [`threads`], the dump handler of [`threads::install_dump_signal`], and the crash
-//! handler of [`crash::install`], also with [`crash::Builder::all_threads`].
+//! handler of [`threads`], the dump handler of [`threads::install_dump_signal`], the crash
+//! handler of [`crash::install`], also with [`crash::Builder::all_threads`], and the sampling
+//! handler of [`profile`].
 //!
 //! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context:
 //! a capture that meets an object loaded after the last snapshot refreshes it only when it can
