@@ -215,7 +215,11 @@ fn profile_demo() {
     {
         let path = dir.join("selftrace-profile.pb.gz");
         match std::fs::File::create(&path).and_then(|f| profile.write_pprof(f)) {
-            Ok(()) => println!("pprof: {} (go tool pprof -top {})", path.display(), path.display()),
+            Ok(()) => println!(
+                "pprof: {} (go tool pprof -top {})",
+                path.display(),
+                path.display()
+            ),
             Err(e) => println!("pprof file not written: {e}"),
         }
     }

@@ -42,7 +42,10 @@ fn main() {
             .spawn(serve_requests)
             .expect("spawn a worker");
     }
-    println!("listening on {}", listener.local_addr().expect("local address"));
+    println!(
+        "listening on {}",
+        listener.local_addr().expect("local address")
+    );
     let _ = std::io::stdout().flush();
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
@@ -144,20 +147,19 @@ fn handle(mut conn: TcpStream) -> std::io::Result<()> {
         return respond(&mut conn, 405, "text/plain", b"only GET\n");
     }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let svg = match path {
-        "/debug/pprof/profile" => false,
-        "/debug/pprof/flamegraph" => true,
-        "/debug/pprof" | "/debug/pprof/" => {
-            return respond(
+    let svg =
+        match path {
+            "/debug/pprof/profile" => false,
+            "/debug/pprof/flamegraph" => true,
+            "/debug/pprof" | "/debug/pprof/" => return respond(
                 &mut conn,
                 200,
                 "text/plain",
                 b"/debug/pprof/profile?seconds=N[&hz=H][&mode=cpu|wall]: gzipped profile.proto\n\
                   /debug/pprof/flamegraph?seconds=N[&hz=H][&mode=cpu|wall]: SVG flame graph\n",
-            )
-        }
-        _ => return respond(&mut conn, 404, "text/plain", b"not found\n"),
-    };
+            ),
+            _ => return respond(&mut conn, 404, "text/plain", b"not found\n"),
+        };
     let q = match parse_query(query) {
         Ok(q) => q,
         Err(e) => return respond(&mut conn, 400, "text/plain", format!("{e}\n").as_bytes()),

@@ -25,6 +25,9 @@ pub struct Object {
     pub range: Range<usize>,
     /// Run-time ranges of the executable `PT_LOAD` segments.
     pub exec: Vec<Range<usize>>,
+    /// The file offset (`p_offset`) of each range of `exec`, in the same order: where the
+    /// bytes at `exec[i].start` are in the file.
+    pub exec_file_offsets: Vec<u64>,
     /// The `PT_GNU_EH_FRAME` segment (`.eh_frame_hdr`) in memory.
     pub eh_frame_hdr: Option<Range<usize>>,
     /// `.eh_frame` in memory: from the header's `eh_frame_ptr` to the end of its `PT_LOAD`.
@@ -142,6 +145,7 @@ fn object_from_phdrs(info: &sys::PhdrInfo<'_>) -> Option<Object> {
     let bias = info.addr;
     let mut range: Option<Range<usize>> = None;
     let mut exec = Vec::new();
+    let mut exec_file_offsets = Vec::new();
     let mut loads = Vec::new();
     let mut eh_frame_hdr = None;
     let mut build_id = None;
@@ -157,6 +161,7 @@ fn object_from_phdrs(info: &sys::PhdrInfo<'_>) -> Option<Object> {
                 });
                 if ph.p_flags & libc::PF_X != 0 {
                     exec.push(start..end);
+                    exec_file_offsets.push(ph.p_offset);
                 }
             }
             libc::PT_GNU_EH_FRAME => eh_frame_hdr = Some(start..end),
@@ -195,6 +200,7 @@ fn object_from_phdrs(info: &sys::PhdrInfo<'_>) -> Option<Object> {
         bias,
         range,
         exec,
+        exec_file_offsets,
         eh_frame_hdr,
         eh_frame,
         build_id,

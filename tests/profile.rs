@@ -185,6 +185,22 @@ fn shares_and_sample_count_match_cpu_time() {
         "{worker_samples} samples for {expected:.0} periods of CPU time; {report}"
     );
     assert_eq!(profile.dropped, 0, "{report}");
+    // Mappings: the program first (pprof's convention), with its build-id; every located
+    // address inside its mapping.
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    assert_eq!(*profile.mappings[0].path, *exe.to_string_lossy());
+    assert!(profile.mappings[0]
+        .build_id
+        .as_ref()
+        .is_some_and(|b| b.len() >= 16));
+    for l in &profile.locations {
+        if let Some(m) = l.mapping.map(|m| &profile.mappings[m]) {
+            assert!(
+                (m.start..m.limit).contains(&l.lookup_address()),
+                "{l:?} {m:?}"
+            );
+        }
+    }
     // Named by the thread, complete stacks down to the thread's start.
     let s = profile
         .samples

@@ -801,7 +801,7 @@ fn flame_graph_has_every_frame_with_its_count() {
         "app::hash (50 samples, 50.00%)",
         "app::hash_step (50 samples, 50.00%)",
         "app::copy (4 samples, 4.00%)",
-        "libc.so.6+0x99999 (4 samples, 4.00%)",
+        "libc.so.6+0xc1999 (4 samples, 4.00%)",
         "worker-1 (46 samples, 46.00%)",
         "main (45 samples, 45.00%)",
         "app::run (45 samples, 45.00%)",
@@ -837,9 +837,11 @@ fn flame_graph_without_samples_says_so() {
 #[test]
 fn folded_is_exact() {
     let mut p = profile();
+    // The unnamed libc frame shows its offset in the file: address - mapping start (0x99999)
+    // + the mapping's file offset (0x28000).
     assert_eq!(
         p.folded(),
-        "main;main;app::run;app::copy;libc.so.6+0x99999 4\n\
+        "main;main;app::run;app::copy;libc.so.6+0xc1999 4\n\
          main;main;app::run;app::work;app::hash;app::hash_step 50\n\
          worker-1;[truncated: no unwind rule];app::deep 1\n\
          worker-1;main;app::run;<alloc::vec::Vec<u8> as app::Sink>::push;__memmove_avx_unaligned_erms 15\n\
@@ -855,7 +857,7 @@ fn folded_is_exact() {
     p.locations[7].lines[0].function = "app::deep;odd".into();
     assert_eq!(
         p.folded(),
-        "main;main;app::run;app::copy;libc.so.6+0x99999 4\n\
+        "main;main;app::run;app::copy;libc.so.6+0xc1999 4\n\
          main;main;app::run;app::work;app::hash;app::hash_step 55\n\
          worker-1;[truncated: no unwind rule];app::deep:odd 1\n\
          worker-1;main;app::run;<alloc::vec::Vec<u8> as app::Sink>::push;__memmove_avx_unaligned_erms 15\n\

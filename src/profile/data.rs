@@ -167,12 +167,18 @@ impl Profile {
         for &l in sample.locations.iter().rev() {
             let loc = &self.locations[l];
             if loc.lines.is_empty() {
-                out.push(match loc.mapping.map(|m| &self.mappings[m]) {
-                    Some(m) => format!(
-                        "{}+{:#x}",
-                        crate::modules::short_name(&m.path),
-                        loc.address - m.start
-                    ),
+                // `obj+0x...` with the address in the file's terms (what addr2line takes).
+                let in_file = loc
+                    .mapping
+                    .and_then(|m| self.mappings.get(m))
+                    .and_then(|m| {
+                        let off = loc.address.checked_sub(m.start)? as u64;
+                        Some((m, off.checked_add(m.file_offset)?))
+                    });
+                out.push(match in_file {
+                    Some((m, off)) => {
+                        format!("{}+{off:#x}", crate::modules::short_name(&m.path))
+                    }
                     None => format!("{:#x}", loc.address),
                 });
                 continue;

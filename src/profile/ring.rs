@@ -158,7 +158,10 @@ mod tests {
         assert_eq!(ring.dropped.load(Ordering::Relaxed), 5);
         let mut seen = Vec::new();
         assert_eq!(ring.drain(|r| seen.push((r.tid, r.frames[0]))), 16);
-        assert_eq!(seen, (0..16).map(|i| (i, 100 + i as usize)).collect::<Vec<_>>());
+        assert_eq!(
+            seen,
+            (0..16).map(|i| (i, 100 + i as usize)).collect::<Vec<_>>()
+        );
         assert!(ring.push(1, |r| r.tid = 99));
         let mut again = Vec::new();
         ring.drain(|r| again.push(r.tid));

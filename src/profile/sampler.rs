@@ -214,6 +214,8 @@ struct Aggregator {
     loc_index: HashMap<(usize, bool), u32>,
     mappings: Vec<Mapping>,
     mapping_index: HashMap<(Arc<str>, usize), usize>,
+    /// Whether each mapping is the main program's.
+    mains: Vec<bool>,
     names: HashMap<i32, Arc<str>>,
     /// The loader's (adds, subs) at the last drain.
     counters: (u64, u64),
@@ -238,6 +240,7 @@ impl Aggregator {
             loc_index: HashMap::new(),
             mappings: Vec::new(),
             mapping_index: HashMap::new(),
+            mains: Vec::new(),
             names: HashMap::new(),
             counters: (0, 0),
             objects: Vec::new(),
@@ -343,7 +346,7 @@ impl Aggregator {
         };
         let loc = match now {
             Some(obj) if certain => {
-                let mapping = self.mapping(&obj);
+                let mapping = self.mapping(&obj, probe);
                 let frame = BacktraceFrame::resolve(address, kind);
                 Loc {
                     address,
@@ -365,26 +368,34 @@ impl Aggregator {
         id
     }
 
-    /// The mapping of the object `(start, end, path)`.
-    fn mapping(&mut self, obj: &(usize, usize, Arc<str>)) -> Option<usize> {
-        let key = (obj.2.clone(), obj.0);
-        if let Some(&m) = self.mapping_index.get(&key) {
-            return Some(m);
-        }
+    /// The mapping of the executable segment containing `addr` of the object
+    /// `(start, end, path)`: one mapping per segment, as `/proc/self/maps` has them, so that
+    /// `address - start + file_offset` is the address's offset in the file in every segment
+    /// (linkers may give each segment its own address-to-offset delta).
+    fn mapping(&mut self, obj: &(usize, usize, Arc<str>), addr: usize) -> Option<usize> {
         let m = crate::modules::with_current(|s| {
             let o = s?.find(obj.0)?;
-            Some(Mapping {
-                start: o.range.start,
-                limit: o.range.end,
-                // The first PT_LOAD segment maps file offset 0 at link-time address 0 in the
-                // objects the toolchains build (start - bias is that link-time address).
-                file_offset: (o.range.start - o.bias) as u64,
-                path: Arc::from(o.path.as_str()),
-                build_id: o.build_id.clone(),
-            })
-        })?;
+            let i = o.exec.iter().position(|r| r.contains(&addr))?;
+            let seg = &o.exec[i];
+            Some((
+                Mapping {
+                    start: seg.start,
+                    limit: seg.end,
+                    file_offset: *o.exec_file_offsets.get(i)?,
+                    path: Arc::from(o.path.as_str()),
+                    build_id: o.build_id.clone(),
+                },
+                o.is_main,
+            ))
+        });
+        let (m, is_main) = m?;
+        let key = (m.path.clone(), m.start);
+        if let Some(&id) = self.mapping_index.get(&key) {
+            return Some(id);
+        }
         let id = self.mappings.len();
         self.mappings.push(m);
+        self.mains.push(is_main);
         self.mapping_index.insert(key, id);
         Some(id)
     }
@@ -439,6 +450,23 @@ impl Aggregator {
                     .unwrap_or_else(|| Arc::from("?")),
                 truncation,
             });
+        }
+        // pprof takes the first mapping for the main program.
+        if let Some(main) = map_map
+            .iter()
+            .find(|(&global, _)| self.mains.get(global) == Some(&true))
+            .map(|(_, &local)| local)
+        {
+            if main != 0 {
+                mappings.swap(0, main);
+                for l in &mut locations {
+                    l.mapping = l.mapping.map(|m| match m {
+                        0 => main,
+                        m if m == main => 0,
+                        m => m,
+                    });
+                }
+            }
         }
         samples.sort_by(|a, b| b.count.cmp(&a.count).then(a.thread_id.cmp(&b.thread_id)));
         let profile = Profile {
@@ -638,8 +666,7 @@ fn profiler_thread(
     // Threads seen and not sampled (filtered out), so that their names are read once.
     let mut skipped: HashMap<i32, ()> = HashMap::new();
     let mut first = true;
-    let task_dir = match sys::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY)
-    {
+    let task_dir = match sys::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY) {
         Ok(fd) => fd,
         Err(errno) => {
             let _ = ready.send(Err(Error::Sys {

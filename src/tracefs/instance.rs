@@ -19,7 +19,7 @@ use crate::Error;
 ///
 /// The creating process holds an exclusive `flock` on the instance's directory for as long as
 /// the `Instance` lives: tracefs is one filesystem for every mount and PID namespace, so any
-/// process can tell a live instance from one whose owner died ([`is_owner_alive`]).
+/// process can tell a live instance from one whose owner died.
 #[derive(Debug)]
 pub struct Instance {
     name: String,
