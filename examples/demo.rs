@@ -176,20 +176,21 @@ fn profile_demo() {
                         x ^= compress_block(x);
                     }
                     black_box(x);
+                    thread_cpu_s()
                 })
                 .expect("spawn a worker")
         })
         .collect();
-    for w in workers {
-        w.join().unwrap();
-    }
+    let cpu: f64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
     let profile = p.stop();
     println!(
-        "{} samples ({} Hz, {:.1} s, {} dropped); share of the samples per function:",
+        "{} samples ({} Hz, {:.1} s, {} dropped) for {cpu:.2} s of the workers' CPU time \
+         ({:.0} periods); share of the samples per function:",
         profile.total(),
         profile.frequency_hz,
         profile.duration.as_secs_f64(),
-        profile.dropped
+        profile.dropped,
+        cpu * f64::from(profile.frequency_hz)
     );
     for f in ["decode_frame", "checksum_block", "compress_block"] {
         println!("  {:5.1}%  demo::{f}", 100.0 * profile.share_of(f));
@@ -228,6 +229,17 @@ fn profile_demo() {
         "(build with --features pprof,flamegraph for the pprof file and the flame graph; {})",
         dir.display()
     );
+}
+
+/// The calling thread's CPU time in seconds.
+fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 #[inline(never)]
