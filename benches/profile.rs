@@ -167,7 +167,9 @@ fn bench(c: &mut Criterion) {
         });
     }
     for hz in [100, 1000] {
-        g.bench_function(format!("pprof-rs_{hz}hz"), |b| b.iter_custom(|n| pprof(hz, n)));
+        g.bench_function(format!("pprof-rs_{hz}hz"), |b| {
+            b.iter_custom(|n| pprof(hz, n))
+        });
     }
     g.finish();
 }

@@ -70,14 +70,21 @@ fn loaded(needle: &[u8]) -> bool {
         needle: &'a [u8],
         found: bool,
     }
-    extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
+    extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> i32 {
         // SAFETY: data is the &mut Search passed to dl_iterate_phdr below; info is the
         // loader's valid record for this call.
         let (search, name) = unsafe { (&mut *(data as *mut Search<'_>), (*info).dlpi_name) };
         if !name.is_null() {
             // SAFETY: dlpi_name is a NUL-terminated string while the callback runs.
             let name = unsafe { CStr::from_ptr(name) }.to_bytes();
-            if name.windows(search.needle.len()).any(|w| w == search.needle) {
+            if name
+                .windows(search.needle.len())
+                .any(|w| w == search.needle)
+            {
                 search.found = true;
             }
         }
@@ -364,7 +371,9 @@ fn main() {
     // Panics are the point of one loop: keep them quiet.
     std::panic::set_hook(Box::new(|_| {}));
     if loaded(b"libz.so") {
-        eprintln!("profile_stress: libz is loaded at the start; the dlopen loop would not unload it");
+        eprintln!(
+            "profile_stress: libz is loaded at the start; the dlopen loop would not unload it"
+        );
         std::process::exit(2);
     }
     let counters = Arc::new(Counters::default());
@@ -429,7 +438,8 @@ fn main() {
     thread::sleep(Duration::from_secs_f64(a.secs));
     stop.store(true, Ordering::Relaxed);
     for t in threads {
-        t.join().expect("a stress thread panicked outside catch_unwind");
+        t.join()
+            .expect("a stress thread panicked outside catch_unwind");
     }
     let secs = began.elapsed().as_secs_f64();
     let out = finish(profiler, a.folded.as_deref());
