@@ -303,6 +303,46 @@ fn threads_created_after_the_start_are_sampled() {
 }
 
 #[inline(never)]
+fn after_ignored_work() -> u64 {
+    spin(5)
+}
+
+/// A profiler started after other code set the sampling signal to `SIG_IGN` (what pprof-rs
+/// does when it stops) installs its handler again instead of sampling into the void, and one
+/// started while another handler owns the signal refuses to start.
+#[test]
+fn a_handler_replaced_between_profilers_is_noticed() {
+    let _g = serial();
+    drop(profile::start(499).unwrap().stop());
+    // SAFETY: SIGPROF has no handler of ours running (the profiler stopped); ignoring it is
+    // what another profiler does at its end.
+    unsafe { libc::signal(libc::SIGPROF, libc::SIG_IGN) };
+    let p = profile::start(499).unwrap();
+    let me = tid();
+    // 300 ms of this thread's CPU time, however long that takes on a loaded machine.
+    let t0 = thread_cpu_ns();
+    while thread_cpu_ns() - t0 < 300_000_000 {
+        black_box(after_ignored_work());
+    }
+    let profile = p.stop();
+    let n = samples_of(&profile, &[me], "after_ignored_work");
+    assert!(n >= 10, "{n} samples after SIGPROF was set to SIG_IGN");
+
+    // Another handler installed after our handler was: refused, not silently shared.
+    extern "C" fn theirs(_: i32) {}
+    // SAFETY: a plain handler for SIGPROF; no profiler runs, and it is reset below.
+    unsafe { libc::signal(libc::SIGPROF, theirs as *const () as usize) };
+    let refused = profile::start(499).unwrap_err();
+    // SAFETY: back to the default; no timer sends SIGPROF now.
+    unsafe { libc::signal(libc::SIGPROF, libc::SIG_DFL) };
+    assert_eq!(
+        refused,
+        selftrace::Error::AlreadyExists("handler for the sampling signal")
+    );
+    drop(profile::start(499).unwrap().stop());
+}
+
+#[inline(never)]
 fn continuous_work() -> u64 {
     spin(5)
 }

@@ -28,8 +28,6 @@ static RUNNING: AtomicBool = AtomicBool::new(false);
 /// Start count, carried in each timer's `sigev_value` so that a late signal of an old timer is
 /// recognized.
 static GENERATION: AtomicU32 = AtomicU32::new(0);
-/// Signals our handler is installed for (bit `sig`); it stays installed once it is.
-static INSTALLED: AtomicU64 = AtomicU64::new(0);
 /// Set by a handler that found the ring half full; the profiler's thread waits on it.
 static DRAIN: AtomicU32 = AtomicU32::new(0);
 
@@ -86,18 +84,20 @@ extern "C" fn on_sample(_sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_
 }
 
 /// Installs the handler for `sig` unless it is installed; refuses a signal with another
-/// handler.
+/// handler. Asks the kernel each time rather than remembering: other code may have replaced
+/// our handler since the last profiler (pprof-rs, stopping, sets `SIGPROF` to `SIG_IGN`;
+/// another profiler installs its own), and a profiler whose signals are ignored or go to
+/// someone else's handler would return empty or partial profiles without an error.
 fn install(sig: i32) -> Result<(), Error> {
-    let bit = 1u64 << sig;
-    if INSTALLED.load(Ordering::Acquire) & bit != 0 {
-        return Ok(());
-    }
     let current = sys::current_handler(sig).map_err(|errno| Error::Sys {
         call: "sigaction",
         errno,
     })?;
     let ours = on_sample as *const () as usize;
-    if current != ours && current != libc::SIG_DFL && current != libc::SIG_IGN {
+    if current == ours {
+        return Ok(());
+    }
+    if current != libc::SIG_DFL && current != libc::SIG_IGN {
         return Err(Error::AlreadyExists("handler for the sampling signal"));
     }
     if crate::threads::signal() == Some(sig) {
@@ -109,7 +109,6 @@ fn install(sig: i32) -> Result<(), Error> {
         call: "sigaction",
         errno,
     })?;
-    INSTALLED.fetch_or(bit, Ordering::AcqRel);
     Ok(())
 }
 

@@ -1,0 +1,150 @@
+//! The profiler under stress (examples/profile_stress.rs) in a child process: 4 s at 1 kHz
+//! while other threads panic and catch the panic, `dlopen`/`dlclose` zlib, churn the
+//! allocator, spawn threads and fork + exec children. The child must neither crash nor hang,
+//! every stress loop must make progress, and the profile must show the CPU-bound function.
+//! (pprof-rs, which the example can also run, is not run here: it may crash or hang, which is
+//! what the comparison measures, not what this suite checks.)
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the child may take (4 s of stress, the profile's symbolization, a loaded machine)
+/// before it counts as hung.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Builds `examples/profile_stress.rs` and returns its path. Same target directory as
+/// tests/record_support's `record_target()`: both build examples of this package in the dev
+/// profile, so the dependencies are compiled once for both.
+fn profile_stress() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = root.join("target").join("record-fixtures");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(root)
+        .args(["build", "--quiet", "--example", "profile_stress"])
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building profile_stress failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target.join("debug").join("examples").join("profile_stress")
+}
+
+/// Runs the example with `args`; returns its exit status and standard output, or fails with
+/// "hang" after [`DEADLINE`] (killing it first).
+fn run(exe: &Path, args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start profile_stress");
+    // Read both pipes on threads so that a full pipe cannot stall the child.
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for profile_stress") {
+            break status;
+        }
+        if began.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "hang: profile_stress {args:?} did not exit within {DEADLINE:?} (killed it)\n\
+                 stderr so far:\n{}",
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    (
+        status,
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
+}
+
+/// The `key=value` fields of the `RESULT` line.
+fn result_fields(stdout: &str) -> HashMap<String, String> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line in:\n{stdout}"));
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn num(fields: &HashMap<String, String>, key: &str) -> u64 {
+    fields
+        .get(key)
+        .unwrap_or_else(|| panic!("RESULT has no {key}: {fields:?}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("RESULT {key} is not a number: {fields:?}"))
+}
+
+#[test]
+fn selftrace_survives_panics_dlopen_fork_and_thread_churn() {
+    let exe = profile_stress();
+    let args = ["--profiler", "selftrace", "--hz", "1000", "--secs", "4"];
+    let (status, stdout, stderr) = run(&exe, &args);
+    assert!(
+        status.success(),
+        "profile_stress {args:?} failed: {status:?} (a signal means a crash)\n\
+         stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let f = result_fields(&stdout);
+    eprintln!("{}", stdout.trim_end());
+    assert_eq!(f["profiler"], "selftrace");
+
+    // Every stress loop ran for the whole time, not just once.
+    for key in [
+        "panics",
+        "dlopens",
+        "allocs",
+        "spawns",
+        "execs",
+        "forks",
+        "cpu_rounds",
+    ] {
+        assert!(num(&f, key) >= 5, "stress loop {key} barely ran: {f:?}");
+    }
+    // zlib really was unloaded by each dlclose (otherwise the loop tests nothing).
+    assert_eq!(num(&f, "dl_still_loaded"), 0, "{f:?}");
+
+    // A non-empty profile in which the CPU-bound thread shows up by name.
+    let samples = num(&f, "samples");
+    let periods = num(&f, "periods");
+    let cpu_fn = num(&f, "cpu_fn");
+    assert!(samples > 0 && periods >= samples, "{f:?}");
+    assert!(cpu_fn > 0, "cpu_bound_work not in the profile: {f:?}");
+    assert!(cpu_fn <= periods, "{f:?}");
+    // The lost and truncated samples are reported (their values depend on the machine's
+    // load, so they are only shown, not bounded).
+    let dropped = num(&f, "dropped");
+    let truncated = num(&f, "truncated");
+    assert!(truncated <= periods, "{f:?}");
+    assert!(f.contains_key("truncated_reasons"), "{f:?}");
+    eprintln!("dropped={dropped} truncated={truncated} of periods={periods}");
+}
