@@ -216,10 +216,12 @@ struct Aggregator {
     /// Whether each mapping is the main program's.
     mains: Vec<bool>,
     names: HashMap<i32, Arc<str>>,
-    /// The loader's (adds, subs) at the last drain.
+    /// The loader's (adds, subs) at the last refresh.
     counters: (u64, u64),
-    /// The objects (start, end, path) at the last drain.
-    objects: Vec<(usize, usize, Arc<str>)>,
+    /// The loaded objects at the last refresh.
+    objects: Vec<Obj>,
+    /// When the profiler last refreshed selftrace's view of the loaded objects.
+    last_refresh: Instant,
     interval_start: SystemTime,
     interval_instant: Instant,
     dropped_before: u64,
@@ -243,6 +245,7 @@ impl Aggregator {
             names: HashMap::new(),
             counters: (0, 0),
             objects: Vec::new(),
+            last_refresh: Instant::now(),
             interval_start: SystemTime::now(),
             interval_instant: Instant::now(),
             dropped_before: 0,
@@ -266,20 +269,27 @@ impl Aggregator {
         if ring.fill() == 0 && self.queued.is_empty() {
             return;
         }
-        // Objects loaded or unloaded since the last drain: the unwinder and symbolizer learn
+        // Objects loaded or unloaded since the last refresh: the unwinder and symbolizer learn
         // the new ones, and an address whose object changed cannot be named with certainty.
+        // Refreshing costs (tables are rebuilt), so a program that loads and unloads libraries
+        // all the time gets a refresh every MIN_REFRESH at most; in between, only addresses
+        // in objects that can never be unloaded are named.
         let counters = sys::dl_load_counters();
-        let mut unloaded = false;
-        let mut before = Vec::new();
+        let mut view = View::Settled;
         if counters != self.counters {
-            crate::refresh();
-            unloaded = counters.1 != self.counters.1;
-            if unloaded {
-                self.loc_index.clear();
-                self.trampolines.clear();
+            // `take` always refreshes: the interval's samples are named as far as possible.
+            if !pull_meanwhile || self.last_refresh.elapsed() >= MIN_REFRESH {
+                crate::refresh();
+                self.last_refresh = Instant::now();
+                let before = std::mem::replace(&mut self.objects, current_objects());
+                if counters.1 != self.counters.1 {
+                    self.forget_gone(&before);
+                    view = View::Unloaded(before);
+                }
+                self.counters = counters;
+            } else {
+                view = View::Changing;
             }
-            before = std::mem::replace(&mut self.objects, current_objects());
-            self.counters = counters;
         }
         let mut batch = std::mem::take(&mut self.queued);
         pull(ring, &mut batch);
@@ -301,7 +311,7 @@ impl Aggregator {
                 } else {
                     FrameKind::Return
                 };
-                scratch.push(self.location(frames[i], kind, unloaded.then_some(&before[..])));
+                scratch.push(self.location(frames[i], kind, &view));
             }
             let truncation = match rec.end {
                 WalkEnd::Complete => None,
@@ -320,29 +330,45 @@ impl Aggregator {
         self.scratch = scratch;
     }
 
-    /// The location id of a frame, resolving (symbolizing) an address seen for the first time.
-    /// With `before` (objects were unloaded since the last drain), an address whose object is
-    /// not the same as at the last drain is kept unnamed: it may have been in code unloaded
-    /// since.
-    fn location(
-        &mut self,
-        address: usize,
-        kind: FrameKind,
-        before: Option<&[(usize, usize, Arc<str>)]>,
-    ) -> u32 {
-        let key = (address, kind == FrameKind::Exact);
-        if let Some(&id) = self.loc_index.get(&key) {
-            return id;
+    /// Forgets what is cached about addresses in objects of `before` that are gone (or moved):
+    /// the next sample there is resolved again.
+    fn forget_gone(&mut self, before: &[Obj]) {
+        let gone: Vec<&Obj> = before
+            .iter()
+            .filter(|o| !self.objects.contains(o))
+            .collect();
+        if gone.is_empty() {
+            return;
         }
+        let in_gone = |a: usize| gone.iter().any(|o| (o.start..o.end).contains(&a));
+        self.loc_index.retain(|&(address, exact), _| {
+            !in_gone(if exact {
+                address
+            } else {
+                address.wrapping_sub(1)
+            })
+        });
+        self.trampolines.retain(|&a, _| !in_gone(a));
+    }
+
+    /// The location id of a frame, resolving (symbolizing) an address seen for the first time.
+    /// An address whose object may have changed since the sample was taken (see [`View`]) is
+    /// kept unnamed, and not cached: a later sample there is resolved anew.
+    fn location(&mut self, address: usize, kind: FrameKind, view: &View) -> u32 {
+        let key = (address, kind == FrameKind::Exact);
         let probe = kind.lookup_address(address);
         let now = find(&self.objects, probe);
-        let certain = match before {
-            None => true,
-            Some(b) => match (find(b, probe), &now) {
-                (Some(x), Some(y)) => x == *y,
-                _ => false,
-            },
+        let certain = match (view, &now) {
+            (_, None) => false,
+            (View::Settled, Some(_)) => true,
+            (View::Changing, Some(o)) => o.permanent,
+            (View::Unloaded(before), Some(o)) => find(before, probe).as_ref() == Some(o),
         };
+        if certain {
+            if let Some(&id) = self.loc_index.get(&key) {
+                return id;
+            }
+        }
         let loc = match now {
             Some(obj) if certain => {
                 let mapping = self.mapping(&obj, probe);
@@ -363,17 +389,18 @@ impl Aggregator {
         };
         let id = self.locs.len() as u32;
         self.locs.push(loc);
-        self.loc_index.insert(key, id);
+        if certain {
+            self.loc_index.insert(key, id);
+        }
         id
     }
 
-    /// The mapping of the executable segment containing `addr` of the object
-    /// `(start, end, path)`: one mapping per segment, as `/proc/self/maps` has them, so that
+    /// The mapping of the executable segment containing `addr` of the object `obj`: one mapping per segment, as `/proc/self/maps` has them, so that
     /// `address - start + file_offset` is the address's offset in the file in every segment
     /// (linkers may give each segment its own address-to-offset delta).
-    fn mapping(&mut self, obj: &(usize, usize, Arc<str>), addr: usize) -> Option<usize> {
+    fn mapping(&mut self, obj: &Obj, addr: usize) -> Option<usize> {
         let m = crate::modules::with_current(|s| {
-            let o = s?.find(obj.0)?;
+            let o = s?.find(obj.start)?;
             let i = o.exec.iter().position(|r| r.contains(&addr))?;
             let seg = &o.exec[i];
             Some((
@@ -503,22 +530,55 @@ fn line(s: &crate::symbolize::BacktraceSymbol) -> Line {
     }
 }
 
-fn current_objects() -> Vec<(usize, usize, Arc<str>)> {
+/// The least time between two refreshes of selftrace's view of the loaded objects by the
+/// profiler's thread.
+const MIN_REFRESH: Duration = Duration::from_millis(250);
+
+/// A loaded object, as the profiler tells objects apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Obj {
+    start: usize,
+    end: usize,
+    path: Arc<str>,
+    /// Never unloaded (see [`crate::modules::Object::permanent`]).
+    permanent: bool,
+}
+
+/// What a drain knows about the objects the samples' addresses were in.
+enum View {
+    /// Nothing was loaded or unloaded since the last refresh.
+    Settled,
+    /// Objects were unloaded before the refresh this drain made; these were loaded at the
+    /// refresh before. An address named now must be in the same object in both.
+    Unloaded(Vec<Obj>),
+    /// The loader changed its list since the last refresh, and the next refresh is not due:
+    /// only objects that can never be unloaded are sure.
+    Changing,
+}
+
+fn current_objects() -> Vec<Obj> {
     crate::modules::with_current(|s| {
         s.map(|s| {
             s.objects()
                 .iter()
-                .map(|o| (o.range.start, o.range.end, Arc::from(o.path.as_str())))
+                .map(|o| Obj {
+                    start: o.range.start,
+                    end: o.range.end,
+                    path: Arc::from(o.path.as_str()),
+                    permanent: o.permanent,
+                })
                 .collect()
         })
         .unwrap_or_default()
     })
 }
 
-fn find(objects: &[(usize, usize, Arc<str>)], addr: usize) -> Option<(usize, usize, Arc<str>)> {
-    let i = objects.partition_point(|o| o.0 <= addr).checked_sub(1)?;
+fn find(objects: &[Obj], addr: usize) -> Option<Obj> {
+    let i = objects
+        .partition_point(|o| o.start <= addr)
+        .checked_sub(1)?;
     let o = &objects[i];
-    (addr < o.1).then(|| o.clone())
+    (addr < o.end).then(|| o.clone())
 }
 
 fn thread_name(tid: i32) -> Arc<str> {
