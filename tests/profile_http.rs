@@ -3,38 +3,29 @@
 //! graph route returns SVG; a second profile meanwhile and a bad query get clear answers.
 #![cfg(all(feature = "pprof", feature = "flamegraph"))]
 
+mod example_build;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Builds the example in a target directory of its own.
 fn server_binary() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = root.join("target").join("profile-fixtures");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(root)
-        .args([
-            "build",
-            "--quiet",
+    example_build::build(
+        "profile-fixtures",
+        &[
             "--release",
             "--features",
             "pprof,flamegraph",
             "--example",
             "pprof_server",
-        ])
-        .env("CARGO_TARGET_DIR", &target)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building pprof_server failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    target.join("release").join("examples").join("pprof_server")
+        ],
+    )
+    .join("release")
+    .join("examples")
+    .join("pprof_server")
 }
 
 struct Server {
@@ -146,8 +137,21 @@ fn flame_graph_route_and_errors() {
     let (status, body) = get(&server.addr, "/debug/pprof/flamegraph?seconds=1&hz=499");
     assert_eq!(status, 200);
     let svg = String::from_utf8(body).unwrap();
-    assert!(svg.contains("<svg"), "{svg}");
-    assert!(svg.contains("render_page"), "{svg}");
+    // A real SVG document whose frames name the workload's hot functions.
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..roxmltree::ParsingOptions::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, opts).expect("the SVG parses as XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let titles: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text())
+        .collect();
+    for f in ["pprof_server::render_page", "pprof_server::parse_request"] {
+        assert!(titles.iter().any(|t| t.starts_with(f)), "{f} in {titles:?}");
+    }
 
     let (status, body) = get(&server.addr, "/debug/pprof/profile?seconds=0");
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));

@@ -5,6 +5,8 @@
 //! (pprof-rs, which the example can also run, is not run here: it may crash or hang, which is
 //! what the comparison measures, not what this suite checks.)
 
+mod example_build;
+
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -19,22 +21,10 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// tests/record_support's `record_target()`: both build examples of this package in the dev
 /// profile, so the dependencies are compiled once for both.
 fn profile_stress() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = root.join("target").join("record-fixtures");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(root)
-        .args(["build", "--quiet", "--example", "profile_stress"])
-        .env("CARGO_TARGET_DIR", &target)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building profile_stress failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    target.join("debug").join("examples").join("profile_stress")
+    example_build::build("record-fixtures", &["--example", "profile_stress"])
+        .join("debug")
+        .join("examples")
+        .join("profile_stress")
 }
 
 /// Runs the example with `args`; returns its exit status and standard output, or fails with

@@ -4,6 +4,7 @@
 //! `uprobe_events` or `instances/`, also when it fails with an error. (Crashes, signals and
 //! SIGKILL: tests/record_signals.rs.)
 
+mod example_build;
 mod record_support;
 // The USDT tests' fixtures: a program that dlopens a cdylib with probes.
 #[path = "usdt_support/mod.rs"]

@@ -5,6 +5,7 @@
 //! cause; an unprivileged user from a checkout they cannot enter. Needs root and tracefs
 //! (skips, or fails under `SELFTRACE_REQUIRE_TRACEFS=1`).
 
+mod example_build;
 mod record_support;
 
 use record_support::*;

@@ -2,6 +2,7 @@
 //! entry and return uprobes by symbol, a raw offset, hits parsed with their values, a child
 //! process followed; everything removed on drop, also while a panic unwinds; clear errors.
 
+mod example_build;
 mod record_support;
 
 use record_support::*;

@@ -2,6 +2,7 @@
 //! gets SIGINT or SIGTERM (sent to it alone, or Ctrl-C in a terminal, which reaches the whole
 //! process group), or it is killed with SIGKILL (then `selftrace clean` removes the rest).
 
+mod example_build;
 mod record_support;
 
 use record_support::*;

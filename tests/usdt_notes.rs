@@ -3,6 +3,7 @@
 //! SystemTap's `sys/sdt.h`; and malformed ELF files (mutation fuzzing) giving errors, never
 //! panics.
 
+mod example_build;
 mod usdt_support;
 
 use object::{Object, ObjectSection};

@@ -4,6 +4,7 @@
 //! Needs root and the tools; each test says why it skips, and fails instead when
 //! `SELFTRACE_REQUIRE_TRACEFS=1`.
 
+mod example_build;
 mod usdt_support;
 
 use std::process::Command;

@@ -3,6 +3,7 @@
 //! in a private instance before the program starts; every hit is recorded with the exact
 //! values, and the program sees its semaphore raised.
 
+mod example_build;
 mod usdt_support;
 
 use selftrace::tracefs::{self, uprobe::UprobeEvent, Instance};

@@ -1,9 +1,11 @@
 //! Shared helpers of the recording tests: skip-or-fail, the fixture program, leftovers.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+// The including test declares `mod example_build;` (tests/example_build/mod.rs).
+use crate::example_build;
+
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
 
 /// Whether root and tracefs with uprobe events are here; otherwise prints why and returns false,
 /// or fails under `SELFTRACE_REQUIRE_TRACEFS=1`.
@@ -23,27 +25,12 @@ pub fn usable(test: &str) -> bool {
     false
 }
 
-static BUILD: Mutex<()> = Mutex::new(());
-
 /// Builds `examples/record_target.rs` in a target directory of its own and returns its path.
 pub fn record_target() -> PathBuf {
-    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = root.join("target").join("record-fixtures");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(root)
-        .args(["build", "--quiet", "--example", "record_target"])
-        .env("CARGO_TARGET_DIR", &target)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building record_target failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    target.join("debug").join("examples").join("record_target")
+    example_build::build("record-fixtures", &["--example", "record_target"])
+        .join("debug")
+        .join("examples")
+        .join("record_target")
 }
 
 /// Events (`GROUP/EVENT`) of the uprobe group `group` (a `Session`'s: `selftrace_<pid>_<n>`;

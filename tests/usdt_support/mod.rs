@@ -2,9 +2,11 @@
 //! deciding whether a test that needs root or a tool runs, and running tools with a timeout.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+// The including test declares `mod example_build;` (tests/example_build/mod.rs).
+use crate::example_build;
+
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The values `examples/usdt_target.rs` passes (keep in sync).
@@ -12,36 +14,20 @@ pub const VALUES_LINE: &str = "-5 65000 -123456 -9000000000 18000000000000000000
 /// The string `usdt_target` passes to `selftrace_test:text`.
 pub const TEXT: &str = "hello usdt";
 
-static BUILD: Mutex<()> = Mutex::new(());
-
 /// Builds `examples/usdt_target.rs` and `examples/usdt_cdylib.rs` with cargo `profile` (`dev`,
 /// `release` or `release-lto`) in a target directory of their own, and returns the directory
 /// holding them.
 pub fn build_fixtures(profile: &str) -> PathBuf {
-    let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = root.join("target").join("usdt-fixtures");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(root)
-        .args([
-            "build",
-            "--quiet",
+    let target = example_build::build(
+        "usdt-fixtures",
+        &[
             "--example",
             "usdt_target",
             "--example",
             "usdt_cdylib",
             "--profile",
             profile,
-        ])
-        .env("CARGO_TARGET_DIR", &target)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building the fixtures failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     let dir = if profile == "dev" { "debug" } else { profile };
     target.join(dir).join("examples")
