@@ -599,44 +599,89 @@ fn fast_fp_frames(
         .map_or((0, 0), |o| fp_text(o, restorer_lo));
     let buf = &mut buf[..limit];
     let mut frames = *n;
+    // One test for "on the stack and aligned": with `stack.start` aligned, `(fp - start)`
+    // rotated right by 3 is at most `span / 8` exactly when fp is aligned and in
+    // [start, start + span] (a misaligned fp rotates its low bits to the top). A zero fp
+    // wraps and fails it too: the exit below tells the cases apart.
+    if !stack.start.is_multiple_of(W) {
+        return Fast::Slow;
+    }
+    let base = stack.start;
+    let max_rotated = span / W;
+    /// Why the inner loop stopped.
+    enum Exit {
+        /// fp is off the stack, misaligned or below sp (or zero).
+        Bounds,
+        /// The return address `ra` (with caller frame pointer `next`) is outside the current
+        /// object's text.
+        Other(usize, usize),
+        /// The buffer is full; the frame of `ra` (caller fp `next`) was not stored.
+        Full(usize, usize),
+    }
     let end = loop {
-        if fp == 0 {
-            break Fast::End;
-        }
-        if !fp.is_multiple_of(W) || fp < sp {
-            break Fast::Stop(StopReason::NoFramePointer);
-        }
-        if fp.wrapping_sub(stack.start) > span {
-            // Another stack (an alternate signal stack, say): the general step reads it.
-            break Fast::Slow;
-        }
-        // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack, between the
-        // walk's stack pointer and the stack's high end.
-        let (next, ra) = unsafe {
-            (
-                core::ptr::read_volatile(fp as *const usize),
-                core::ptr::read_volatile((fp + W) as *const usize),
-            )
+        // The hot loop: nothing but the checks, two loads and a store, so that its state
+        // stays in registers (the rarer cases are handled outside it, then it resumes).
+        let exit = loop {
+            if fp.wrapping_sub(base).rotate_right(W.trailing_zeros()) > max_rotated || fp < sp {
+                break Exit::Bounds;
+            }
+            // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack, between
+            // the walk's stack pointer and the stack's high end.
+            let (next, ra) = unsafe {
+                (
+                    core::ptr::read_volatile(fp as *const usize),
+                    core::ptr::read_volatile((fp + W) as *const usize),
+                )
+            };
+            // A zero return address wraps to the top and fails the range test too.
+            if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
+                break Exit::Other(next, ra);
+            }
+            let Some(slot) = buf.get_mut(frames) else {
+                break Exit::Full(next, ra);
+            };
+            *slot = ra;
+            frames += 1;
+            sp = fp + 2 * W;
+            fp = next;
+            pc = ra;
+        };
+        let (next, ra) = match exit {
+            Exit::Bounds => {
+                break if fp == 0 {
+                    Fast::End
+                } else if !fp.is_multiple_of(W) || fp < sp {
+                    Fast::Stop(StopReason::NoFramePointer)
+                } else {
+                    // Another stack (an alternate signal stack, say): the general step reads it.
+                    Fast::Slow
+                };
+            }
+            Exit::Full(next, ra) => {
+                sp = fp + 2 * W;
+                fp = next;
+                pc = ra;
+                break Fast::Full;
+            }
+            Exit::Other(next, ra) => (next, ra),
         };
         if ra == 0 {
             break Fast::End;
         }
         let mut then_slow = false;
-        if (ra - 1).wrapping_sub(text_start) >= text_len {
-            match fp_other_object(state, loaded, ra) {
-                Other::Code(start, len) => (text_start, text_len) = (start, len),
-                Other::Trampoline => then_slow = true,
-                Other::Stop => break Fast::Stop(StopReason::NoFramePointer),
-                Other::Slow => break Fast::Slow,
-            }
+        match fp_other_object(state, loaded, ra) {
+            Other::Code(start, len) => (text_start, text_len) = (start, len),
+            Other::Trampoline => then_slow = true,
+            Other::Stop => break Fast::Stop(StopReason::NoFramePointer),
+            Other::Slow => break Fast::Slow,
         }
         sp = fp + 2 * W;
         fp = next;
         pc = ra;
-        if frames == buf.len() {
+        let Some(slot) = buf.get_mut(frames) else {
             break Fast::Full;
-        }
-        buf[frames] = ra;
+        };
+        *slot = ra;
         frames += 1;
         if then_slow {
             break Fast::Slow;
