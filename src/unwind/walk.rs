@@ -143,7 +143,7 @@ fn walk_all_cached(
     let mut frames = 1;
     let limit = buf.len().min(MAX_FRAMES);
     let end = match mode {
-        UnwindMode::Dwarf => fast_frames(
+        UnwindMode::Dwarf => fast_frames::<false>(
             state,
             &mut LoadedCheck::default(),
             &mut (0..0),
@@ -152,7 +152,6 @@ fn walk_all_cached(
             buf,
             &mut frames,
             limit,
-            false,
             &mut dropped,
         ),
         UnwindMode::FramePointer => fast_fp_frames(
@@ -286,7 +285,7 @@ impl Job<'_, '_> {
                     &mut out.frames,
                     limit,
                 ),
-                (_, Some(state), _) if !exact => fast_frames(
+                (_, Some(state), _) if !exact && precise => fast_frames::<true>(
                     state,
                     &mut w.loaded,
                     &mut w.current,
@@ -295,7 +294,17 @@ impl Job<'_, '_> {
                     buf,
                     &mut out.frames,
                     limit,
-                    precise,
+                    &mut dropped,
+                ),
+                (_, Some(state), _) if !exact => fast_frames::<false>(
+                    state,
+                    &mut w.loaded,
+                    &mut w.current,
+                    w.mem.stack(),
+                    &mut regs,
+                    buf,
+                    &mut out.frames,
+                    limit,
                     &mut dropped,
                 ),
                 _ => Fast::Slow,
@@ -403,12 +412,12 @@ enum Fast {
 /// on this thread's own stack; writes each caller's pc into `buf`. Anything else goes back to
 /// the general step, which handles it (and the errors) in full.
 ///
-/// Unless `precise`, only rbp is restored from a save slot; a callee-saved register that a
+/// Unless `PRECISE`, only rbp is restored from a save slot; a callee-saved register that a
 /// frame saved becomes unknown (and `dropped` is set), which costs nothing unless a later frame
 /// needs it: then the walk is repeated precisely (see [`Job::run`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
-fn fast_frames(
+fn fast_frames<const PRECISE: bool>(
     state: &DwarfState,
     loaded: &mut LoadedCheck,
     current: &mut core::ops::Range<usize>,
@@ -417,7 +426,6 @@ fn fast_frames(
     buf: &mut [usize],
     n: &mut usize,
     limit: usize,
-    precise: bool,
     dropped: &mut bool,
 ) -> Fast {
     /// The lane of rbp in [`SAVED`].
@@ -464,7 +472,7 @@ fn fast_frames(
     }
     let end = loop {
         let key = rules::key(pc, false);
-        let w = if precise {
+        let w = if PRECISE {
             cache.get_raw(key)
         } else {
             cache.get_head(key).map(|[a, b]| [a, b, 0])
@@ -496,7 +504,7 @@ fn fast_frames(
             cfa.wrapping_add(off as isize as usize)
         };
         let ra;
-        if precise {
+        if PRECISE {
             // Check every save slot before changing any register.
             let mut all = true;
             for i in 0..SAVED.len() {
@@ -534,8 +542,8 @@ fn fast_frames(
             }
             // The registers of the other lanes (rbx: lane 0; r12-r15: lanes 2-5) become
             // unknown.
-            let others = (slots & 1) << dw::RBX | (slots >> 2) << dw::R12;
-            if others != 0 {
+            if slots & !RBP_LANE != 0 {
+                let others = (slots & 1) << dw::RBX | (slots >> 2) << dw::R12;
                 *dropped = true;
                 valid &= !(others as u32);
             }
