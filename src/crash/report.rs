@@ -189,19 +189,7 @@ pub(crate) fn objects(out: Out, frames: &[usize]) {
         }
         seen[n] = s.bias;
         n += 1;
-        out.line(|w| {
-            w.push_bytes(b" ");
-            w.push_str(s.object_name());
-            w.push_bytes(b" ");
-            w.push_str(s.path);
-            if !s.build_id.is_empty() {
-                w.push_bytes(b" build-id ");
-                for b in s.build_id {
-                    let hex = b"0123456789abcdef";
-                    w.push_bytes(&[hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
-                }
-            }
-        });
+        crate::threads::dump::object_line(out, &s);
     }
 }
 

@@ -700,12 +700,18 @@ fn start_locked(b: Builder) -> Result<Running, Error> {
     }
 }
 
-/// Clears the published state, waits for handlers still using it, frees it.
-fn unpublish(shared: *mut Shared) {
+/// Clears the published state and waits for handlers still using it: afterwards no handler
+/// reaches it (signals queued by deleted timers find nothing and do nothing).
+fn quiesce() {
     SHARED.store(core::ptr::null_mut(), Ordering::SeqCst);
     while ACTIVE.load(Ordering::SeqCst) != 0 {
         std::thread::sleep(Duration::from_micros(50));
     }
+}
+
+/// [`quiesce`], then frees the state.
+fn unpublish(shared: *mut Shared) {
+    quiesce();
     // SAFETY: created by Box::into_raw in start_locked; no handler can reach it any more.
     drop(unsafe { Box::from_raw(shared) });
 }
@@ -832,14 +838,9 @@ impl Running {
         if let Some(t) = thread {
             let _ = t.join();
         }
-        // Signals already queued by the deleted timers find the state gone and do nothing.
-        SHARED.store(core::ptr::null_mut(), Ordering::SeqCst);
-        while ACTIVE.load(Ordering::SeqCst) != 0 {
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        quiesce();
         let profile = self.take();
-        // SAFETY: unpublished above, and no handler uses it any more.
-        drop(unsafe { Box::from_raw(self.inner.shared as *mut Shared) });
+        unpublish(self.inner.shared as *mut Shared);
         RUNNING.store(false, Ordering::Release);
         profile
     }

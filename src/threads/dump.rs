@@ -104,21 +104,26 @@ impl Objects {
             let Some(s) = symbolize::symbolize(addr) else {
                 continue;
             };
-            out.line(|w| {
-                w.push_bytes(b" ");
-                w.push_str(s.object_name());
-                w.push_bytes(b" ");
-                w.push_str(s.path);
-                if !s.build_id.is_empty() {
-                    w.push_bytes(b" build-id ");
-                    for b in s.build_id {
-                        let hex = b"0123456789abcdef";
-                        w.push_bytes(&[hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
-                    }
-                }
-            });
+            object_line(out, &s);
         }
     }
+}
+
+/// One line of a report's `Objects:` list: ` name path build-id hex`.
+pub(crate) fn object_line(out: Out, s: &symbolize::Symbol) {
+    out.line(|w| {
+        w.push_bytes(b" ");
+        w.push_str(s.object_name());
+        w.push_bytes(b" ");
+        w.push_str(s.path);
+        if !s.build_id.is_empty() {
+            w.push_bytes(b" build-id ");
+            for &b in s.build_id {
+                let hex = b"0123456789abcdef";
+                w.push_bytes(&[hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
+            }
+        }
+    });
 }
 
 /// `thread "worker" tid 4243, state S (sleeping), cpu 0.001s`

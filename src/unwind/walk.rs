@@ -285,18 +285,11 @@ impl Job<'_, '_> {
                     &mut out.frames,
                     limit,
                 ),
-                (_, Some(state), _) if !exact && precise => fast_frames::<true>(
-                    state,
-                    &mut w.loaded,
-                    &mut w.current,
-                    w.mem.stack(),
-                    &mut regs,
-                    buf,
-                    &mut out.frames,
-                    limit,
-                    &mut dropped,
-                ),
-                (_, Some(state), _) if !exact => fast_frames::<false>(
+                (_, Some(state), _) if !exact => (if precise {
+                    fast_frames::<true>
+                } else {
+                    fast_frames::<false>
+                })(
                     state,
                     &mut w.loaded,
                     &mut w.current,
