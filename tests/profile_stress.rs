@@ -7,11 +7,12 @@
 
 mod example_build;
 
+mod child_support;
+
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the child may take (4 s of stress, the profile's symbolization, a loaded machine)
 /// before it counts as hung.
@@ -30,47 +31,14 @@ fn profile_stress() -> PathBuf {
 /// Runs the example with `args`; returns its exit status and standard output, or fails with
 /// "hang" after [`DEADLINE`] (killing it first).
 fn run(exe: &Path, args: &[&str]) -> (std::process::ExitStatus, String, String) {
-    let mut child = Command::new(exe)
+    let child = Command::new(exe)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start profile_stress");
-    // Read both pipes on threads so that a full pipe cannot stall the child.
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut stderr = child.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let began = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for profile_stress") {
-            break status;
-        }
-        if began.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "hang: profile_stress {args:?} did not exit within {DEADLINE:?} (killed it)\n\
-                 stderr so far:\n{}",
-                err.join().unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    (
-        status,
-        out.join().unwrap_or_default(),
-        err.join().unwrap_or_default(),
-    )
+    child_support::wait_with_deadline(child, DEADLINE, &format!("profile_stress {args:?}"))
 }
 
 /// The `key=value` fields of the `RESULT` line.

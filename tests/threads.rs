@@ -7,6 +7,8 @@ mod counting;
 #[path = "support/spinner.rs"]
 mod spinner;
 
+mod child_support;
+
 use selftrace::threads;
 use std::hint::black_box;
 use std::io::Read;
@@ -14,7 +16,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[global_allocator]
 static GLOBAL: counting::Counting = counting::Counting;
@@ -513,7 +515,7 @@ struct Outcome {
 /// Runs scenario `name` in a child; kills it after 120 s (a hang is a failure, not a stuck
 /// test run).
 fn run(name: &str) -> Outcome {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("THREADS_SCENARIO", name)
         .env("RUST_BACKTRACE", "0")
@@ -521,37 +523,14 @@ fn run(name: &str) -> Outcome {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run child");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "scenario {name} hung; stdout:\n{}\nstderr:\n{}",
-                o.join().unwrap(),
-                e.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (status, stdout, stderr) = child_support::wait_with_deadline(
+        child,
+        Duration::from_secs(120),
+        &format!("scenario {name}"),
+    );
     Outcome {
-        stdout: o.join().unwrap(),
-        stderr: e.join().unwrap(),
+        stdout,
+        stderr,
         code: status.code(),
         signal: status.signal(),
     }

@@ -2,9 +2,10 @@
 //! per stall with the stalled function on its stack, busy versus blocked, the recovery line,
 //! the trace marker instant, the callback and the abort action.
 
+mod child_support;
+
 use selftrace::watchdog::{self, Action};
 use std::hint::black_box;
-use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -168,32 +169,13 @@ fn run(name: &str) -> Outcome {
     if let Some(i) = &instance {
         cmd.env("MARKER_FILE", i.marker_path());
     }
-    let mut child = cmd.spawn().expect("run child");
+    let child = cmd.spawn().expect("run child");
     let pid = child.id();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("scenario {name} hung:\n{}", e.join().unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (status, stdout, stderr) = child_support::wait_with_deadline(
+        child,
+        Duration::from_secs(120),
+        &format!("scenario {name}"),
+    );
     let markers = instance.map(|i| {
         i.read_markers()
             .expect("read the instance's markers")
@@ -203,8 +185,8 @@ fn run(name: &str) -> Outcome {
             .collect::<String>()
     });
     Outcome {
-        stdout: o.join().unwrap(),
-        stderr: e.join().unwrap(),
+        stdout,
+        stderr,
         markers,
         code: status.code(),
         signal: status.signal(),
