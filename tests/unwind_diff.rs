@@ -620,6 +620,7 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
     }
 
     let libs = &libs;
+    let reused_before = selftrace::unwind::stats().frames_reused;
     let (phases, lazy_checks, lazy_handles) = std::thread::scope(|s| {
         s.spawn(move || worker(libs))
             .join()
@@ -785,6 +786,15 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
     }
     if total_ok * 1000 < total * 999 {
         failures.push(format!("overall: {total_ok} of {total} samples agree"));
+    }
+    // The samples of one thread share their outer frames: most walks take them from the
+    // thread's previous walk (`set_walk_reuse`), so the agreement above covers that path too.
+    let reused = selftrace::unwind::stats().frames_reused - reused_before;
+    eprintln!("frames taken from the thread's previous walk: {reused}");
+    if reused < total as u64 {
+        failures.push(format!(
+            "only {reused} frames reused in {total} samples: the reuse path is not exercised"
+        ));
     }
     if !details.is_empty() {
         eprintln!("\nfirst disagreements:\n{details}");

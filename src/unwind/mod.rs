@@ -20,6 +20,10 @@
 //! an add and a few checked loads. Rules that do not compile (expressions, register-to-register
 //! rules, caller-saved registers) are evaluated in full each time, with a bounded evaluator.
 //!
+//! A thread's walk also reuses the outer frames of its previous walk once it reaches one of
+//! them, after checking that the stack still holds every word those frames were read from
+//! ([`set_walk_reuse`]): a profiler's samples and repeated captures share most of their stack.
+//!
 //! # Never silently wrong
 //! The frame-pointer rule is used only for pcs that no CFI covers (in DWARF mode), and its
 //! result is accepted only when the return address lies in code of a loaded object. When a pc
@@ -53,6 +57,7 @@ mod dwarf;
 mod mem;
 mod regs;
 mod rules;
+mod tail;
 mod walk;
 
 pub use regs::Regs;
@@ -99,7 +104,8 @@ impl Walk {
 }
 
 /// Counters of the unwinder since the process started, for tests and tuning. Each is a relaxed
-/// atomic, bumped only on the slow paths (never by a walk that the rule cache serves).
+/// atomic; `frames_reused` is bumped by walks that reuse frames, the others only on the slow
+/// paths (never by a walk that the rule cache serves).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindStats {
     /// Windows of memory copied with `process_vm_readv` (reads off the walking thread's own
@@ -109,6 +115,9 @@ pub struct UnwindStats {
     pub rules_derived: u64,
     /// Walks repeated precisely because a frame needed a register the fast path had dropped.
     pub precise_walks: u64,
+    /// Frames taken from the thread's previous walk, their stack words checked unchanged,
+    /// instead of stepped (see [`set_walk_reuse`]).
+    pub frames_reused: u64,
 }
 
 pub(crate) mod counters {
@@ -125,6 +134,7 @@ pub fn stats() -> UnwindStats {
         copies: COPIES.load(Ordering::Relaxed),
         rules_derived: DERIVED.load(Ordering::Relaxed),
         precise_walks: PRECISE.load(Ordering::Relaxed),
+        frames_reused: tail::reused(),
     }
 }
 
@@ -272,6 +282,18 @@ pub fn set_auto_refresh(enabled: bool) {
     AUTO_REFRESH.store(enabled, Ordering::Relaxed);
 }
 
+/// Enables or disables the reuse of a thread's previous walk (enabled by default).
+///
+/// A DWARF walk that reaches a frame of the same thread's previous complete walk (same pc,
+/// stack pointer and rbp) checks that the stack still holds every word the previous walk read
+/// above it (each return address and saved rbp) and then takes those frames instead of
+/// stepping them again: a profiler's samples and repeated captures share their outer frames.
+/// The result is always the one a full walk gives; the first word that differs ends the reuse
+/// and the walk steps on from there. Turning it off is for measuring the walk itself.
+pub fn set_walk_reuse(enabled: bool) {
+    tail::set_enabled(enabled);
+}
+
 thread_local! {
     static IN_REFRESH: Cell<bool> = const { Cell::new(false) };
 }
@@ -359,7 +381,7 @@ pub unsafe fn capture_walk_from_ucontext(uc: *const libc::ucontext_t, buf: &mut 
     let Some(r) = r else {
         return none;
     };
-    let o = walk::walk(walk::Start::Exact(r), buf, UnwindMode::Dwarf, true);
+    let o = walk::walk(&walk::Start::Exact(r), buf, UnwindMode::Dwarf, true);
     Walk {
         frames: o.frames,
         end: o.end,
@@ -377,7 +399,7 @@ pub fn capture_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> usi
 /// Like [`capture_from_regs`], and says how the walk ended. Async-signal-safe.
 pub fn capture_walk_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> Walk {
     let o = walk::walk(
-        walk::Start::Exact(regs::RegSet::from_regs(regs)),
+        &walk::Start::Exact(regs::RegSet::from_regs(regs)),
         buf,
         mode,
         false,
@@ -391,7 +413,7 @@ pub fn capture_walk_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -
 /// Runs a walk for the capture entry points, then, in proven normal context, refreshes and
 /// walks again when the walk met an object loaded after the snapshot.
 #[inline(never)]
-fn finish(start: Start, buf: &mut [usize], mode: UnwindMode) -> walk::Outcome {
+fn finish(start: &Start, buf: &mut [usize], mode: UnwindMode) -> walk::Outcome {
     let out = walk::walk(start, buf, mode, true);
     let complete = out.end == WalkEnd::Complete;
     if !out.initialized || out.signal_frames != 0 || !AUTO_REFRESH.load(Ordering::Relaxed) {

@@ -94,6 +94,20 @@ impl RegSet {
         s
     }
 
+    /// A copy with only the registers a call preserves and the pc (what a walk from a return
+    /// address can know); cheaper than copying the whole set.
+    #[inline(always)]
+    pub(crate) fn callee_saved(&self) -> RegSet {
+        let mut s = RegSet {
+            v: [0; dw::COUNT],
+            valid: self.valid & (dw::CALLEE_SAVED | 1 << dw::RA),
+        };
+        for r in [dw::RBX, dw::RBP, dw::RSP, 12, 13, 14, 15, dw::RA] {
+            s.v[r as usize] = self.v[r as usize];
+        }
+        s
+    }
+
     /// The register's value if known.
     #[inline]
     pub(crate) fn get(&self, r: u16) -> Option<usize> {

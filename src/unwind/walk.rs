@@ -20,6 +20,7 @@ use super::dwarf::{self, DwarfState, Scratch, SlotGuard};
 use super::mem::CheckedMemory;
 use super::regs::{self, dw, EntryRegs, RegSet};
 use super::rules::{self, Kind, Rule, SAME, SAVED, UNDEF};
+use super::tail;
 use super::{StopReason, UnwindMode, WalkEnd};
 use crate::sys;
 
@@ -76,7 +77,7 @@ impl Start {
 /// which may be a small alternate signal stack).
 const SMALL_WINDOW: usize = 32;
 
-pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode, trusted: bool) -> Outcome {
+pub(crate) fn walk(start: &Start, buf: &mut [usize], mode: UnwindMode, trusted: bool) -> Outcome {
     if buf.is_empty() {
         return Outcome::default();
     }
@@ -124,17 +125,19 @@ pub(crate) fn walk(start: Start, buf: &mut [usize], mode: UnwindMode, trusted: b
 #[inline]
 fn walk_all_cached(
     state: &DwarfState,
-    start: Start,
+    start: &Start,
     buf: &mut [usize],
     mode: UnwindMode,
     trusted: bool,
 ) -> Cached {
-    let Start::Return(mut regs) = start else {
+    let Start::Return(entry) = start else {
         return Cached::No;
     };
     if !trusted {
         return Cached::No;
     }
+    // A return address's frame knows the callee-saved registers only.
+    let mut regs = entry.callee_saved();
     let Some((_, high)) = sys::own_stack_above(regs.sp()) else {
         return Cached::No;
     };
@@ -188,7 +191,7 @@ enum Cached {
 
 /// Everything one walk needs, passed through [`sys::call_on_stack`].
 struct Job<'a, 'b> {
-    start: Start,
+    start: &'a Start,
     /// Where the slot-free attempt stopped: its registers, frames written, and whether it
     /// dropped registers.
     resume: Option<(RegSet, usize, bool)>,
@@ -236,7 +239,7 @@ impl Job<'_, '_> {
     /// One walk; returns true when it stopped for an unknown register that the optimistic
     /// fast path had dropped (a precise walk would know it).
     fn run_once(&mut self, precise: bool) -> bool {
-        let (mut regs, mut exact) = match self.start {
+        let (mut regs, mut exact) = match *self.start {
             Start::Exact(r) => (r, true),
             Start::Return(r) => (r, false),
         };
@@ -463,7 +466,92 @@ fn fast_frames<const PRECISE: bool>(
             _ => return Fast::Slow,
         }
     }
+    // The record of this thread's previous walk (see `tail`): not in the precise walk, which
+    // is rare and tracks registers a record does not hold.
+    let mut claim = if PRECISE {
+        None
+    } else {
+        tail::Claim::take(stack.end, state.generation)
+    };
+    let (record, mut stage) = match claim.as_mut() {
+        Some(c) => {
+            let (r, s) = c.parts();
+            (r, Some(s))
+        }
+        None => (&[][..], None),
+    };
+    // One past the record frame to compare next (record frames lie outermost first, so their
+    // sp falls as the index grows), and that frame's sp: the walk compares nothing before its
+    // sp reaches it.
+    let mut cursor = record.len();
+    let record_len = record.len();
+    let mut next_sp = record.last().map_or(usize::MAX, |f| f.sp);
+    // Frames of this loop staged for the next record, and the first that may be recorded.
+    let mut staged = 0usize;
+    let mut floor = 0usize;
+    // Where the walk joined the record: the index of the record frame it reached.
+    let mut joined = None;
+    let mut reused = 0;
     let end = loop {
+        if sp >= next_sp {
+            if let Some((r, at, how)) = join(
+                record,
+                &mut cursor,
+                pc,
+                sp,
+                bp,
+                valid,
+                &ok,
+                buf,
+                &mut frames,
+            ) {
+                reused += r - at;
+                match how {
+                    Replayed::End => {
+                        joined = Some(r);
+                        break Fast::End;
+                    }
+                    Replayed::Full => break Fast::Full,
+                    Replayed::Differs => {
+                        // Go on from the record frame whose words changed, with the walk's
+                        // state there: its pc and sp are the record's; rbp is the one the
+                        // last replayed step restored, or the walk's own if none did (the
+                        // record's may differ where no step depended on it). The registers
+                        // a frame saved become unknown, as in a step below. The frames taken
+                        // from the record are staged as if stepped, with their true rbp.
+                        let mut bp_valid = valid & (1 << BP) != 0;
+                        for i in (at + 1..=r).rev() {
+                            let e = &record[i];
+                            if let Some(st) = stage.as_deref_mut() {
+                                st[staged & (tail::CAP - 1)] = tail::Frame {
+                                    bp,
+                                    rbp_at: (e.rbp_at & !tail::FLAGS)
+                                        | (e.rbp_at & tail::BP_BASE)
+                                        | (bp_valid as usize * tail::BP_VALID),
+                                    ..*e
+                                };
+                                staged += 1;
+                            }
+                            if e.rbp_at & !tail::FLAGS != 0 {
+                                bp = record[i - 1].bp;
+                                bp_valid = true;
+                            }
+                        }
+                        (pc, sp) = (record[at].pc, record[at].sp);
+                        if bp_valid {
+                            valid |= 1 << BP;
+                        }
+                        let callee_saved = (1 << dw::RBX) | (0xf << dw::R12);
+                        if valid & callee_saved != 0 {
+                            valid &= !callee_saved;
+                            *dropped = true;
+                        }
+                        cursor = 0;
+                    }
+                }
+            }
+            next_sp = cursor.checked_sub(1).map_or(usize::MAX, |i| record[i].sp);
+        }
         let key = rules::key(pc, false);
         let w = if PRECISE {
             cache.get_raw(key)
@@ -475,6 +563,16 @@ fn fast_frames<const PRECISE: bool>(
         };
         if w[0] & rules::FAST_MASK != Kind::Cfi as u64 {
             if w[0] & 0xf == Kind::End as u64 {
+                if let Some(st) = stage.as_deref_mut() {
+                    st[staged & (tail::CAP - 1)] = tail::Frame {
+                        pc,
+                        sp,
+                        bp,
+                        ra_at: 0,
+                        rbp_at: (valid >> BP) as usize & tail::BP_VALID,
+                    };
+                    staged += 1;
+                }
                 break Fast::End;
             }
             break Fast::Slow;
@@ -484,7 +582,12 @@ fn fast_frames<const PRECISE: bool>(
             SP => sp,
             _ if valid & (1 << reg) == 0 => break Fast::Slow,
             BP => bp,
-            _ => v[reg],
+            _ => {
+                // A step that depends on a register a record does not hold: this frame and
+                // the ones below it are not recorded.
+                floor = staged + 1;
+                v[reg]
+            }
         };
         let cfa = base.wrapping_add(rules::packed_cfa_off(w[0]) as isize as usize);
         let ra_at = cfa.wrapping_add(rules::packed_ra_off(w[0]) as isize as usize);
@@ -529,6 +632,18 @@ fn fast_frames<const PRECISE: bool>(
             if ra == 0 || !trusted_code(state, loaded, &mut start, &mut code, current, ra) {
                 break Fast::Slow;
             }
+            if let Some(st) = stage.as_deref_mut() {
+                st[staged & (tail::CAP - 1)] = tail::Frame {
+                    pc,
+                    sp,
+                    bp,
+                    ra_at,
+                    rbp_at: (if slots & RBP_LANE != 0 { rbp_at } else { 0 })
+                        | ((valid >> BP) as usize & tail::BP_VALID)
+                        | ((reg == BP) as usize * tail::BP_BASE),
+                };
+                staged += 1;
+            }
             if slots & RBP_LANE != 0 {
                 bp = load(rbp_at);
                 valid |= 1 << dw::RBP;
@@ -550,12 +665,120 @@ fn fast_frames<const PRECISE: bool>(
         buf[frames] = ra;
         frames += 1;
     };
+    if reused != 0 {
+        if let Some(c) = claim.as_mut() {
+            c.count(reused);
+        }
+    }
+    if let (Fast::End, Some(c)) = (&end, claim.as_mut()) {
+        // A complete walk becomes the thread's record: the frames of this loop above the last
+        // one that may not be recorded (a pc in an object that can be unloaded), on top of
+        // the record frames it joined.
+        let keep = joined.map_or(0, |r| r + 1);
+        let (_, st) = c.parts();
+        let mut hint = loaded.last;
+        for f in (floor..staged).rev() {
+            let at = st[f & (tail::CAP - 1)].pc.wrapping_sub(1);
+            match state.find_near(at, hint) {
+                Some(i) if state.objects[i].permanent => hint = i,
+                _ => {
+                    floor = f + 1;
+                    break;
+                }
+            }
+        }
+        // (Unchanged when the walk joined the innermost recorded frame and stepped none.)
+        if floor < staged || keep != record_len {
+            c.commit(keep, floor, staged);
+        }
+    }
     v[PC] = pc;
     v[SP] = sp;
     v[BP] = bp;
     regs.valid = valid;
     *n = frames;
     end
+}
+
+/// Moves `cursor` (one past the record frame to compare next) past the record frames below
+/// sp; if the next one is the walk's frame (pc, sp, and rbp and whether rbp is known where a
+/// step above depends on it), takes the
+/// frames above it from the record (see [`replay`]): returns the record frame joined, the one
+/// reached, and how the replay stopped.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn join(
+    record: &[tail::Frame],
+    cursor: &mut usize,
+    pc: usize,
+    sp: usize,
+    bp: usize,
+    valid: u32,
+    ok: &impl Fn(usize) -> bool,
+    buf: &mut [usize],
+    frames: &mut usize,
+) -> Option<(usize, usize, Replayed)> {
+    while *cursor != 0 && record[*cursor - 1].sp < sp {
+        *cursor -= 1;
+    }
+    let r = cursor.checked_sub(1)?;
+    let e = &record[r];
+    let bp_valid = valid & (1 << dw::RBP) != 0;
+    // rbp must be the recorded one only where a step above depends on it (see `tail`).
+    let bp_same = e.rbp_at & tail::BP_NEEDED == 0
+        || (e.bp == bp && (e.rbp_at & tail::BP_VALID != 0) == bp_valid);
+    if e.sp != sp || e.pc != pc || !bp_same {
+        return None;
+    }
+    let (at, how) = replay(record, r, ok, buf, frames);
+    Some((r, at, how))
+}
+
+/// How [`replay`] stopped.
+enum Replayed {
+    /// At the record's outermost frame: the walk is complete.
+    End,
+    /// The buffer is full.
+    Full,
+    /// The words the step of the frame reached were not those recorded.
+    Differs,
+}
+
+/// Takes the frames above record frame `r` (the walk's current frame, `buf[frames - 1]`)
+/// from the record while the stack still holds the words their steps read, each read allowed
+/// by `ok`; writes their pcs into `buf`. Returns the index of the record frame reached.
+#[inline(always)]
+fn replay(
+    record: &[tail::Frame],
+    r: usize,
+    ok: &impl Fn(usize) -> bool,
+    buf: &mut [usize],
+    frames: &mut usize,
+) -> (usize, Replayed) {
+    let mut i = r;
+    loop {
+        if i == 0 {
+            return (0, Replayed::End);
+        }
+        let (e, caller) = (&record[i], &record[i - 1]);
+        let rbp_at = e.rbp_at & !tail::FLAGS;
+        // SAFETY: each address passed `ok`: aligned, on this thread's own live stack between
+        // the walk's stack pointer and the stack's high end.
+        let same = ok(e.ra_at)
+            && unsafe { core::ptr::read_volatile(e.ra_at as *const usize) } == caller.pc
+            && (rbp_at == 0
+                || ok(rbp_at)
+                    && unsafe { core::ptr::read_volatile(rbp_at as *const usize) } == caller.bp);
+        if !same {
+            return (i, Replayed::Differs);
+        }
+        if *frames == buf.len() {
+            return (i, Replayed::Full);
+        }
+        buf[*frames] = caller.pc;
+        *frames += 1;
+        i -= 1;
+    }
 }
 
 /// The hot loop of frame-pointer mode: follows the chain while every frame record lies on
@@ -1140,7 +1363,7 @@ pub(crate) extern "C" fn capture_inner(
     // SAFETY: the naked entry passes a pointer to the EntryRegs it filled on its stack.
     let regs = unsafe { &*regs };
     let o = super::finish(
-        Start::Return(regs.to_set()),
+        &Start::Return(regs.to_set()),
         buf,
         UnwindMode::from_raw(mode),
     );

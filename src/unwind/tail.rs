@@ -1,0 +1,224 @@
+//! Reuse of a thread's previous walk: the part of the stack that did not change since.
+//!
+//! Two captures from the same thread usually share their outer frames (`main`, the runtime,
+//! the event loop): a profiler's samples, or a program that captures from the same place again.
+//! A walk is a pure function of the frame it starts from (pc, sp and rbp, in the hot loop) and of
+//! the stack words it reads (each frame's return address, and its saved rbp when the rule
+//! restores it), given the rules of the pcs, which depend only on the pcs in objects that are
+//! never unloaded. So each thread keeps a record of its last complete walk: per frame, the pc,
+//! sp and rbp it started from and the addresses of the words its step read. When a new walk
+//! reaches a frame of the record (same pc, sp, rbp and rbp validity), it checks the recorded
+//! words against the stack instead of stepping: every return address and saved rbp still there,
+//! each read still allowed. Independent loads and compares, without the rule lookups and the
+//! dependent chain of a walk. The first word that differs ends the reuse and the walk goes on
+//! from that frame (the record's state there is the walk's, proven word by word): the result is
+//! always the one a full walk gives, never a guess.
+//!
+//! Only frames whose rule is based on sp or rbp, and whose pcs lie in objects that are never
+//! unloaded, are recorded; records belong to a state generation (a `dlopen` clears them).
+//! Records are kept per thread stack (its high end) in a fixed table of static memory, claimed
+//! with one compare-and-swap per walk, so nested walks (a signal handler's) and other threads
+//! that hash to the same record walk without it. Nothing allocates.
+
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// Frames one record holds (a power of two): the outermost ones of a deeper stack.
+pub(crate) const CAP: usize = 128;
+/// Records in the table (threads whose walks are remembered at the same time).
+const RECORDS: usize = 64;
+/// The claimed bit of a record's owner word (stack high ends are page-aligned).
+const BUSY: usize = 1;
+
+/// Bit 0 of [`Frame::rbp_at`]: rbp was known at this frame.
+pub(crate) const BP_VALID: usize = 1;
+/// Bit 1 of [`Frame::rbp_at`]: the frame's step computed the CFA from rbp.
+pub(crate) const BP_BASE: usize = 2;
+/// Bit 2 of [`Frame::rbp_at`]: a step from this frame outwards depends on the rbp this frame
+/// starts with (it uses rbp as its CFA base before any step restores rbp from the stack), so a
+/// walk joins this frame only with the same rbp.
+pub(crate) const BP_NEEDED: usize = 4;
+/// The flag bits of [`Frame::rbp_at`] (addresses read are 8-byte aligned).
+pub(crate) const FLAGS: usize = 7;
+
+/// One frame of a walk: where it started and what its step read.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Frame {
+    pub(crate) pc: usize,
+    pub(crate) sp: usize,
+    pub(crate) bp: usize,
+    /// The address the return address was read from (0 for the outermost frame).
+    pub(crate) ra_at: usize,
+    /// The address the saved rbp was read from (0: the rule keeps rbp), or-ed with
+    /// [`BP_VALID`], [`BP_BASE`] and [`BP_NEEDED`].
+    pub(crate) rbp_at: usize,
+}
+
+struct Data {
+    generation: u64,
+    /// Frames in `frames`, outermost first: `frames[len - 1]` is the innermost.
+    len: usize,
+    frames: [Frame; CAP],
+    /// The frames of the walk in progress, innermost first, by index modulo [`CAP`].
+    stage: [Frame; CAP],
+}
+
+struct Record {
+    /// The stack high end of the thread whose walk is recorded (0: none), or-ed with [`BUSY`]
+    /// while a walk holds the record.
+    owner: AtomicUsize,
+    /// Frames taken from the record instead of stepped, over the record's life.
+    reused: AtomicU64,
+    data: UnsafeCell<Data>,
+}
+
+// SAFETY: `data` is touched only by the walk that set BUSY in `owner` with a CAS.
+unsafe impl Sync for Record {}
+
+const EMPTY: Frame = Frame {
+    pc: 0,
+    sp: 0,
+    bp: 0,
+    ra_at: 0,
+    rbp_at: 0,
+};
+
+static TABLE: [Record; RECORDS] = [const {
+    Record {
+        owner: AtomicUsize::new(0),
+        reused: AtomicU64::new(0),
+        data: UnsafeCell::new(Data {
+            generation: 0,
+            len: 0,
+            frames: [EMPTY; CAP],
+            stage: [EMPTY; CAP],
+        }),
+    }
+}; RECORDS];
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// See [`super::set_walk_reuse`].
+pub(crate) fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Frames taken from records instead of stepped, since the process started.
+pub(crate) fn reused() -> u64 {
+    TABLE.iter().map(|r| r.reused.load(Ordering::Relaxed)).sum()
+}
+
+/// A record held by one walk; released on drop.
+pub(crate) struct Claim {
+    rec: &'static Record,
+    high: usize,
+    /// The record is this thread's and of the current generation (else it is empty to us).
+    valid: bool,
+}
+
+impl Claim {
+    /// Claims the record of the thread whose stack ends at `high`, for a walk with the state of
+    /// `generation`: this thread's own record if it has one, else a free one it may fill.
+    /// `None` when reuse is off or every candidate is held. Async-signal-safe, lock-free.
+    #[inline]
+    pub(crate) fn take(high: usize, generation: u64) -> Option<Claim> {
+        if high == 0 || high & BUSY != 0 || !ENABLED.load(Ordering::Relaxed) {
+            return None;
+        }
+        let h = (high >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15_u64 as usize) >> 58;
+        let first = &TABLE[h % RECORDS];
+        let second = &TABLE[(h + 1) % RECORDS];
+        let (a, b) = (
+            first.owner.load(Ordering::Relaxed),
+            second.owner.load(Ordering::Relaxed),
+        );
+        // This thread's record first, then an empty one, then one not held (evicted).
+        let (rec, expect) = if a == high {
+            (first, a)
+        } else if b == high {
+            (second, b)
+        } else if a == 0 || (a & BUSY == 0 && b != 0) {
+            (first, a)
+        } else if b & BUSY == 0 {
+            (second, b)
+        } else {
+            return None;
+        };
+        rec.owner
+            .compare_exchange(expect, high | BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        Some(Claim::new(rec, high, expect == high, generation))
+    }
+
+    fn new(rec: &'static Record, high: usize, mine: bool, generation: u64) -> Claim {
+        let mut c = Claim {
+            rec,
+            high,
+            valid: false,
+        };
+        let d = c.data();
+        let valid = mine && d.generation == generation && d.len <= CAP;
+        if !valid {
+            d.len = 0;
+            d.generation = generation;
+        }
+        c.valid = valid;
+        c
+    }
+
+    #[inline(always)]
+    fn data(&mut self) -> &mut Data {
+        // SAFETY: we set BUSY in the record's owner with a CAS and clear it only on drop, so no
+        // other walk touches `data` while this claim lives.
+        unsafe { &mut *self.rec.data.get() }
+    }
+
+    /// The recorded frames (outermost first) and the stage: the frames of the walk in
+    /// progress, innermost first, by index modulo [`CAP`].
+    #[inline(always)]
+    pub(crate) fn parts(&mut self) -> (&[Frame], &mut [Frame; CAP]) {
+        let valid = self.valid;
+        let d = self.data();
+        let len = if valid { d.len.min(CAP) } else { 0 };
+        (&d.frames[..len], &mut d.stage)
+    }
+
+    /// Replaces the record with a complete walk: the recorded frames `keep` (the outermost
+    /// ones of the old record, whose words the walk just checked) below the staged frames
+    /// `from..to` (innermost first) of this walk. Frames beyond [`CAP`] are left out
+    /// innermost first.
+    pub(crate) fn commit(&mut self, keep: usize, from: usize, to: usize) {
+        let d = self.data();
+        let keep = keep.min(d.len).min(CAP);
+        let room = CAP - keep;
+        let from = from
+            .max(to.saturating_sub(room))
+            .max(to.saturating_sub(CAP));
+        let mut at = keep;
+        // Whether the frame outside the next one depends on its rbp.
+        let mut needed = keep
+            .checked_sub(1)
+            .is_some_and(|i| d.frames[i].rbp_at & BP_NEEDED != 0);
+        for f in (from..to).rev() {
+            let mut e = d.stage[f & (CAP - 1)];
+            needed = e.rbp_at & BP_BASE != 0 || (e.rbp_at & !FLAGS == 0 && needed);
+            e.rbp_at = (e.rbp_at & !BP_NEEDED) | (needed as usize * BP_NEEDED);
+            d.frames[at] = e;
+            at += 1;
+        }
+        d.len = at;
+    }
+
+    /// Counts `n` frames taken from the record.
+    pub(crate) fn count(&mut self, n: usize) {
+        // Only the holder of the claim writes the counter: a plain add is exact.
+        let r = &self.rec.reused;
+        r.store(r.load(Ordering::Relaxed) + n as u64, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.rec.owner.store(self.high, Ordering::Release);
+    }
+}

@@ -1,0 +1,298 @@
+//! Reuse of a thread's previous walk (`selftrace::unwind::set_walk_reuse`): a capture that
+//! reaches a frame of the previous one takes the frames above it only while the stack still
+//! holds the words they were read from. Every capture here is checked against the functions
+//! that are really on the stack, and against a walk without reuse.
+
+#[path = "support/oracle.rs"]
+mod oracle;
+
+use oracle::{leaf, Oracle};
+use selftrace::unwind::{self, set_walk_reuse};
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::{Mutex, OnceLock};
+
+fn oracle() -> &'static Oracle {
+    static O: OnceLock<Oracle> = OnceLock::new();
+    O.get_or_init(|| {
+        selftrace::init().expect("init");
+        Oracle::load()
+    })
+}
+
+/// Tests that turn reuse off take this, so they do not see each other's setting.
+static SETTING: Mutex<()> = Mutex::new(());
+
+fn reused() -> u64 {
+    unwind::stats().frames_reused
+}
+
+#[inline(never)]
+fn capture_vec() -> Vec<usize> {
+    let mut buf = [0usize; 256];
+    let w = selftrace::capture_walk(&mut buf);
+    assert!(w.is_complete(), "{w:?}");
+    buf[..w.frames].to_vec()
+}
+
+/// The captures of `f`, with reuse on and then off (the walk in full), which must agree.
+fn both(f: &mut dyn FnMut() -> Vec<usize>) -> Vec<usize> {
+    let _g = SETTING.lock().unwrap_or_else(|p| p.into_inner());
+    // One call site for both walks, so that they see the same stack.
+    let mut walks = Vec::new();
+    for i in 0..black_box(3) {
+        set_walk_reuse(i != 1);
+        walks.push(f());
+    }
+    assert_eq!(
+        walks[0], walks[1],
+        "a walk with reuse differs from the full walk"
+    );
+    assert_eq!(
+        walks[1], walks[2],
+        "a walk with reuse differs from the full walk"
+    );
+    walks.swap_remove(0)
+}
+
+// ---- the same stack again --------------------------------------------------------------------
+
+#[inline(never)]
+fn deep(n: usize, f: &mut dyn FnMut()) {
+    if n == 0 {
+        f();
+    } else {
+        deep(n - 1, f);
+    }
+    black_box(n);
+}
+
+#[test]
+fn repeated_captures_take_the_outer_frames_from_the_previous_walk() {
+    let o = oracle();
+    let mut walks = Vec::new();
+    let mut counts = Vec::new();
+    deep(20, &mut || {
+        // One call site for the three captures (a loop the compiler may not unroll).
+        for _ in 0..black_box(3) {
+            let before = reused();
+            walks.push(black_box(capture_vec as fn() -> Vec<usize>)());
+            counts.push(reused() - before);
+        }
+    });
+    assert_eq!(walks[0], walks[1]);
+    assert_eq!(walks[1], walks[2]);
+    let names = o.names(&walks[2], false);
+    let deeps = names.iter().filter(|n| leaf(n) == "deep").count();
+    assert_eq!(deeps, 21, "{names:#?}");
+    // The third capture joined the second at the first `deep` frame at the latest (below it,
+    // rbp is a general register that may hold another value, and a walk cannot join a frame
+    // whose rbp differs) and took every frame above it (other tests' walks may add to the
+    // process-wide counter, never take from it).
+    assert!(
+        counts[2] >= (walks[2].len() - 1 - deeps_at(&names)) as u64,
+        "reused {counts:?} of {} frames",
+        walks[2].len()
+    );
+    let mut again = Vec::new();
+    deep(20, &mut || again = both(&mut capture_vec));
+    let again = o.names(&again, false);
+    assert_eq!(again[deeps_at(&again)..], names[deeps_at(&names)..]);
+}
+
+/// The index of the first `deep` frame.
+fn deeps_at(names: &[String]) -> usize {
+    names.iter().position(|n| leaf(n) == "deep").unwrap_or(0)
+}
+
+// ---- a changed frame above the join ----------------------------------------------------------
+
+#[inline(never)]
+fn inner(sp: &mut usize) -> Vec<usize> {
+    let here = 0u8;
+    *sp = black_box(&here) as *const u8 as usize;
+    let v = capture_vec();
+    black_box(&here);
+    v
+}
+
+#[inline(never)]
+fn middle(sp: &mut usize) -> Vec<usize> {
+    let v = inner(sp);
+    black_box(());
+    v
+}
+
+#[inline(never)]
+fn via_a(sp: &mut usize) -> Vec<usize> {
+    let v = middle(sp);
+    black_box(1);
+    v
+}
+
+#[inline(never)]
+fn via_b(sp: &mut usize) -> Vec<usize> {
+    let v = middle(sp);
+    black_box(2);
+    v
+}
+
+#[test]
+fn a_return_address_that_changed_above_the_join_is_followed() {
+    let o = oracle();
+    // One call site, so that both paths reach `inner` at the same stack pointer: the second
+    // capture joins the first at its first frame, and the word that differs (the return address
+    // into via_a or via_b) lies above it.
+    let path: [fn(&mut usize) -> Vec<usize>; 6] = [via_a, via_b, via_a, via_b, via_b, via_a];
+    // The same variable each time: a register that holds its address must not differ.
+    let mut sp = 0usize;
+    let mut sps = [0usize; 6];
+    let mut walks = Vec::new();
+    let mut counts = Vec::new();
+    // A loop the compiler may not unroll: one call site.
+    for i in 0..black_box(path.len()) {
+        let f = black_box(path[i]);
+        let before = reused();
+        walks.push(f(&mut sp));
+        counts.push(reused() - before);
+        sps[i] = sp;
+    }
+    assert!(
+        sps.iter().all(|&s| s == sps[0]),
+        "the paths do not reach `inner` at the same stack pointer ({sps:x?}): this test does \
+         not exercise what it is for"
+    );
+    for (i, w) in walks.iter().enumerate() {
+        let names: Vec<String> = o.names(w, false);
+        let leafs: Vec<&str> = names.iter().map(|n| leaf(n)).collect();
+        let want = if matches!(i, 0 | 2 | 5) {
+            "via_a"
+        } else {
+            "via_b"
+        };
+        let other = if want == "via_a" { "via_b" } else { "via_a" };
+        assert_eq!(
+            &leafs[..4],
+            ["capture_vec", "inner", "middle", want],
+            "walk {i}: {names:#?}"
+        );
+        assert!(!leafs.contains(&other), "walk {i}: {names:#?}");
+    }
+    // (Walks 0 and 1 find the rules of their frames for the first time.) Walks 2, 3 and 5
+    // took the frames of `capture_vec`, `inner` and `middle` from the walk before and stopped
+    // at the changed word; walk 4 took every frame from walk 3.
+    for i in [2, 3, 5] {
+        assert!(counts[i] >= 2, "walk {i}: {counts:?}");
+    }
+    assert!(counts[4] >= walks[4].len() as u64 - 3, "{counts:?}");
+    let again = both(&mut || via_b(&mut sp));
+    assert_eq!(o.names(&again, false)[..4], o.names(&walks[1], false)[..4]);
+}
+
+// ---- random stacks on several threads --------------------------------------------------------
+
+/// A tiny deterministic generator (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+type Step = fn(&mut Rng, &mut Vec<u8>, usize, &mut dyn FnMut(&[u8]));
+
+/// Calls one of the steps, chosen at random, `depth` times deep; the leaf calls `f` with the
+/// choices (outermost first). Three functions with different frame sizes, so that the stack
+/// pointers of a walk and of the previous one coincide at some frames and not at others.
+fn descend(rng: &mut Rng, path: &mut Vec<u8>, depth: usize, f: &mut dyn FnMut(&[u8])) {
+    if depth == 0 {
+        f(path);
+        return;
+    }
+    const STEPS: [Step; 3] = [step_small, step_medium, step_large];
+    let k = (rng.next() % 3) as usize;
+    path.push(k as u8);
+    black_box(STEPS[k])(rng, path, depth - 1, f);
+    path.pop();
+}
+
+#[inline(never)]
+fn step_small(rng: &mut Rng, path: &mut Vec<u8>, depth: usize, f: &mut dyn FnMut(&[u8])) {
+    descend(rng, path, depth, f);
+    black_box(());
+}
+
+#[inline(never)]
+fn step_medium(rng: &mut Rng, path: &mut Vec<u8>, depth: usize, f: &mut dyn FnMut(&[u8])) {
+    let pad = black_box([depth as u64; 8]);
+    descend(rng, path, depth, f);
+    black_box(pad);
+}
+
+#[inline(never)]
+fn step_large(rng: &mut Rng, path: &mut Vec<u8>, depth: usize, f: &mut dyn FnMut(&[u8])) {
+    let pad = black_box([depth as u64; 40]);
+    descend(rng, path, depth, f);
+    black_box(pad);
+}
+
+#[test]
+fn random_stacks_on_four_threads_always_give_the_functions_on_the_stack() {
+    let o = oracle();
+    const CAPTURES: usize = 3000;
+    let results: Vec<(u64, usize)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t + 1) * 0x1234_5678_9abc));
+                    let mut names: HashMap<usize, &'static str> = HashMap::new();
+                    let mut checked = 0;
+                    let before = reused();
+                    for _ in 0..CAPTURES {
+                        let depth = 1 + (rng.next() % 24) as usize;
+                        let mut path = Vec::new();
+                        let mut seed = Rng(rng.next() | 1);
+                        descend(&mut seed, &mut path, depth, &mut |want| {
+                            let frames = capture_vec();
+                            // The step functions on the stack, innermost first.
+                            let got: Vec<u8> = frames
+                                .iter()
+                                .filter_map(|&pc| {
+                                    let n = *names.entry(pc).or_insert_with(|| {
+                                        o.name(pc - 1).map_or("?", |n| match leaf(n) {
+                                            "step_small" => "s",
+                                            "step_medium" => "m",
+                                            "step_large" => "l",
+                                            _ => "-",
+                                        })
+                                    });
+                                    match n {
+                                        "s" => Some(0),
+                                        "m" => Some(1),
+                                        "l" => Some(2),
+                                        _ => None,
+                                    }
+                                })
+                                .collect();
+                            let mut want = want.to_vec();
+                            want.reverse();
+                            assert_eq!(got, want, "thread {t}: {:#?}", o.names(&frames, false));
+                            checked += 1;
+                        });
+                    }
+                    (reused() - before, checked)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (t, (reused, checked)) in results.iter().enumerate() {
+        assert_eq!(*checked, CAPTURES, "thread {t}");
+        // Random paths share their outer frames often enough that reuse happened.
+        assert!(*reused > 0, "thread {t}: no frame reused");
+    }
+}
