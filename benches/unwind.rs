@@ -7,7 +7,10 @@
 //!   so that its `_Unwind_*` symbols do not replace Rust's)
 //!
 //! Each benchmark reports the time for one whole capture; the frame counts are printed once
-//! at start so that per-frame costs can be compared.
+//! at start so that per-frame costs can be compared. `selftrace_capture_dwarf` is the default:
+//! a walk reuses the outer frames of the thread's previous walk once it checked the stack words
+//! they came from (`selftrace::unwind::set_walk_reuse`); `selftrace_capture_dwarf_no_reuse`
+//! steps every frame, the cost of a stack the thread has not walked before.
 //!
 //! Further groups, selftrace and libunwind side by side:
 //! - `capture_2048_sites`: consecutive captures come from different stacks through 2,048
@@ -223,6 +226,17 @@ fn bench_sites(c: &mut Criterion, unw: Option<UnwBacktrace>) {
             rotate(&table, &mut k, &mut || n = selftrace::capture(&mut buf));
             black_box(n)
         });
+    });
+    g.bench_function("selftrace_capture_dwarf_no_reuse", |b| {
+        let mut buf = [0usize; 256];
+        let mut k = 0;
+        selftrace::unwind::set_walk_reuse(false);
+        b.iter(|| {
+            let mut n = 0;
+            rotate(&table, &mut k, &mut || n = selftrace::capture(&mut buf));
+            black_box(n)
+        });
+        selftrace::unwind::set_walk_reuse(true);
     });
     if let Some(f) = unw {
         g.bench_function("libunwind_unw_backtrace", |b| {
@@ -530,6 +544,12 @@ fn bench(c: &mut Criterion) {
     g.bench_function("selftrace_capture_dwarf", |b| {
         let mut buf = [0usize; 256];
         c00(&mut || b.iter(|| black_box(selftrace::capture(&mut buf))));
+    });
+    g.bench_function("selftrace_capture_dwarf_no_reuse", |b| {
+        let mut buf = [0usize; 256];
+        selftrace::unwind::set_walk_reuse(false);
+        c00(&mut || b.iter(|| black_box(selftrace::capture(&mut buf))));
+        selftrace::unwind::set_walk_reuse(true);
     });
     g.bench_function("selftrace_capture_fp", |b| {
         let mut buf = [0usize; 256];
