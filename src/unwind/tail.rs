@@ -30,28 +30,61 @@ const RECORDS: usize = 64;
 /// The claimed bit of a record's owner word (stack high ends are page-aligned).
 const BUSY: usize = 1;
 
-/// Bit 0 of [`Frame::rbp_at`]: rbp was known at this frame.
+/// Bit 0 of [`Frame::reads`]: rbp was known at this frame.
 pub(crate) const BP_VALID: usize = 1;
-/// Bit 1 of [`Frame::rbp_at`]: the frame's step computed the CFA from rbp.
+/// Bit 1 of [`Frame::reads`]: the frame's step computed the CFA from rbp.
 pub(crate) const BP_BASE: usize = 2;
-/// Bit 2 of [`Frame::rbp_at`]: a step from this frame outwards depends on the rbp this frame
+/// Bit 2 of [`Frame::reads`]: a step from this frame outwards depends on the rbp this frame
 /// starts with (it uses rbp as its CFA base before any step restores rbp from the stack), so a
 /// walk joins this frame only with the same rbp.
 pub(crate) const BP_NEEDED: usize = 4;
-/// The flag bits of [`Frame::rbp_at`] (addresses read are 8-byte aligned).
+/// The flag bits of [`Frame::reads`] (addresses read are 8-byte aligned).
 pub(crate) const FLAGS: usize = 7;
+/// Bits 3-47 of [`Frame::reads`]: the address of the return address.
+const ADDR: usize = ((1 << 48) - 1) & !FLAGS;
 
-/// One frame of a walk: where it started and what its step read.
+/// One frame of a walk: where it started and what its step read (32 bytes).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Frame {
     pub(crate) pc: usize,
     pub(crate) sp: usize,
     pub(crate) bp: usize,
-    /// The address the return address was read from (0 for the outermost frame).
-    pub(crate) ra_at: usize,
-    /// The address the saved rbp was read from (0: the rule keeps rbp), or-ed with
-    /// [`BP_VALID`], [`BP_BASE`] and [`BP_NEEDED`].
-    pub(crate) rbp_at: usize,
+    /// The flags ([`BP_VALID`], [`BP_BASE`], [`BP_NEEDED`]), the address the return address
+    /// was read from (bits 3-47; 0 for the outermost frame: user-space stacks lie below 2^47),
+    /// and the distance in words from there to the saved rbp (bits 48-63, signed; 0: the rule
+    /// keeps rbp).
+    pub(crate) reads: usize,
+}
+
+impl Frame {
+    /// Packs `reads`: `rbp_at` is 0 when the step keeps rbp; `None` when the distance does not
+    /// fit (never for a compiled rule, whose offsets are 16-bit).
+    #[inline(always)]
+    pub(crate) fn reads(ra_at: usize, rbp_at: usize, flags: usize) -> Option<usize> {
+        let words = if rbp_at == 0 {
+            0
+        } else {
+            let d = (rbp_at.wrapping_sub(ra_at) as isize) >> 3;
+            if d == 0 || d != d as i16 as isize {
+                return None;
+            }
+            d as i16 as u16 as usize
+        };
+        Some(ra_at | flags | words << 48)
+    }
+
+    /// The address the return address was read from.
+    #[inline(always)]
+    pub(crate) fn ra_at(&self) -> usize {
+        self.reads & ADDR
+    }
+
+    /// The address the saved rbp was read from, if the step restored rbp.
+    #[inline(always)]
+    pub(crate) fn rbp_at(&self) -> Option<usize> {
+        let words = (self.reads >> 48) as u16 as i16;
+        (words != 0).then(|| self.ra_at().wrapping_add((words as isize * 8) as usize))
+    }
 }
 
 struct Data {
@@ -79,8 +112,7 @@ const EMPTY: Frame = Frame {
     pc: 0,
     sp: 0,
     bp: 0,
-    ra_at: 0,
-    rbp_at: 0,
+    reads: 0,
 };
 
 static TABLE: [Record; RECORDS] = [const {
@@ -198,11 +230,11 @@ impl Claim {
         // Whether the frame outside the next one depends on its rbp.
         let mut needed = keep
             .checked_sub(1)
-            .is_some_and(|i| d.frames[i].rbp_at & BP_NEEDED != 0);
+            .is_some_and(|i| d.frames[i].reads & BP_NEEDED != 0);
         for f in (from..to).rev() {
             let mut e = d.stage[f & (CAP - 1)];
-            needed = e.rbp_at & BP_BASE != 0 || (e.rbp_at & !FLAGS == 0 && needed);
-            e.rbp_at = (e.rbp_at & !BP_NEEDED) | (needed as usize * BP_NEEDED);
+            needed = e.reads & BP_BASE != 0 || (e.rbp_at().is_none() && needed);
+            e.reads = (e.reads & !BP_NEEDED) | (needed as usize * BP_NEEDED);
             d.frames[at] = e;
             at += 1;
         }

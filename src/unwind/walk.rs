@@ -494,17 +494,16 @@ fn fast_frames<const PRECISE: bool>(
     let mut reused = 0;
     let end = loop {
         if sp >= next_sp {
-            if let Some((r, at, how)) = join(
-                record,
-                &mut cursor,
-                pc,
-                sp,
-                bp,
-                valid,
-                &ok,
-                buf,
-                &mut frames,
-            ) {
+            // Record frames below this one are no longer on the stack.
+            while cursor != 0 && record[cursor - 1].sp < sp {
+                cursor -= 1;
+            }
+            let hit = cursor
+                .checked_sub(1)
+                .filter(|&i| record[i].sp == sp && record[i].pc == pc);
+            if let Some((r, at, how)) =
+                hit.and_then(|r| join(record, r, bp, valid, &ok, buf, &mut frames))
+            {
                 reused += r - at;
                 match how {
                     Replayed::End => {
@@ -525,14 +524,14 @@ fn fast_frames<const PRECISE: bool>(
                             if let Some(st) = stage.as_deref_mut() {
                                 st[staged & (tail::CAP - 1)] = tail::Frame {
                                     bp,
-                                    rbp_at: (e.rbp_at & !tail::FLAGS)
-                                        | (e.rbp_at & tail::BP_BASE)
+                                    reads: (e.reads & !tail::FLAGS)
+                                        | (e.reads & tail::BP_BASE)
                                         | (bp_valid as usize * tail::BP_VALID),
                                     ..*e
                                 };
                                 staged += 1;
                             }
-                            if e.rbp_at & !tail::FLAGS != 0 {
+                            if e.rbp_at().is_some() {
                                 bp = record[i - 1].bp;
                                 bp_valid = true;
                             }
@@ -568,8 +567,7 @@ fn fast_frames<const PRECISE: bool>(
                         pc,
                         sp,
                         bp,
-                        ra_at: 0,
-                        rbp_at: (valid >> BP) as usize & tail::BP_VALID,
+                        reads: (valid >> BP) as usize & tail::BP_VALID,
                     };
                     staged += 1;
                 }
@@ -633,15 +631,19 @@ fn fast_frames<const PRECISE: bool>(
                 break Fast::Slow;
             }
             if let Some(st) = stage.as_deref_mut() {
-                st[staged & (tail::CAP - 1)] = tail::Frame {
-                    pc,
-                    sp,
-                    bp,
+                let reads = tail::Frame::reads(
                     ra_at,
-                    rbp_at: (if slots & RBP_LANE != 0 { rbp_at } else { 0 })
-                        | ((valid >> BP) as usize & tail::BP_VALID)
+                    if slots & RBP_LANE != 0 { rbp_at } else { 0 },
+                    ((valid >> BP) as usize & tail::BP_VALID)
                         | ((reg == BP) as usize * tail::BP_BASE),
-                };
+                );
+                match reads {
+                    Some(reads) => {
+                        st[staged & (tail::CAP - 1)] = tail::Frame { pc, sp, bp, reads };
+                    }
+                    // Not recordable: neither is anything below.
+                    None => floor = staged + 1,
+                }
                 staged += 1;
             }
             if slots & RBP_LANE != 0 {
@@ -700,34 +702,25 @@ fn fast_frames<const PRECISE: bool>(
     end
 }
 
-/// Moves `cursor` (one past the record frame to compare next) past the record frames below
-/// sp; if the next one is the walk's frame (pc, sp, and rbp and whether rbp is known where a
-/// step above depends on it), takes the
-/// frames above it from the record (see [`replay`]): returns the record frame joined, the one
-/// reached, and how the replay stopped.
-#[allow(clippy::too_many_arguments)]
+/// Joins record frame `r`, whose pc and sp are the walk's, if rbp agrees where a step above
+/// depends on it (and whether rbp is known): takes the frames above it from the record (see
+/// [`replay`]). Returns the record frame joined, the one reached, and how the replay stopped.
 #[inline(never)]
 fn join(
     record: &[tail::Frame],
-    cursor: &mut usize,
-    pc: usize,
-    sp: usize,
+    r: usize,
     bp: usize,
     valid: u32,
     ok: &impl Fn(usize) -> bool,
     buf: &mut [usize],
     frames: &mut usize,
 ) -> Option<(usize, usize, Replayed)> {
-    while *cursor != 0 && record[*cursor - 1].sp < sp {
-        *cursor -= 1;
-    }
-    let r = cursor.checked_sub(1)?;
     let e = &record[r];
     let bp_valid = valid & (1 << dw::RBP) != 0;
     // rbp must be the recorded one only where a step above depends on it (see `tail`).
-    let bp_same = e.rbp_at & tail::BP_NEEDED == 0
-        || (e.bp == bp && (e.rbp_at & tail::BP_VALID != 0) == bp_valid);
-    if e.sp != sp || e.pc != pc || !bp_same {
+    let bp_same = e.reads & tail::BP_NEEDED == 0
+        || (e.bp == bp && (e.reads & tail::BP_VALID != 0) == bp_valid);
+    if !bp_same {
         return None;
     }
     let (at, how) = replay(record, r, ok, buf, frames);
@@ -761,14 +754,15 @@ fn replay(
             return (0, Replayed::End);
         }
         let (e, caller) = (&record[i], &record[i - 1]);
-        let rbp_at = e.rbp_at & !tail::FLAGS;
+        let ra_at = e.ra_at();
         // SAFETY: each address passed `ok`: aligned, on this thread's own live stack between
         // the walk's stack pointer and the stack's high end.
-        let same = ok(e.ra_at)
-            && unsafe { core::ptr::read_volatile(e.ra_at as *const usize) } == caller.pc
-            && (rbp_at == 0
-                || ok(rbp_at)
-                    && unsafe { core::ptr::read_volatile(rbp_at as *const usize) } == caller.bp);
+        let same = ok(ra_at)
+            && unsafe { core::ptr::read_volatile(ra_at as *const usize) } == caller.pc
+            && e.rbp_at().is_none_or(|rbp_at| {
+                ok(rbp_at)
+                    && unsafe { core::ptr::read_volatile(rbp_at as *const usize) } == caller.bp
+            });
         if !same {
             return (i, Replayed::Differs);
         }
@@ -843,33 +837,47 @@ fn fast_fp_frames(
         Full(usize, usize),
     }
     let end = loop {
-        // The hot loop: nothing but the checks, two loads and a store, so that its state
-        // stays in registers (the rarer cases are handled outside it, then it resumes).
-        let exit = loop {
+        let exit =
             if fp.wrapping_sub(base).rotate_right(W.trailing_zeros()) > max_rotated || fp < sp {
-                break Exit::Bounds;
-            }
-            // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack, between
-            // the walk's stack pointer and the stack's high end.
-            let (next, ra) = unsafe {
-                (
-                    core::ptr::read_volatile(fp as *const usize),
-                    core::ptr::read_volatile((fp + W) as *const usize),
-                )
+                Exit::Bounds
+            } else {
+                // The hot loop: nothing but the checks, two loads and a store, so that its state
+                // (fp and the frame count) stays in registers; the rarer cases are handled outside
+                // it, then it resumes. fp was checked before it was taken.
+                loop {
+                    // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack,
+                    // between the walk's stack pointer and the stack's high end.
+                    let (next, ra) = unsafe {
+                        (
+                            core::ptr::read_volatile(fp as *const usize),
+                            core::ptr::read_volatile((fp + W) as *const usize),
+                        )
+                    };
+                    // A zero return address wraps to the top and fails the range test too.
+                    if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
+                        break Exit::Other(next, ra);
+                    }
+                    let Some(slot) = buf.get_mut(frames) else {
+                        break Exit::Full(next, ra);
+                    };
+                    *slot = ra;
+                    frames += 1;
+                    // The caller's frame record: on the stack, aligned, and above this one
+                    // (at or above this frame's end, fp + 16, the caller's stack pointer).
+                    if next.wrapping_sub(base).rotate_right(W.trailing_zeros()) > max_rotated
+                        || next <= fp + W
+                    {
+                        sp = fp + 2 * W;
+                        fp = next;
+                        break Exit::Bounds;
+                    }
+                    fp = next;
+                }
             };
-            // A zero return address wraps to the top and fails the range test too.
-            if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
-                break Exit::Other(next, ra);
-            }
-            let Some(slot) = buf.get_mut(frames) else {
-                break Exit::Full(next, ra);
-            };
-            *slot = ra;
-            frames += 1;
-            sp = fp + 2 * W;
-            fp = next;
-            pc = ra;
-        };
+        // The pc is the last return address stored (kept out of the loop: one register less).
+        if frames != *n {
+            pc = buf[frames - 1];
+        }
         let (next, ra) = match exit {
             Exit::Bounds => {
                 break if fp == 0 {
@@ -1064,6 +1072,7 @@ impl Walker<'_, '_> {
                         }
                     }
                 };
+                super::counters::DERIVED.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                 state.cache.put(key, &r);
                 r
             }
