@@ -6,7 +6,8 @@
 //! exact or a return address) to the compiled rule of its frame.
 //!
 //! # The cache
-//! A fixed table of [`ENTRIES`] entries in buckets of [`WAYS`] (a cache line each), allocated
+//! A fixed table of [`ENTRIES`] entries in buckets of [`WAYS`] (two cache lines each; a new
+//! rule takes the first free way, so a hot bucket's rules sit in its first line), allocated
 //! when the unwinder is built (normal context) and published with it, so that a `dlclose` +
 //! `refresh` never leaves a stale rule behind. Readers and writers never block: each entry is a
 //! seqlock whose 16-bit sequence number shares a word with the key. A reader takes the entry
@@ -174,8 +175,10 @@ pub(crate) fn key(pc: usize, exact: bool) -> u64 {
 /// Entries in the cache (a power of two): enough for the return addresses of a large program's
 /// hot paths, 512 KiB.
 pub(crate) const ENTRIES: usize = 1 << 14;
-/// Entries per bucket (one 64-byte cache line).
-pub(crate) const WAYS: usize = 2;
+/// Entries per bucket (two 64-byte cache lines): with 2 ways, the return addresses of a
+/// profiler-sized working set (4,105 in `benches/unwind.rs`) overflowed enough buckets to
+/// derive a rule again every 13 captures; with 4, every 500.
+pub(crate) const WAYS: usize = 4;
 
 /// Bits of an entry's first word that hold the key (the key is a user-space pc, under 2^47,
 /// shifted left by one); the 16 bits above hold the sequence number.
@@ -190,9 +193,9 @@ struct Entry {
     rule: [AtomicU64; 3],
 }
 
-/// [`WAYS`] entries in one cache line.
+/// [`WAYS`] entries in two cache lines.
 #[derive(Default)]
-#[repr(C, align(64))]
+#[repr(C, align(128))]
 struct Bucket([Entry; WAYS]);
 
 /// The shared rule cache (see the module docs).

@@ -545,7 +545,9 @@ fn fast_frames<const PRECISE: bool>(
                             valid &= !callee_saved;
                             *dropped = true;
                         }
-                        cursor = 0;
+                        // Record frames further out may still be joined (the stack may be
+                        // the same again above the frames that changed).
+                        cursor = at;
                     }
                 }
             }
