@@ -812,11 +812,11 @@ fn fast_fp_frames(
         return Fast::Slow;
     }
     // The code range return addresses are checked against in one comparison: the previous
-    // frame's object, cut below a signal trampoline in it (so no frame in it needs a check).
-    let (mut text_start, mut text_len) = state
-        .objects
-        .get(loaded.last)
-        .map_or((0, 0), |o| fp_text(o, restorer_lo));
+    // frame's object, without the signal trampolines (so no frame in it needs a check).
+    let (mut text_start, mut text_len) = state.objects.get(loaded.last).map_or((0, 0), |o| {
+        fp_text(o, state.restorer_span, pc.wrapping_sub(1))
+    });
+    let (mut prev_start, mut prev_len) = (0, 0);
     let buf = &mut buf[..limit];
     let mut frames = *n;
     // One test for "on the stack and aligned": with `stack.start` aligned, `(fp - start)`
@@ -903,8 +903,17 @@ fn fast_fp_frames(
             break Fast::End;
         }
         let mut then_slow = false;
-        match fp_other_object(state, loaded, ra) {
-            Other::Code(start, len) => (text_start, text_len) = (start, len),
+        // The object before (a chain often goes back and forth: the program, libc, `_start`).
+        let other = if ra.wrapping_sub(1).wrapping_sub(prev_start) < prev_len {
+            Other::Code(prev_start, prev_len)
+        } else {
+            fp_other_object(state, loaded, ra)
+        };
+        match other {
+            Other::Code(start, len) => {
+                (prev_start, prev_len) = (text_start, text_len);
+                (text_start, text_len) = (start, len);
+            }
             Other::Trampoline => then_slow = true,
             Other::Stop => break Fast::Stop(StopReason::NoFramePointer),
             Other::Slow => break Fast::Slow,
@@ -931,14 +940,26 @@ fn fast_fp_frames(
     end
 }
 
-/// The code range of `o` that frame-pointer mode checks return addresses against in one
-/// comparison: its first executable segment, cut below a signal trampoline in it.
-fn fp_text(o: &super::dwarf::ObjectCheck, restorer_lo: usize) -> (usize, usize) {
-    let mut end = o.text.end;
-    if o.text.start <= restorer_lo && restorer_lo < end {
-        end = restorer_lo;
+/// The code range that frame-pointer mode checks `ra - 1` against in one comparison, as
+/// (start, length): the part of `o`'s first executable segment around `at` that holds no
+/// return address into a signal trampoline (`restorers`, the lowest and highest; empty when
+/// lowest > highest). `(0, 0)` when `at` is not in it.
+fn fp_text(o: &super::dwarf::ObjectCheck, (lo, hi): (usize, usize), at: usize) -> (usize, usize) {
+    let (mut start, mut end) = (o.text.start, o.text.end);
+    // Return addresses lo..=hi are `at` values lo - 1..=hi - 1.
+    if lo <= hi && lo <= end && hi > start {
+        if at.wrapping_add(1) < lo {
+            end = end.min(lo - 1);
+        } else if at >= hi {
+            start = start.max(hi);
+        } else {
+            return (0, 0);
+        }
     }
-    (o.text.start, end - o.text.start)
+    if at < start || at >= end {
+        return (0, 0);
+    }
+    (start, end - start)
 }
 
 /// What [`fp_other_object`] found at a return address outside the current code range.
@@ -968,14 +989,9 @@ fn fp_other_object(state: &DwarfState, loaded: &mut LoadedCheck, ra: usize) -> O
                 return Other::Stop;
             }
             loaded.last = i;
-            let (start, len) = fp_text(o, lo);
-            if (ra - 1).wrapping_sub(start) < len {
-                Other::Code(start, len)
-            } else {
-                // Another executable segment, or above the trampoline: fine, checked again
-                // next time.
-                Other::Code(0, 0)
-            }
+            // (0, 0) outside the first executable segment: fine, checked again next time.
+            let (start, len) = fp_text(o, (lo, hi), ra - 1);
+            Other::Code(start, len)
         }
         Some(_) => Other::Slow,
         None => match sys::dl_find_object(ra) {
