@@ -89,6 +89,11 @@ impl Frame {
 
 struct Data {
     generation: u64,
+    /// Walks since the record was last replaced (see [`Claim::staging`]).
+    since_commit: u32,
+    /// The last walk joined the record below frames that differed from it: the next ones
+    /// probably will too, and skip staging their own frames.
+    varying: bool,
     /// Frames in `frames`, outermost first: `frames[len - 1]` is the innermost.
     len: usize,
     frames: [Frame; CAP],
@@ -121,6 +126,8 @@ static TABLE: [Record; RECORDS] = [const {
         reused: AtomicU64::new(0),
         data: UnsafeCell::new(Data {
             generation: 0,
+            since_commit: 0,
+            varying: false,
             len: 0,
             frames: [EMPTY; CAP],
             stage: [EMPTY; CAP],
@@ -193,6 +200,7 @@ impl Claim {
         if !valid {
             d.len = 0;
             d.generation = generation;
+            d.varying = false;
         }
         c.valid = valid;
         c
@@ -206,13 +214,40 @@ impl Claim {
     }
 
     /// The recorded frames (outermost first) and the stage: the frames of the walk in
-    /// progress, innermost first, by index modulo [`CAP`].
+    /// progress, innermost first, by index modulo [`CAP`]; no stage when this walk should not
+    /// stage its frames (see [`Claim::staging`]).
     #[inline(always)]
-    pub(crate) fn parts(&mut self) -> (&[Frame], &mut [Frame; CAP]) {
+    pub(crate) fn parts(&mut self) -> (&[Frame], Option<&mut [Frame; CAP]>) {
         let valid = self.valid;
+        let staging = self.staging();
         let d = self.data();
         let len = if valid { d.len.min(CAP) } else { 0 };
-        (&d.frames[..len], &mut d.stage)
+        (&d.frames[..len], staging.then_some(&mut d.stage))
+    }
+
+    /// The stage (see [`Claim::parts`]).
+    #[inline(always)]
+    pub(crate) fn stage(&mut self) -> &mut [Frame; CAP] {
+        &mut self.data().stage
+    }
+
+    /// Whether this walk stages its frames for a new record. Staging costs a few stores a
+    /// frame; where consecutive walks differ below a common part (a profiler's samples of one
+    /// loop, different leaves each time) the record's common part serves them all, and
+    /// re-recording the varying frames each time costs more than it saves. So a walk that
+    /// joined the record below frames that differed makes the next walks skip staging, except
+    /// one in 16, which records the current shape of the stack.
+    #[inline(always)]
+    fn staging(&mut self) -> bool {
+        let d = self.data();
+        d.since_commit = d.since_commit.wrapping_add(1);
+        !d.varying || d.since_commit.is_multiple_of(16)
+    }
+
+    /// Notes how a complete walk went: it joined the record after stepping frames of its own
+    /// (`varying`), or not.
+    pub(crate) fn complete(&mut self, varying: bool) {
+        self.data().varying = varying;
     }
 
     /// Replaces the record with a complete walk: the recorded frames `keep` (the outermost
@@ -239,6 +274,7 @@ impl Claim {
             at += 1;
         }
         d.len = at;
+        d.since_commit = 0;
     }
 
     /// Counts `n` frames taken from the record.

@@ -474,12 +474,10 @@ fn fast_frames<const PRECISE: bool>(
         tail::Claim::take(stack.end, state.generation)
     };
     let (record, mut stage) = match claim.as_mut() {
-        Some(c) => {
-            let (r, s) = c.parts();
-            (r, Some(s))
-        }
+        Some(c) => c.parts(),
         None => (&[][..], None),
     };
+    let staging = stage.is_some();
     // One past the record frame to compare next (record frames lie outermost first, so their
     // sp falls as the index grows), and that frame's sp: the walk compares nothing before its
     // sp reaches it.
@@ -675,26 +673,30 @@ fn fast_frames<const PRECISE: bool>(
         }
     }
     if let (Fast::End, Some(c)) = (&end, claim.as_mut()) {
-        // A complete walk becomes the thread's record: the frames of this loop above the last
-        // one that may not be recorded (a pc in an object that can be unloaded), on top of
-        // the record frames it joined.
-        let keep = joined.map_or(0, |r| r + 1);
-        let (_, st) = c.parts();
-        let mut hint = loaded.last;
-        for f in (floor..staged).rev() {
-            let at = st[f & (tail::CAP - 1)].pc.wrapping_sub(1);
-            match state.find_near(at, hint) {
-                Some(i) if state.objects[i].permanent => hint = i,
-                _ => {
-                    floor = f + 1;
-                    break;
+        if staging {
+            // A complete walk becomes the thread's record: the frames of this loop above the
+            // last one that may not be recorded (a pc in an object that can be unloaded), on
+            // top of the record frames it joined.
+            let keep = joined.map_or(0, |r| r + 1);
+            let st = c.stage();
+            let mut hint = loaded.last;
+            for f in (floor..staged).rev() {
+                let at = st[f & (tail::CAP - 1)].pc.wrapping_sub(1);
+                match state.find_near(at, hint) {
+                    Some(i) if state.objects[i].permanent => hint = i,
+                    _ => {
+                        floor = f + 1;
+                        break;
+                    }
                 }
             }
+            // (Unchanged when the walk joined the innermost recorded frame and stepped none.)
+            if floor < staged || keep != record_len {
+                c.commit(keep, floor, staged);
+            }
         }
-        // (Unchanged when the walk joined the innermost recorded frame and stepped none.)
-        if floor < staged || keep != record_len {
-            c.commit(keep, floor, staged);
-        }
+        // Whether the walk joined the record after stepping frames of its own.
+        c.complete(joined.is_some() && frames - *n > reused);
     }
     v[PC] = pc;
     v[SP] = sp;
