@@ -60,19 +60,46 @@ fn thread_cpu_ns() -> u64 {
 /// Spins for `units` rounds of arithmetic.
 #[inline(always)]
 fn spin(units: u64) -> u64 {
-    let mut x = units;
-    for i in 0..units * 20_000 {
+    spin_iterations(units * 20_000)
+}
+
+/// Spins for `n` steps of arithmetic.
+#[inline(always)]
+fn spin_iterations(n: u64) -> u64 {
+    let mut x = n;
+    for i in 0..n {
         x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
     }
     x
+}
+
+/// `n` scaled by a random factor between 0.5 and 1.5: a loop of calls with fixed lengths
+/// can run in step with the kernel's tick (CPU-time timers are checked at ticks, every 4 ms at
+/// HZ=250), and then the ticks land in one function more often than its share of the time.
+fn jittered(n: u64) -> u64 {
+    thread_local! {
+        static RNG: std::cell::Cell<u64> = std::cell::Cell::new(
+            0x9e37_79b9_7f4a_7c15 ^ u64::from(selftrace::threads::current_tid() as u32),
+        );
+    }
+    let r = RNG.with(|c| {
+        let mut x = c.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.set(x);
+        x
+    });
+    (n * (500 + r % 1001)).div_ceil(1000)
 }
 
 macro_rules! measured {
     ($name:ident, $k:expr) => {
         #[inline(never)]
         fn $name(cpu: &AtomicU64) -> u64 {
+            let iterations = jittered($k * 20_000);
             let t = thread_cpu_ns();
-            let x = spin($k);
+            let x = spin_iterations(iterations);
             cpu.fetch_add(thread_cpu_ns() - t, Ordering::Relaxed);
             x
         }
