@@ -114,6 +114,136 @@ fn blocked_spin(stop: &AtomicBool, ready: &AtomicBool) {
     black_box(());
 }
 
+/// The helper process of the "stopped" scenario (forked from the child, so it may only make
+/// raw system calls: another thread may hold a lock of the allocator or of stdout): stops
+/// thread `tid` of its parent with ptrace, says so on `reply`, detaches when a byte arrives on
+/// `cmd`, and exits. Replies with a native-endian i32: 0, or the errno of the call that failed.
+/// If the scenario dies, `cmd` reaches EOF, the helper exits, and the kernel detaches it.
+fn ptrace_helper(tid: i32, cmd: i32, reply: i32) -> ! {
+    let say = |v: i32| {
+        let b = v.to_ne_bytes();
+        // SAFETY: writing a valid buffer.
+        unsafe { libc::write(reply, b.as_ptr().cast(), b.len()) };
+    };
+    // SAFETY: raw system calls on plain values; `status` and `b` are valid buffers.
+    unsafe {
+        let null = std::ptr::null_mut::<libc::c_void>();
+        if libc::ptrace(libc::PTRACE_SEIZE, tid, null, null) != 0 {
+            say(*libc::__errno_location());
+            libc::_exit(1);
+        }
+        if libc::ptrace(libc::PTRACE_INTERRUPT, tid, null, null) != 0 {
+            say(*libc::__errno_location());
+            libc::_exit(1);
+        }
+        // The interrupt shows as a PTRACE_EVENT_STOP: the thread is in a ptrace stop ('t').
+        let mut status = 0;
+        loop {
+            let r = libc::waitpid(tid, &mut status, libc::__WALL);
+            if r == tid && libc::WIFSTOPPED(status) {
+                break;
+            }
+            if r < 0 && *libc::__errno_location() != libc::EINTR {
+                say(*libc::__errno_location());
+                libc::_exit(1);
+            }
+        }
+        say(0);
+        let mut b = [0u8; 1];
+        libc::read(cmd, b.as_mut_ptr().cast(), 1);
+        let r = libc::ptrace(libc::PTRACE_DETACH, tid, null, null);
+        say(if r == 0 { 0 } else { *libc::__errno_location() });
+        libc::_exit(0);
+    }
+}
+
+fn read_i32(fd: i32) -> Option<i32> {
+    let mut b = [0u8; 4];
+    // SAFETY: reading into a valid buffer.
+    let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 4) };
+    (n == 4).then(|| i32::from_ne_bytes(b))
+}
+
+/// The vfork child of [`vforker`] (`CLONE_VM | CLONE_VFORK`, on a stack of its own, sharing
+/// the parent's memory): only raw system calls. Closes its copy of the pipe's write end and
+/// waits for a byte (or EOF) on the read end, 20 s at most, then exits.
+extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at the pipe of the vforking thread, which is suspended until this
+    // process exits; the calls take plain values and a valid pollfd.
+    unsafe {
+        let [r, w] = *(arg as *const [i32; 2]);
+        libc::syscall(libc::SYS_close, w);
+        let mut p = libc::pollfd {
+            fd: r,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, 20_000);
+    }
+    // glibc's clone calls exit(2) with this.
+    0
+}
+
+/// vforks a child that waits for a byte on `pipe` (so this thread sleeps uninterruptibly,
+/// state D, until the scenario releases it), reaps it, then spins until stopped.
+#[inline(never)]
+fn vforker(pipe: [i32; 2]) {
+    let mut stack = vec![0u8; 64 << 10];
+    // SAFETY: one past the end of the buffer, rounded down to 16 bytes: the child's stack
+    // grows down from there, inside the buffer.
+    let top = unsafe { stack.as_mut_ptr().add(stack.len()) } as usize & !15;
+    // SAFETY: CLONE_VFORK suspends this thread until the child exits, so `pipe` and `stack`
+    // outlive it; the child makes raw system calls only.
+    let pid = unsafe {
+        libc::clone(
+            vfork_child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &pipe as *const [i32; 2] as *mut libc::c_void,
+        )
+    };
+    assert!(pid > 0, "clone: {}", std::io::Error::last_os_error());
+    let mut status = 0;
+    // SAFETY: reaps our child into a valid int.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    println!("vfork child {} exited with status {status}", r == pid);
+    black_box(&stack);
+    spinner::spin_until_stopped();
+    black_box(());
+}
+
+/// The action installed for `sig` (`sa_sigaction`: a handler, `SIG_DFL` or `SIG_IGN`).
+fn disposition(sig: i32) -> usize {
+    // SAFETY: queries the action into a valid struct.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(sig, std::ptr::null(), &mut old), 0);
+        old.sa_sigaction
+    }
+}
+
+/// The thread's pending signals (`SigPnd` of /proc/self/task/TID/status), bit `sig - 1` for
+/// `sig`.
+fn pending(tid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with("SigPnd:")).unwrap();
+    u64::from_str_radix(line["SigPnd:".len()..].trim(), 16).unwrap()
+}
+
+/// Spins in `caller_spin` with `sig` blocked.
+#[inline(never)]
+fn spin_with_blocked(sig: i32) {
+    // SAFETY: blocks one signal in this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    caller_spin();
+    black_box(());
+}
+
 fn pipe() -> (i32, i32) {
     let mut fds = [0; 2];
     // SAFETY: fds has room for two descriptors.
@@ -164,7 +294,9 @@ fn scenario(name: &str) {
     // The harness printed `test child_entry ... ` without a newline.
     println!();
     selftrace::init().expect("init");
-    threads::install().expect("install");
+    if name != "signal" {
+        threads::install().expect("install");
+    }
     match name {
         "spin" => {
             threads::set_timeout(Duration::from_secs(30));
@@ -457,6 +589,165 @@ fn scenario(name: &str) {
                 "answering thread allocations {}",
                 counted.load(Ordering::SeqCst)
             );
+        }
+        "stopped" => {
+            // One thread stopped, not the process: only ptrace stops a single thread (SIGSTOP
+            // stops them all, the requester too). A helper process forked from here seizes the
+            // spinning thread and interrupts it (a ptrace stop, state 't', in which it runs no
+            // handler and the request signal stays pending); the requester must time out and
+            // return; after the detach, the thread runs the late signal (which finds no
+            // request) and answers a new one. The helper only uses pipes and raw calls, and
+            // exits (so the kernel detaches) if this process dies.
+            let tid = spawn_named("stopme", caller_spin);
+            while !spinner::SPINNING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let (cmd_r, cmd_w) = pipe();
+            let (reply_r, reply_w) = pipe();
+            // SAFETY: the child makes raw system calls only, then _exit.
+            let helper = unsafe { libc::fork() };
+            assert!(helper >= 0);
+            if helper == 0 {
+                // SAFETY: our copies of the ends the helper does not use.
+                unsafe {
+                    libc::close(cmd_w);
+                    libc::close(reply_r);
+                }
+                ptrace_helper(tid, cmd_r, reply_w);
+            }
+            // SAFETY: our copies of the helper's ends.
+            unsafe {
+                libc::close(cmd_r);
+                libc::close(reply_w);
+            }
+            match read_i32(reply_r) {
+                Some(0) => {}
+                Some(libc::EPERM) => {
+                    println!("ptrace unavailable: EPERM");
+                    spinner::STOP.store(true, Ordering::SeqCst);
+                    return;
+                }
+                other => panic!("ptrace helper: {other:?}"),
+            }
+            let state = threads::info(tid).map(|i| i.state as char);
+            println!("stopped state {state:?}");
+            let mut frames = [0usize; 64];
+            let start = std::time::Instant::now();
+            let r = threads::capture_thread(tid, &mut frames, Duration::from_millis(300));
+            println!(
+                "stopped capture {r:?} after {} ms",
+                start.elapsed().as_millis()
+            );
+            let s = threads::dump_all_with_timeout(1, Duration::from_millis(300));
+            println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            let state = threads::info(tid).map(|i| i.state as char);
+            println!("still stopped {state:?}");
+            write_byte(cmd_w);
+            println!("detach {:?}", read_i32(reply_r));
+            let mut status = 0;
+            // SAFETY: reaps our helper into a valid int.
+            unsafe { libc::waitpid(helper, &mut status, 0) };
+            let n =
+                threads::capture_thread(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            for name in names(&frames[..n]) {
+                println!("after {name}");
+            }
+            spinner::STOP.store(true, Ordering::SeqCst);
+        }
+        "vfork" => {
+            // A thread in an uninterruptible sleep: the parent of a vfork waits for its child
+            // in TASK_KILLABLE (state D) and takes no signal but SIGKILL until the child
+            // exits. The child (clone with CLONE_VM | CLONE_VFORK on its own stack, as
+            // posix_spawn does, instead of vfork() returning twice into Rust code) waits on a
+            // pipe rather than for a fixed time, so that the D state lasts as long as the
+            // checks need on a loaded machine (20 s at most).
+            let (r, w) = pipe();
+            let tid = spawn_named("vforker", move || vforker([r, w]));
+            for _ in 0..10_000 {
+                if threads::info(tid).is_some_and(|i| i.state == b'D') {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+            let state_field = stat[stat.rfind(')').unwrap() + 2..].chars().next();
+            println!("vfork state {state_field:?}");
+            let mut frames = [0usize; 64];
+            let start = std::time::Instant::now();
+            let res = threads::capture_thread(tid, &mut frames, Duration::from_millis(300));
+            println!(
+                "vfork capture {res:?} after {} ms",
+                start.elapsed().as_millis()
+            );
+            let s = threads::dump_all_with_timeout(1, Duration::from_millis(300));
+            println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            let state = threads::info(tid).map(|i| i.state as char);
+            println!("still in vfork {state:?}");
+            // Releases the vfork child: it exits, the thread returns and spins.
+            write_byte(w);
+            while !spinner::SPINNING.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let n =
+                threads::capture_thread(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            for name in names(&frames[..n]) {
+                println!("after {name}");
+            }
+            spinner::STOP.store(true, Ordering::SeqCst);
+        }
+        "signal" => {
+            // Not installed yet (see the top of `scenario`): configured first.
+            let default = threads::default_signal();
+            let sig = libc::SIGRTMIN() + 7;
+            assert_ne!(sig, default);
+            let default_before = disposition(default);
+            threads::install_with_signal(sig).expect("install_with_signal");
+            // Later installs (capture_thread and dump_all call it) keep the configured one.
+            threads::install().expect("install");
+            println!("configured {}", threads::signal() == Some(sig));
+            // This thread blocks the default signal: a request through it could not reach it.
+            let tid = spawn_named("rtspinner", move || spin_with_blocked(default));
+            while !spinner::SPINNING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let mut frames = [0usize; 64];
+            let n =
+                threads::capture_thread(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            for name in names(&frames[..n]) {
+                println!("frame {name}");
+            }
+            // This one blocks the configured signal (and not the default): it must time out,
+            // and the configured signal is what waits in its pending set.
+            let stop = Arc::new(AtomicBool::new(false));
+            let ready = Arc::new(AtomicBool::new(false));
+            let (s2, r2) = (stop.clone(), ready.clone());
+            let masked = spawn_named("masked", move || blocked_spin(&s2, &r2));
+            while !ready.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let r = threads::capture_thread(masked, &mut frames, Duration::from_millis(300));
+            println!("masked capture {r:?}");
+            let bit = |s: i32| 1u64 << (s - 1);
+            println!(
+                "pending configured {} {}, default {} {}",
+                pending(tid) & bit(sig) != 0,
+                pending(masked) & bit(sig) != 0,
+                pending(tid) & bit(default) != 0,
+                pending(masked) & bit(default) != 0,
+            );
+            stop.store(true, Ordering::SeqCst);
+            let default_after = disposition(default);
+            println!(
+                "default disposition untouched {} SIG_DFL {}",
+                default_after == default_before,
+                default_after == libc::SIG_DFL
+            );
+            let ours = disposition(sig);
+            println!(
+                "configured disposition is a handler {}",
+                ours != libc::SIG_DFL && ours != libc::SIG_IGN
+            );
+            spinner::STOP.store(true, Ordering::SeqCst);
         }
         other => panic!("unknown scenario {other}"),
     }
@@ -828,5 +1119,168 @@ fn no_handler_path_allocates() {
         c.stderr.contains("crash path allocations 0"),
         "{}",
         c.stderr
+    );
+}
+
+/// The number after `prefix` and before " ms" on the line that starts with `prefix`.
+fn millis_after(text: &str, prefix: &str) -> u128 {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line {prefix}: {text}"));
+    let rest = &line[line.rfind(" after ").unwrap() + 7..];
+    rest.trim_end_matches(" ms").parse().unwrap()
+}
+
+#[test]
+fn a_stopped_thread_times_out_and_answers_once_resumed() {
+    let o = run("stopped");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    if o.stdout.contains("ptrace unavailable") {
+        eprintln!("skipped: ptrace is not permitted here");
+        return;
+    }
+    // A ptrace stop: 't' (tracing stop), before and after the requests.
+    assert!(o.stdout.contains("stopped state Some('t')"), "{}", o.stdout);
+    assert!(o.stdout.contains("still stopped Some('t')"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("stopped capture Err(Timeout) after "),
+        "{}",
+        o.stdout
+    );
+    // The requester waited for its deadline, and not much longer.
+    let ms = millis_after(&o.stdout, "stopped capture ");
+    assert!((300..3000).contains(&ms), "{}", o.stdout);
+    let b = block(&o.stdout, "stopme");
+    assert!(b.contains("state t (tracing stop)"), "{b}");
+    assert!(b.contains(" no stack (timeout)"), "{b}");
+    let summary = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("summary "))
+        .unwrap();
+    let v: Vec<usize> = summary[8..]
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(v[2], 1, "{summary}");
+    assert_eq!(v[1], v[0] - 1, "{summary}");
+    // Detached, the thread answers again: its exact pc in the spin loop.
+    assert!(o.stdout.contains("detach Some(0)"), "{}", o.stdout);
+    let after: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("after "))
+        .collect();
+    assert_eq!(
+        after.first().copied(),
+        Some("threads::spinner::spin_until_stopped"),
+        "{}",
+        o.stdout
+    );
+    assert!(after.contains(&"threads::caller_spin"), "{}", o.stdout);
+}
+
+#[test]
+fn a_thread_in_uninterruptible_sleep_times_out_and_answers_once_awake() {
+    let o = run("vfork");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    // /proc says D while the vfork child lives, before and after the requests.
+    assert!(o.stdout.contains("vfork state Some('D')"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains("still in vfork Some('D')"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("vfork capture Err(Timeout) after "),
+        "{}",
+        o.stdout
+    );
+    let ms = millis_after(&o.stdout, "vfork capture ");
+    assert!((300..3000).contains(&ms), "{}", o.stdout);
+    let b = block(&o.stdout, "vforker");
+    assert!(b.contains("state D (disk sleep)"), "{b}");
+    assert!(b.contains(" no stack (timeout)"), "{b}");
+    let summary = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("summary "))
+        .unwrap();
+    let v: Vec<usize> = summary[8..]
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(v[2], 1, "{summary}");
+    assert_eq!(v[1], v[0] - 1, "{summary}");
+    // The vfork child was reaped, and the thread, back from vfork (it ran the late signal,
+    // which found no request), answers with the function it went on to.
+    assert!(
+        o.stdout.contains("vfork child true exited with status 0"),
+        "{}",
+        o.stdout
+    );
+    let after: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("after "))
+        .collect();
+    assert_eq!(
+        after.first().copied(),
+        Some("threads::spinner::spin_until_stopped"),
+        "{}",
+        o.stdout
+    );
+    assert!(after.contains(&"threads::vforker"), "{}", o.stdout);
+}
+
+#[test]
+fn the_request_signal_is_configurable() {
+    let o = run("signal");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    assert!(o.stdout.contains("configured true"), "{}", o.stdout);
+    // Captured through the configured signal, from a thread that blocks the default one.
+    let frames: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("frame "))
+        .collect();
+    assert_eq!(
+        frames.first().copied(),
+        Some("threads::spinner::spin_until_stopped"),
+        "{}",
+        o.stdout
+    );
+    assert!(frames.contains(&"threads::caller_spin"), "{}", o.stdout);
+    assert!(
+        frames.contains(&"threads::spin_with_blocked"),
+        "{}",
+        o.stdout
+    );
+    // A thread that blocks the configured signal does not answer, and that signal (never the
+    // default) is what is pending in it; the answering thread has nothing pending.
+    assert!(
+        o.stdout.contains("masked capture Err(Timeout)"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout
+            .contains("pending configured false true, default false false"),
+        "{}",
+        o.stdout
+    );
+    // The default signal's action was left alone; the configured one has the handler.
+    assert!(
+        o.stdout
+            .contains("default disposition untouched true SIG_DFL true"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout
+            .contains("configured disposition is a handler true"),
+        "{}",
+        o.stdout
     );
 }
