@@ -10,7 +10,8 @@
 //!
 //! Usage: `record_target run N` (N rounds, then a thread and a child process), `record_target
 //! child` (what the child does), `record_target crash` (one round, then SIGSEGV), `record_target
-//! wait` (one round, prints `ready PID`, then sleeps until killed).
+//! wait` (one round, prints `ready PID`, then sleeps until killed), `record_target flood N`
+//! (N instants `flood` as fast as it can, to overflow a small ring buffer; prints `flood N`).
 
 use selftrace::trace;
 use std::time::Duration;
@@ -89,6 +90,13 @@ fn main() {
                 libc::raise(libc::SIGSEGV);
             }
             std::process::abort();
+        }
+        "flood" => {
+            let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
+            for _ in 0..n {
+                trace::instant("flood");
+            }
+            println!("flood {n}");
         }
         "wait" => {
             round(0);

@@ -2,8 +2,9 @@
 //! through `setpriv`) planting symbolic links at the output paths; outputs that cannot be
 //! written (found before the command runs); the command's process tree outliving the recorder;
 //! `clean` run from another PID namespace while a recording is live; kernel errors with their
-//! cause; an unprivileged user from a checkout they cannot enter. Needs root and tracefs
-//! (skips, or fails under `SELFTRACE_REQUIRE_TRACEFS=1`).
+//! cause, also between two live recorders of one USDT site; markers the kernel dropped,
+//! counted in the summary; an unprivileged user from a checkout they cannot enter. Needs root
+//! and tracefs (skips, or fails under `SELFTRACE_REQUIRE_TRACEFS=1`).
 
 mod example_build;
 mod record_support;
@@ -12,7 +13,7 @@ use record_support::*;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A directory every user can write to (mode 1777, like /tmp), removed when dropped.
@@ -82,6 +83,71 @@ fn read_pids(file: &Path, n: usize) -> Vec<i32> {
             "the command did not start its processes"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A live `selftrace record -o FILE ARGS -- BIN wait`: record_target has run one round and
+/// printed `ready PID`. Dropped (also while a failed assertion unwinds), it ends the command
+/// with SIGTERM and waits for the recorder, which then removes what it made in tracefs.
+struct LiveRecorder {
+    child: Option<Child>,
+    /// The recorder's pid.
+    pid: u32,
+    /// The recorded command's pid.
+    command: i32,
+}
+
+impl LiveRecorder {
+    fn start(file: &Path, args: &[&str], bin: &Path) -> LiveRecorder {
+        let mut child = selftrace()
+            .args(["record", "-o", file.to_str().unwrap()])
+            .args(args)
+            .arg("--")
+            .arg(bin)
+            .arg("wait")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut rec = LiveRecorder {
+            child: Some(child),
+            pid,
+            command: 0,
+        };
+        let mut line = String::new();
+        while !line.starts_with("ready ") {
+            line.clear();
+            if stdout.read_line(&mut line).unwrap() == 0 {
+                let o = rec.child.take().unwrap().wait_with_output().unwrap();
+                panic!("recorder ended early: {}", stderr(&o));
+            }
+        }
+        rec.command = line["ready ".len()..].trim().parse().unwrap();
+        rec
+    }
+
+    /// Ends the command (SIGTERM) and returns the recorder's output.
+    fn finish(mut self) -> Output {
+        // SAFETY: kill of the recorded program (our grandchild).
+        unsafe { libc::kill(self.command, libc::SIGTERM) };
+        self.child.take().unwrap().wait_with_output().unwrap()
+    }
+}
+
+impl Drop for LiveRecorder {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if self.command > 0 {
+                // SAFETY: as in `finish`.
+                unsafe { libc::kill(self.command, libc::SIGTERM) };
+            } else {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
     }
 }
 
@@ -408,6 +474,252 @@ fn kernel_errors_name_their_cause() {
         "{err}"
     );
     assert_clean(rec);
+}
+
+#[test]
+fn second_recorder_on_a_live_usdt_site() {
+    if !usable("second_recorder_on_a_live_usdt_site") {
+        return;
+    }
+    // A copy of its own, as in kernel_errors_name_their_cause: the probe sites of this inode
+    // are used by this test's recorders only.
+    let dir = tempdir("second-recorder");
+    let bin = dir.join("record_target_copy");
+    std::fs::copy(record_target(), &bin).unwrap();
+    let b = bin.to_str().unwrap();
+    let off = selftrace::usdt::read_probes(&bin)
+        .unwrap()
+        .into_iter()
+        .find(|n| n.name == "step")
+        .unwrap()
+        .file_offset
+        .unwrap();
+    let raw = format!("0x{off:x}");
+    let out = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    // The `rt:step` hits in a recording: (pid, a0).
+    let steps = |file: &str| -> Vec<(Option<u32>, Option<String>)> {
+        let text = std::fs::read_to_string(file).unwrap();
+        selftrace::tracefs::records(&text)
+            .filter(|r| r.event == "rt_step")
+            .map(|r| {
+                let args = selftrace::tracefs::parse_hit_body(r.body).1;
+                let a0 = args.into_iter().find(|(k, _)| k == "a0").map(|(_, v)| v);
+                (r.tgid, a0)
+            })
+            .collect()
+    };
+
+    // 0. Alone, a recorder that records every probe (the default) and a raw uprobe on a probe's
+    // address conflicts with itself: the error says so, and does not blame another recorder.
+    let (o, rec) = record(&[
+        "-o",
+        &out("self.trace"),
+        "--uprobe",
+        &raw,
+        "--",
+        b,
+        "run",
+        "1",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{b}:{raw} is already probed by the uprobe event selftrace_{rec}_"
+        )) && err.contains("that event is this session's own")
+            && !err.contains("another recorder"),
+        "{err}"
+    );
+    assert_clean(rec);
+
+    // 1. The first recorder has the USDT probe (with its semaphore as reference counter).
+    let a_file = out("a.trace");
+    let a = LiveRecorder::start(Path::new(&a_file), &["--probe", "rt:step"], &bin);
+    let a_events = leftovers(
+        &format!("selftrace_{}_", a.pid),
+        &format!("selftrace-record-{}-", a.pid),
+    );
+    assert!(
+        a_events.iter().any(|e| e.ends_with("/rt_step")),
+        "{a_events:?}"
+    );
+
+    // A second recorder of the same probe uses the same reference counter: the kernel shares
+    // the site, and each recorder sees the hits of its own command only.
+    let b1 = out("b1.trace");
+    let (o, rec) = record(&["-o", &b1, "--probe", "rt:step", "--", b, "run", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean(rec);
+    let hits = steps(&b1);
+    assert_eq!(hits.len(), 2, "{hits:?}");
+    assert!(
+        hits.iter().all(|(pid, _)| *pid != Some(a.command as u32)),
+        "{hits:?}"
+    );
+
+    // A raw uprobe on the same address has no reference counter: the kernel refuses it, and
+    // the error names the first recorder's event. The command does not run. (--no-probes:
+    // this recorder's own rt:step would conflict too, as in 0.)
+    let b2 = out("b2.trace");
+    let (o, rec) = record(&[
+        "-o",
+        &b2,
+        "--no-probes",
+        "--uprobe",
+        &raw,
+        "--",
+        b,
+        "run",
+        "1",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("--uprobe {raw}: ")), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{b}:{raw} is already probed by the uprobe event selftrace_{}_",
+            a.pid
+        )) && err.contains("/rt_step (")
+            && err.contains("another recorder may be using it"),
+        "{err}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("rt:step enabled"),
+        "the command ran"
+    );
+    assert!(!Path::new(&b2).exists());
+    assert_clean(rec);
+
+    // The first recording is intact: still live with all its events, and it ends normally
+    // with its hit and its markers.
+    assert_eq!(
+        leftovers(
+            &format!("selftrace_{}_", a.pid),
+            &format!("selftrace-record-{}-", a.pid)
+        ),
+        a_events
+    );
+    let (a_pid, a_command) = (a.pid, a.command as u32);
+    let o = a.finish();
+    let err = stderr(&o);
+    assert!(err.contains("command killed by signal 15"), "{err}");
+    assert_clean(a_pid);
+    assert_eq!(
+        steps(&a_file),
+        [(Some(a_command), Some("0".to_string()))],
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&a_file).unwrap();
+    let rounds = selftrace::tracefs::markers(&text)
+        .iter()
+        .filter(|m| m.pid == Some(a_command) && m.text.ends_with("|round"))
+        .count();
+    assert_eq!(rounds, 1, "{text}");
+
+    // 2. The other way round: a live recorder with the raw uprobe, then one with the USDT
+    // probe (reference counter) on the same address.
+    let c_file = out("c.trace");
+    let c = LiveRecorder::start(Path::new(&c_file), &["--no-probes", "--uprobe", &raw], &bin);
+    let (o, rec) = record(&[
+        "-o",
+        &out("d.trace"),
+        "--probe",
+        "rt:step",
+        "--",
+        b,
+        "run",
+        "1",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("probe rt:step: "), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{b}:{raw} is already probed by the uprobe event selftrace_{}_",
+            c.pid
+        )) && err.contains(&format!("/off_{off:x} (")),
+        "{err}"
+    );
+    assert_clean(rec);
+    let (c_pid, c_command) = (c.pid, c.command as u32);
+    let o = c.finish();
+    assert!(
+        stderr(&o).contains("command killed by signal 15"),
+        "{}",
+        stderr(&o)
+    );
+    assert_clean(c_pid);
+    let text = std::fs::read_to_string(&c_file).unwrap();
+    let raw_hits: Vec<_> = selftrace::tracefs::records(&text)
+        .filter(|r| r.event == format!("off_{off:x}"))
+        .map(|r| r.tgid)
+        .collect();
+    assert_eq!(raw_hits, [Some(c_command)], "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn record_counts_the_markers_the_kernel_dropped() {
+    if !usable("record_counts_the_markers_the_kernel_dropped") {
+        return;
+    }
+    let dir = tempdir("dropped");
+    let file = dir.join("out.trace");
+    let bin = record_target();
+    // 100,000 instants (some 40 bytes of ring buffer each) as fast as one thread writes them,
+    // into the smallest buffer (4 KiB per CPU): the recorder's trace_pipe reader cannot keep
+    // up, and the kernel overwrites most of them.
+    const WRITTEN: u64 = 100_000;
+    let n = WRITTEN.to_string();
+    let (o, rec) = record(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--buffer-kb",
+        "4",
+        "--",
+        bin.to_str().unwrap(),
+        "flood",
+        &n,
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_clean(rec);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&format!("flood {WRITTEN}")),
+        "the command did not write its markers: {o:?}"
+    );
+    // `...; N events dropped by the kernel` in the summary, and the same N in the warning.
+    let dropped: u64 = err
+        .split(" events dropped by the kernel")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no dropped count in the summary: {err}"));
+    assert!(
+        err.contains(&format!(
+            "warning: the kernel dropped {dropped} events (raise --buffer-kb)"
+        )),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let kept = selftrace::tracefs::markers(&text)
+        .iter()
+        .filter(|m| m.text.ends_with("|flood"))
+        .count() as u64;
+    eprintln!("{WRITTEN} markers written, {kept} kept, {dropped} dropped (--buffer-kb 4)");
+    assert!(dropped > 0, "{err}");
+    assert!(kept < WRITTEN, "{kept} of {WRITTEN} kept in 4 KiB per CPU");
+    // In overwrite mode every event the kernel wrote into the instance is either read from
+    // trace_pipe or counted (per-CPU `overrun`, and `[LOST N EVENTS]` in trace_pipe), so
+    // kept + dropped >= written. Not `==`: the count covers everything in the instance's
+    // buffer, which also holds the markers of every other process (copy_trace_marker) and
+    // the sched events of the recorder; on an otherwise idle machine it was exactly equal in
+    // every run (e.g. 3,046 kept + 96,954 dropped = 100,000).
+    assert!(
+        kept + dropped >= WRITTEN,
+        "{kept} kept + {dropped} dropped < {WRITTEN} written"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -59,7 +59,8 @@ fn write_uprobe_events(line: &str) -> Result<(), Error> {
 
 /// Why the kernel refused the `uprobe_events` command `cmd`: its `error_log` entry for that
 /// command (message and the word the caret points at), or an existing event on the same
-/// `path:0xoffset` (the kernel refuses a second reference counter for one address).
+/// `path:0xoffset` (the kernel refuses a second reference counter for one address), in the
+/// group of `cmd` (the caller's own) or another (another recorder's).
 fn explain_failure(cmd: &str) -> Option<String> {
     let root = root().ok()?;
     if let Ok(log) = std::fs::read_to_string(root.join("error_log")) {
@@ -83,12 +84,21 @@ fn explain_failure(cmd: &str) -> Option<String> {
             .is_some_and(|p| p == at)
     })?;
     let id = other.split_whitespace().next()?.get(2..)?;
+    let group_of = |id: &str| id.split_once('/').map(|(g, _)| g.to_string());
+    let ours = group_of(id).is_some()
+        && group_of(cmd.split_whitespace().next()?.get(2..)?) == group_of(id);
     Some(format!(
         "{}:0x{:x} is already probed by the uprobe event {id} ({}): the kernel allows one \
-         reference counter per address; another recorder may be using it",
+         reference counter per address; {}",
         at.0,
         at.1,
-        other.split_whitespace().nth(1).unwrap_or("")
+        other.split_whitespace().nth(1).unwrap_or(""),
+        if ours {
+            "that event is this session's own (a USDT probe's: its semaphore is the reference \
+             counter; a uprobe on the same address has none)"
+        } else {
+            "another recorder may be using it"
+        }
     ))
 }
 
