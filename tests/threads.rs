@@ -1148,9 +1148,10 @@ fn a_stopped_thread_times_out_and_answers_once_resumed() {
         "{}",
         o.stdout
     );
-    // The requester waited for its deadline, and not much longer.
+    // The requester waited for its deadline and came back (the bound above only catches a
+    // hang: no timing claim on a loaded machine).
     let ms = millis_after(&o.stdout, "stopped capture ");
-    assert!((300..3000).contains(&ms), "{}", o.stdout);
+    assert!((300..30_000).contains(&ms), "{}", o.stdout);
     let b = block(&o.stdout, "stopme");
     assert!(b.contains("state t (tracing stop)"), "{b}");
     assert!(b.contains(" no stack (timeout)"), "{b}");
@@ -1198,7 +1199,7 @@ fn a_thread_in_uninterruptible_sleep_times_out_and_answers_once_awake() {
         o.stdout
     );
     let ms = millis_after(&o.stdout, "vfork capture ");
-    assert!((300..3000).contains(&ms), "{}", o.stdout);
+    assert!((300..30_000).contains(&ms), "{}", o.stdout);
     let b = block(&o.stdout, "vforker");
     assert!(b.contains("state D (disk sleep)"), "{b}");
     assert!(b.contains(" no stack (timeout)"), "{b}");

@@ -178,13 +178,14 @@ fn a_return_address_that_changed_above_the_join_is_followed() {
         );
         assert!(!leafs.contains(&other), "walk {i}: {names:#?}");
     }
-    // (Walks 0 and 1 find the rules of their frames for the first time.) Walks 2, 3 and 5
-    // took the frames of `capture_vec`, `inner` and `middle` from the walk before and stopped
-    // at the changed word; walk 4 took every frame from walk 3.
-    for i in [2, 3, 5] {
+    // (Walks 0 and 1 find the rules of their frames for the first time.) Walks 2 to 5 took
+    // at least the frames of `capture_vec`, `inner` and `middle` from the record before
+    // stepping past the changed word. (Walk 4 takes every frame only if walk 3 re-recorded the
+    // stack, which a thread whose walks keep differing does one walk in 16: not asserted.) The
+    // counter is the process's, so other tests' walks can only add to it.
+    for i in [2, 3, 4, 5] {
         assert!(counts[i] >= 2, "walk {i}: {counts:?}");
     }
-    assert!(counts[4] >= walks[4].len() as u64 - 3, "{counts:?}");
     let again = both(&mut || via_b(&mut sp));
     assert_eq!(o.names(&again, false)[..4], o.names(&walks[1], false)[..4]);
 }
