@@ -951,15 +951,7 @@ fn a_thread_with_the_signal_blocked_times_out() {
     let b = block(&o.stdout, "masked");
     assert!(b.contains("state R (running)"), "{b}");
     assert!(b.contains(" no stack (timeout)"), "{b}");
-    let summary = o
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("summary "))
-        .unwrap();
-    let v: Vec<usize> = summary[8..]
-        .split(' ')
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let (summary, v) = summary(&o.stdout);
     assert_eq!(v[2], 1, "{summary}");
     assert_eq!(v[1], v[0] - 1, "{summary}");
 }
@@ -976,15 +968,7 @@ fn threads_that_exit_are_gone_and_dumps_go_on() {
     assert!(o.stdout.contains("dumps done"), "{}", o.stdout);
     let leaver = block(&o.stdout, "leaver");
     assert!(leaver.contains(" no stack (exited)"), "{leaver}");
-    let summary = o
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("summary "))
-        .unwrap();
-    let v: Vec<usize> = summary[8..]
-        .split(' ')
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let (summary, v) = summary(&o.stdout);
     assert_eq!(v[2], 0, "{summary}");
     assert!(v[3] >= 1, "{summary}");
 }
@@ -993,15 +977,7 @@ fn threads_that_exit_are_gone_and_dumps_go_on() {
 fn two_hundred_threads() {
     let o = run("many");
     assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
-    let summary = o
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("summary "))
-        .unwrap();
-    let v: Vec<usize> = summary[8..]
-        .split(' ')
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let (summary, v) = summary(&o.stdout);
     assert!(v[0] >= 201, "{summary}");
     assert_eq!(v[1], v[0], "{summary}");
     for i in [0, 57, 199] {
@@ -1122,6 +1098,23 @@ fn no_handler_path_allocates() {
     );
 }
 
+/// The dump summary line (`summary THREADS STACKS TIMEOUTS GONE ...`) and its numbers.
+fn summary(text: &str) -> (&str, Vec<usize>) {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("summary "))
+        .unwrap_or_else(|| panic!("no summary line: {text}"));
+    let v = line[8..].split(' ').map(|x| x.parse().unwrap()).collect();
+    (line, v)
+}
+
+/// The frame names of the scenario's `after NAME` lines (a capture once the thread answers).
+fn after_frames(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("after "))
+        .collect()
+}
+
 /// The number after `prefix` and before " ms" on the line that starts with `prefix`.
 fn millis_after(text: &str, prefix: &str) -> u128 {
     let line = text
@@ -1155,24 +1148,12 @@ fn a_stopped_thread_times_out_and_answers_once_resumed() {
     let b = block(&o.stdout, "stopme");
     assert!(b.contains("state t (tracing stop)"), "{b}");
     assert!(b.contains(" no stack (timeout)"), "{b}");
-    let summary = o
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("summary "))
-        .unwrap();
-    let v: Vec<usize> = summary[8..]
-        .split(' ')
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let (summary, v) = summary(&o.stdout);
     assert_eq!(v[2], 1, "{summary}");
     assert_eq!(v[1], v[0] - 1, "{summary}");
     // Detached, the thread answers again: its exact pc in the spin loop.
     assert!(o.stdout.contains("detach Some(0)"), "{}", o.stdout);
-    let after: Vec<&str> = o
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("after "))
-        .collect();
+    let after = after_frames(&o.stdout);
     assert_eq!(
         after.first().copied(),
         Some("threads::spinner::spin_until_stopped"),
@@ -1203,15 +1184,7 @@ fn a_thread_in_uninterruptible_sleep_times_out_and_answers_once_awake() {
     let b = block(&o.stdout, "vforker");
     assert!(b.contains("state D (disk sleep)"), "{b}");
     assert!(b.contains(" no stack (timeout)"), "{b}");
-    let summary = o
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("summary "))
-        .unwrap();
-    let v: Vec<usize> = summary[8..]
-        .split(' ')
-        .map(|x| x.parse().unwrap())
-        .collect();
+    let (summary, v) = summary(&o.stdout);
     assert_eq!(v[2], 1, "{summary}");
     assert_eq!(v[1], v[0] - 1, "{summary}");
     // The vfork child was reaped, and the thread, back from vfork (it ran the late signal,
@@ -1221,11 +1194,7 @@ fn a_thread_in_uninterruptible_sleep_times_out_and_answers_once_awake() {
         "{}",
         o.stdout
     );
-    let after: Vec<&str> = o
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("after "))
-        .collect();
+    let after = after_frames(&o.stdout);
     assert_eq!(
         after.first().copied(),
         Some("threads::spinner::spin_until_stopped"),

@@ -84,7 +84,11 @@ fn explain_failure(cmd: &str) -> Option<String> {
             .is_some_and(|p| p == at)
     })?;
     let id = other.split_whitespace().next()?.get(2..)?;
-    let group_of = |id: &str| id.split_once('/').map(|(g, _)| g.to_string());
+    /// The group of an event id `GROUP/EVENT`.
+    fn group_of(id: &str) -> Option<&str> {
+        id.split_once('/').map(|(g, _)| g)
+    }
+    // The command's event id is its first word after `p:`.
     let ours = group_of(id).is_some()
         && group_of(cmd.split_whitespace().next()?.get(2..)?) == group_of(id);
     Some(format!(
