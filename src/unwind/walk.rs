@@ -492,16 +492,24 @@ fn fast_frames<const PRECISE: bool>(
     let mut reused = 0;
     let end = loop {
         if sp >= next_sp {
-            // Record frames below this one are no longer on the stack.
-            while cursor != 0 && record[cursor - 1].sp < sp {
+            // Record frames below this one are no longer on the stack. (`next_sp` is the sp of
+            // record frame `cursor - 1`, or usize::MAX if there is none: below `sp`, there is.)
+            while next_sp < sp {
                 cursor -= 1;
+                next_sp = match cursor.checked_sub(1) {
+                    // SAFETY: `cursor` never exceeds the record's length (it starts there and
+                    // only falls), so `i` is in bounds.
+                    Some(i) => unsafe { record.get_unchecked(i) }.sp,
+                    None => usize::MAX,
+                };
             }
-            let hit = cursor
-                .checked_sub(1)
-                .filter(|&i| record[i].sp == sp && record[i].pc == pc);
-            if let Some((r, at, how)) =
-                hit.and_then(|r| join(record, r, bp, valid, &ok, buf, &mut frames))
+            // SAFETY: `next_sp == sp` (not usize::MAX) only when `cursor - 1` is a record frame.
+            let hit = (next_sp == sp && unsafe { record.get_unchecked(cursor - 1) }.pc == pc)
+                .then(|| cursor - 1);
+            if let Some((r, at, how, n)) =
+                hit.and_then(|r| join(record, r, bp, valid, &ok, buf, frames))
             {
+                frames = n;
                 reused += r - at;
                 match how {
                     Replayed::End => {
@@ -546,10 +554,10 @@ fn fast_frames<const PRECISE: bool>(
                         // Record frames further out may still be joined (the stack may be
                         // the same again above the frames that changed).
                         cursor = at;
+                        next_sp = cursor.checked_sub(1).map_or(usize::MAX, |i| record[i].sp);
                     }
                 }
             }
-            next_sp = cursor.checked_sub(1).map_or(usize::MAX, |i| record[i].sp);
         }
         let key = rules::key(pc, false);
         let w = if PRECISE {
@@ -708,7 +716,7 @@ fn fast_frames<const PRECISE: bool>(
 
 /// Joins record frame `r`, whose pc and sp are the walk's, if rbp agrees where a step above
 /// depends on it (and whether rbp is known): takes the frames above it from the record (see
-/// [`replay`]). Returns the record frame joined, the one reached, and how the replay stopped.
+/// [`replay`]). Returns the record frame joined, the one reached, how the replay stopped and the new frame count.
 #[inline(never)]
 fn join(
     record: &[tail::Frame],
@@ -717,8 +725,8 @@ fn join(
     valid: u32,
     ok: &impl Fn(usize) -> bool,
     buf: &mut [usize],
-    frames: &mut usize,
-) -> Option<(usize, usize, Replayed)> {
+    frames: usize,
+) -> Option<(usize, usize, Replayed, usize)> {
     let e = &record[r];
     let bp_valid = valid & (1 << dw::RBP) != 0;
     // rbp must be the recorded one only where a step above depends on it (see `tail`).
@@ -727,8 +735,8 @@ fn join(
     if !bp_same {
         return None;
     }
-    let (at, how) = replay(record, r, ok, buf, frames);
-    Some((r, at, how))
+    let (at, how, frames) = replay(record, r, ok, buf, frames);
+    Some((r, at, how, frames))
 }
 
 /// How [`replay`] stopped.
@@ -743,19 +751,19 @@ enum Replayed {
 
 /// Takes the frames above record frame `r` (the walk's current frame, `buf[frames - 1]`)
 /// from the record while the stack still holds the words their steps read, each read allowed
-/// by `ok`; writes their pcs into `buf`. Returns the index of the record frame reached.
+/// by `ok`; writes their pcs into `buf`. Returns the index of the record frame reached, how it stopped and the new frame count.
 #[inline(always)]
 fn replay(
     record: &[tail::Frame],
     r: usize,
     ok: &impl Fn(usize) -> bool,
     buf: &mut [usize],
-    frames: &mut usize,
-) -> (usize, Replayed) {
+    mut frames: usize,
+) -> (usize, Replayed, usize) {
     let mut i = r;
     loop {
         if i == 0 {
-            return (0, Replayed::End);
+            return (0, Replayed::End, frames);
         }
         let (e, caller) = (&record[i], &record[i - 1]);
         let ra_at = e.ra_at();
@@ -768,13 +776,13 @@ fn replay(
                     && unsafe { core::ptr::read_volatile(rbp_at as *const usize) } == caller.bp
             });
         if !same {
-            return (i, Replayed::Differs);
+            return (i, Replayed::Differs, frames);
         }
-        if *frames == buf.len() {
-            return (i, Replayed::Full);
+        if frames == buf.len() {
+            return (i, Replayed::Full, frames);
         }
-        buf[*frames] = caller.pc;
-        *frames += 1;
+        buf[frames] = caller.pc;
+        frames += 1;
         i -= 1;
     }
 }
