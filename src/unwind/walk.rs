@@ -429,16 +429,20 @@ fn fast_frames<const PRECISE: bool>(
     const W: usize = core::mem::size_of::<usize>();
     const SP: usize = dw::RSP as usize;
     const PC: usize = dw::RA as usize;
-    // A read is allowed when `a - start <= span` (wrapping: one comparison) and aligned. No
-    // known stack (a walk from untrusted registers): nothing is read directly.
+    // A read is allowed when `a - start <= span` (wrapping) and `a` is aligned: with `start`
+    // aligned, one comparison of `a - start` rotated right by 3 (a misaligned address's low
+    // bits become high bits) with `span / 8`. No known stack (a walk from untrusted registers)
+    // or an unaligned one: nothing is read directly.
     let Some(span) = stack
         .end
         .checked_sub(stack.start)
         .and_then(|l| l.checked_sub(W))
+        .filter(|_| stack.start.is_multiple_of(W))
     else {
         return Fast::Slow;
     };
-    let ok = |a: usize| a.wrapping_sub(stack.start) <= span && a.is_multiple_of(W);
+    let words = span / W;
+    let ok = |a: usize| readable_word(a, stack.start, words);
     // SAFETY (for every `load` below): `ok` held for the address: aligned and on this thread's
     // own live stack, between the walk's stack pointer and the stack's high end.
     let load = |a: usize| unsafe { core::ptr::read_volatile(a as *const usize) };
@@ -669,10 +673,10 @@ fn fast_frames<const PRECISE: bool>(
         // Registers without a rule keep their values (see `cfi::eval_row`).
         pc = ra;
         sp = cfa;
-        if frames == buf.len() {
-            break Fast::Full;
+        match buf.get_mut(frames) {
+            Some(slot) => *slot = ra,
+            None => break Fast::Full,
         }
-        buf[frames] = ra;
         frames += 1;
     };
     if reused != 0 {
@@ -712,6 +716,16 @@ fn fast_frames<const PRECISE: bool>(
     regs.valid = valid;
     *n = frames;
     end
+}
+
+/// Whether `a` is an aligned address of a word that lies within `words` words above `start`
+/// (aligned): `a - start`, wrapping, rotated right by 3 so that a misaligned address's low
+/// bits become high bits, compared once. The same as `a >= start && a - start <= 8 * words &&
+/// a % 8 == 0` for user-space addresses.
+#[inline(always)]
+fn readable_word(a: usize, start: usize, words: usize) -> bool {
+    const W: usize = core::mem::size_of::<usize>();
+    a.wrapping_sub(start).rotate_right(W.trailing_zeros()) <= words
 }
 
 /// Joins record frame `r`, whose pc and sp are the walk's, if rbp agrees where a step above
@@ -1414,4 +1428,30 @@ pub(crate) extern "C" fn capture_inner(
         };
     }
     o.frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable_word;
+
+    #[test]
+    fn the_one_comparison_stack_check_is_the_plain_one() {
+        let start = 0x7ffd_1234_5000usize;
+        for words in [0usize, 1, 7, 512, 1 << 20] {
+            let span = words * 8;
+            let mut probes = vec![0, 1, 7, 8, usize::MAX, usize::MAX - 7, 1 << 47, 1 << 63];
+            for d in -80isize..=80 {
+                probes.push(start.wrapping_add_signed(d));
+                probes.push((start + span).wrapping_add_signed(d));
+            }
+            for a in probes {
+                let plain = a >= start && a - start <= span && a % 8 == 0;
+                assert_eq!(
+                    readable_word(a, start, words),
+                    plain,
+                    "{a:#x}, {words} words"
+                );
+            }
+        }
+    }
 }
