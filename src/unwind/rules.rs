@@ -184,6 +184,82 @@ pub(crate) const ENTRIES: usize = 1 << 14;
 /// derive a rule again every 13 captures; with 4, every 500.
 pub(crate) const WAYS: usize = 4;
 
+/// Entries of the compact table (a power of two): one word each, 128 KiB.
+const COMPACT_ENTRIES: usize = 1 << 14;
+
+/// Bits of a compact word that must equal [`compact_tag`] of the pc: present (bit 0) and the pc
+/// bits that the entry's index does not give (29-63).
+const COMPACT_TAG_MASK: u64 = 1 | !0 << 29;
+
+/// The tag of a return address in its compact word: present, pc bits 0-2 (bits 29-31), pc bits
+/// 17-46 (bits 32-61). The entry's index gives pc bits 3-16; a user-space pc is under 2^47, so
+/// the index and the tag together are the whole pc.
+#[inline(always)]
+fn compact_tag(pc: usize) -> u64 {
+    let pc = pc as u64;
+    1 | (pc & 7) << 29 | (pc >> 17) << 32
+}
+
+/// The rule of a return address in one word, for the frame most code has: CFA = rsp + a
+/// positive multiple of 8, the return address at CFA - 8, rbp unchanged or saved in one of the
+/// 63 words below the CFA, every other callee-saved register unchanged or saved (the fast walk
+/// then forgets it). Bits: 0 present; 1-6 which of [`SAVED`] the frame saves (as in the packed
+/// rule); 7-12 rbp's save slot in words below the CFA (0: unchanged); 13-28 the CFA offset in
+/// words; 29-61 the tag ([`compact_tag`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Compact(u64);
+
+impl Compact {
+    /// The compact word of the rule of return address `pc`, if the rule has the compact form.
+    fn encode(pc: usize, rule: &Rule) -> Option<Compact> {
+        const RSP: u8 = 7;
+        if rule.kind != Kind::Cfi
+            || rule.cfa_reg != RSP
+            || rule.ra_off != -8
+            || rule.cfa_off <= 0
+            || rule.cfa_off % 8 != 0
+            || rule.cfa_off / 8 > 0xffff
+            || pc as u64 >= 1 << 47
+        {
+            return None;
+        }
+        let rbp = match rule.saved[1] {
+            SAME => 0,
+            s if s < 0 && s % 8 == 0 && -s / 8 <= 0x3f => (-s / 8) as u64,
+            _ => return None,
+        };
+        let mut slots = 0u64;
+        for (lane, &s) in rule.saved.iter().enumerate() {
+            match s {
+                SAME => {}
+                UNDEF => return None,
+                _ => slots |= 1 << lane,
+            }
+        }
+        Some(Compact(
+            compact_tag(pc) | slots << 1 | rbp << 7 | (rule.cfa_off as u64 / 8) << 13,
+        ))
+    }
+
+    /// The CFA's offset from rsp, in words (at least 1).
+    #[inline(always)]
+    pub(crate) fn cfa_words(self) -> usize {
+        (self.0 >> 13) as usize & 0xffff
+    }
+
+    /// rbp's save slot in words below the CFA, or 0 if the frame does not save rbp.
+    #[inline(always)]
+    pub(crate) fn rbp_words(self) -> usize {
+        (self.0 >> 7) as usize & 0x3f
+    }
+
+    /// Which of [`SAVED`] the frame saves, one bit per lane (bit 1: rbp), as in the packed rule.
+    #[inline(always)]
+    pub(crate) fn slots(self) -> u64 {
+        (self.0 >> 1) & 0x3f
+    }
+}
+
 /// Bits of an entry's first word that hold the key (the key is a user-space pc, under 2^47,
 /// shifted left by one); the 16 bits above hold the sequence number.
 const KEY_BITS: u32 = 48;
@@ -205,14 +281,18 @@ struct Bucket([Entry; WAYS]);
 /// The shared rule cache (see the module docs).
 pub(crate) struct RuleCache {
     buckets: Box<[Bucket; ENTRIES / WAYS]>,
+    /// The compact table: the rules of return addresses that have the [`Compact`] form, one
+    /// word each, indexed by pc bits 3-16 (neighbouring code, neighbouring words).
+    compact: Box<[AtomicU64]>,
 }
 
 impl RuleCache {
     /// An empty cache. Allocates: normal context.
     pub(crate) fn new() -> RuleCache {
         let v: Vec<Bucket> = (0..ENTRIES / WAYS).map(|_| Bucket::default()).collect();
+        let compact = (0..COMPACT_ENTRIES).map(|_| AtomicU64::new(0)).collect();
         match v.into_boxed_slice().try_into() {
-            Ok(buckets) => RuleCache { buckets },
+            Ok(buckets) => RuleCache { buckets, compact },
             // The vector has exactly ENTRIES / WAYS buckets.
             Err(_) => unreachable!(),
         }
@@ -234,6 +314,15 @@ impl RuleCache {
     fn spill(&self, key: u64) -> &Bucket {
         let h = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize;
         &self.buckets[h % (ENTRIES / WAYS)]
+    }
+
+    /// The compact rule of return address `pc` (a pc of a loaded object, so under 2^47), if
+    /// the cache holds one: one load of one word, which a writer replaces whole.
+    /// Async-signal-safe, wait-free.
+    #[inline(always)]
+    pub(crate) fn compact(&self, pc: usize) -> Option<Compact> {
+        let w = self.compact[(pc >> 3) % COMPACT_ENTRIES].load(Ordering::Relaxed);
+        ((w ^ compact_tag(pc)) & COMPACT_TAG_MASK == 0).then_some(Compact(w))
     }
 
     /// The cached rule of `key`. Async-signal-safe, wait-free.
@@ -292,6 +381,15 @@ impl RuleCache {
         if key > KEY_MASK {
             return;
         }
+        // A return address whose rule has the compact form also goes to the compact table
+        // (a pc whose word another pc of the same 8 bytes of code holds replaces it: the other
+        // one is then found in the buckets).
+        let pc = (key >> 1) as usize;
+        if key & 1 == 0 {
+            if let Some(c) = Compact::encode(pc, rule) {
+                self.compact[(pc >> 3) % COMPACT_ENTRIES].store(c.0, Ordering::Relaxed);
+            }
+        }
         let empty = |b: &'_ Bucket| {
             b.0.iter()
                 .position(|e| e.head.load(Ordering::Relaxed) & KEY_MASK == 0)
@@ -340,6 +438,79 @@ mod tests {
         };
         assert_eq!(Rule::unpack(r.pack()), Some(r));
         assert_eq!(Rule::unpack([0, 0, 0]), None);
+    }
+
+    #[test]
+    fn compact_rules_round_trip_and_never_match_another_pc() {
+        let c = RuleCache::new();
+        let mut r = Rule::of(Kind::Cfi);
+        r.cfa_reg = 7;
+        r.cfa_off = 56;
+        r.ra_off = -8;
+        r.saved = [-24, -16, SAME, SAME, -48, SAME];
+        let pc = 0x5555_1234_5679usize;
+        c.put(key(pc, false), &r);
+        let got = c.compact(pc).expect("compact hit");
+        assert_eq!(got.cfa_words(), 7);
+        assert_eq!(got.rbp_words(), 2);
+        assert_eq!(got.slots(), 0b01_0011, "rbx, rbp and r14");
+        // The full rule is kept too.
+        assert_eq!(c.get(key(pc, false)), Some(r));
+        // Same index, another pc (other bits 0-2, 17-46): no hit.
+        for other in [
+            pc ^ 1,
+            pc ^ 4,
+            pc ^ 1 << 17,
+            pc ^ 1 << 46,
+            pc + (COMPACT_ENTRIES << 3),
+        ] {
+            assert_eq!(c.compact(other), None, "{other:#x}");
+        }
+        // Exact pcs (not return addresses) never go to the compact table.
+        let exact = 0x5555_0000_1000usize;
+        c.put(key(exact, true), &r);
+        assert_eq!(c.compact(exact), None);
+        // A second return address in the same 8 bytes of code replaces the word; the first is
+        // then only in the buckets.
+        let mut r2 = r;
+        r2.cfa_off = 8;
+        r2.saved = [SAME; 6];
+        c.put(key(pc + 1, false), &r2);
+        assert_eq!(c.compact(pc), None);
+        let got = c
+            .compact(pc + 1)
+            .map(|x| (x.cfa_words(), x.rbp_words(), x.slots()));
+        assert_eq!(got, Some((1, 0, 0)));
+        assert_eq!(c.get(key(pc, false)), Some(r));
+    }
+
+    #[test]
+    fn rules_outside_the_compact_form_are_not_compacted() {
+        let base = {
+            let mut r = Rule::of(Kind::Cfi);
+            r.cfa_reg = 7;
+            r.cfa_off = 16;
+            r.ra_off = -8;
+            r
+        };
+        assert!(Compact::encode(0x1000, &base).is_some());
+        let variants: [fn(&mut Rule); 9] = [
+            |r| r.kind = Kind::Slow,
+            |r| r.cfa_reg = 6,
+            |r| r.ra_off = -16,
+            |r| r.cfa_off = 12,
+            |r| r.cfa_off = 8 << 16,
+            |r| r.saved[1] = -8 * 64,
+            |r| r.saved[1] = 8,
+            |r| r.saved[1] = UNDEF,
+            |r| r.saved[3] = UNDEF,
+        ];
+        for (i, f) in variants.iter().enumerate() {
+            let mut r = base;
+            f(&mut r);
+            assert_eq!(Compact::encode(0x1000, &r), None, "variant {i}");
+        }
+        assert_eq!(Compact::encode(1 << 47, &base), None, "not a user-space pc");
     }
 
     #[test]

@@ -563,48 +563,61 @@ fn fast_frames<const PRECISE: bool>(
                 }
             }
         }
-        let key = rules::key(pc, false);
-        let w = if PRECISE {
-            cache.get_raw(key)
-        } else {
-            cache.get_head(key).map(|[a, b]| [a, b, 0])
-        };
-        let Some(w) = w else {
-            break Fast::Slow;
-        };
-        if w[0] & rules::FAST_MASK != Kind::Cfi as u64 {
-            if w[0] & 0xf == Kind::End as u64 {
-                if let Some(st) = stage.as_deref_mut() {
-                    st[staged & (tail::CAP - 1)] = tail::Frame {
-                        pc,
-                        sp,
-                        bp,
-                        reads: (valid >> BP) as usize & tail::BP_VALID,
-                    };
-                    staged += 1;
+        // The step: the CFA, the return address's slot, the CFA's base register, which of
+        // [`SAVED`] the frame saves and the packed rule (the precise walk reads every save slot
+        // from it). A return address whose rule has the compact form costs one load of one
+        // word; any other pc is looked up in the buckets.
+        let compact = if PRECISE { None } else { cache.compact(pc) };
+        let (cfa, ra_at, reg, slots, w) = match compact {
+            Some(c) => {
+                let cfa = sp.wrapping_add(c.cfa_words() * W);
+                (cfa, cfa.wrapping_sub(W), SP, c.slots(), [0; 3])
+            }
+            None => {
+                let key = rules::key(pc, false);
+                let w = if PRECISE {
+                    cache.get_raw(key)
+                } else {
+                    cache.get_head(key).map(|[a, b]| [a, b, 0])
+                };
+                let Some(w) = w else {
+                    break Fast::Slow;
+                };
+                if w[0] & rules::FAST_MASK != Kind::Cfi as u64 {
+                    if w[0] & 0xf == Kind::End as u64 {
+                        if let Some(st) = stage.as_deref_mut() {
+                            st[staged & (tail::CAP - 1)] = tail::Frame {
+                                pc,
+                                sp,
+                                bp,
+                                reads: (valid >> BP) as usize & tail::BP_VALID,
+                            };
+                            staged += 1;
+                        }
+                        break Fast::End;
+                    }
+                    break Fast::Slow;
                 }
-                break Fast::End;
-            }
-            break Fast::Slow;
-        }
-        let reg = ((w[0] >> 4) & 0xf) as usize;
-        let base = match reg {
-            SP => sp,
-            _ if valid & (1 << reg) == 0 => break Fast::Slow,
-            BP => bp,
-            _ => {
-                // A step that depends on a register a record does not hold: this frame and
-                // the ones below it are not recorded.
-                floor = staged + 1;
-                v[reg]
+                let reg = ((w[0] >> 4) & 0xf) as usize;
+                let base = match reg {
+                    SP => sp,
+                    _ if valid & (1 << reg) == 0 => break Fast::Slow,
+                    BP => bp,
+                    _ => {
+                        // A step that depends on a register a record does not hold: this frame and
+                        // the ones below it are not recorded.
+                        floor = staged + 1;
+                        v[reg]
+                    }
+                };
+                let cfa = base.wrapping_add(rules::packed_cfa_off(w[0]) as isize as usize);
+                let ra_at = cfa.wrapping_add(rules::packed_ra_off(w[0]) as isize as usize);
+                (cfa, ra_at, reg, (w[0] >> 8) & 0x3f, w)
             }
         };
-        let cfa = base.wrapping_add(rules::packed_cfa_off(w[0]) as isize as usize);
-        let ra_at = cfa.wrapping_add(rules::packed_ra_off(w[0]) as isize as usize);
         if cfa <= sp || !ok(ra_at) {
             break Fast::Slow;
         }
-        let slots = (w[0] >> 8) & 0x3f;
         let at = |i: usize| {
             let off = (w[1 + i / 4] >> (16 * (i % 4))) as u16 as i16;
             cfa.wrapping_add(off as isize as usize)
@@ -634,7 +647,10 @@ fn fast_frames<const PRECISE: bool>(
             }
             bp = v[BP];
         } else {
-            let rbp_at = at(1);
+            let rbp_at = match compact {
+                Some(c) => cfa.wrapping_sub(c.rbp_words() * W),
+                None => at(1),
+            };
             if slots & RBP_LANE != 0 && !ok(rbp_at) {
                 break Fast::Slow;
             }
