@@ -1,7 +1,8 @@
 //! Frame-pointer walking measured where it means something: benches/unwind.rs builds this
 //! example with `-C force-frame-pointers=yes` (release) and runs it. At the bottom of a
 //! 64-deep recursion it times `selftrace::capture_fp` and a naive, unchecked frame-pointer loop
-//! over the same chain (the same number of frames), and prints ns per frame and the ratio:
+//! over the same chain (the same number of frames), fastest of 40 rounds each, the rounds of
+//! the two alternating, and prints ns per frame and the ratio:
 //!
 //! `fp_bench: frames N capture_fp X ns/frame naive Y ns/frame ratio R`
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 const DEPTH: usize = 64;
 const ITERS: u32 = 20_000;
-const ROUNDS: usize = 15;
+const ROUNDS: usize = 40;
 
 /// The naive walk: no bounds, no checks (only safe on a chain known to be intact, and only
 /// for `max` frames, the count `capture_fp` found).
@@ -34,8 +35,18 @@ fn naive_fp(buf: &mut [usize], max: usize) -> usize {
     n
 }
 
-fn min_of(mut f: impl FnMut() -> Duration) -> Duration {
-    (0..ROUNDS).map(|_| f()).min().unwrap_or_default()
+/// The fastest of [`ROUNDS`] rounds of `a` and of `b`, the rounds of the two alternating, so
+/// that the machine's slow and fast spells (other tenants of a VM) fall on both alike.
+fn fastest_interleaved(
+    mut a: impl FnMut() -> Duration,
+    mut b: impl FnMut() -> Duration,
+) -> (Duration, Duration) {
+    let (mut fa, mut fb) = (Duration::MAX, Duration::MAX);
+    for _ in 0..ROUNDS {
+        fa = fa.min(a());
+        fb = fb.min(b());
+    }
+    (fa, fb)
 }
 
 #[inline(never)]
@@ -55,20 +66,22 @@ fn measure() -> (usize, f64, f64) {
         &other[1..m],
         "the naive loop walks the same chain"
     );
-    let fp = min_of(|| {
-        let t = Instant::now();
-        for _ in 0..ITERS {
-            black_box(selftrace::capture_fp(black_box(&mut buf)));
-        }
-        t.elapsed()
-    });
-    let naive = min_of(|| {
-        let t = Instant::now();
-        for _ in 0..ITERS {
-            black_box(naive_fp(black_box(&mut other), n));
-        }
-        t.elapsed()
-    });
+    let (fp, naive) = fastest_interleaved(
+        || {
+            let t = Instant::now();
+            for _ in 0..ITERS {
+                black_box(selftrace::capture_fp(black_box(&mut buf)));
+            }
+            t.elapsed()
+        },
+        || {
+            let t = Instant::now();
+            for _ in 0..ITERS {
+                black_box(naive_fp(black_box(&mut other), n));
+            }
+            t.elapsed()
+        },
+    );
     let per = |d: Duration| d.as_nanos() as f64 / (ITERS as f64 * n as f64);
     (n, per(fp), per(naive))
 }
