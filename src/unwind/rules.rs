@@ -329,11 +329,15 @@ impl RuleCache {
         &self.buckets[h % (ENTRIES / WAYS)]
     }
 
-    /// The compact rule of return address `pc` (a pc of a loaded object, so under 2^47), if
-    /// the cache holds one: one load of one word, which a writer replaces whole.
+    /// The compact rule of return address `pc`, if the cache holds one: one load of one word,
+    /// which a writer replaces whole. A pc at or above 2^47 (user space can reach there with
+    /// 5-level page tables) has no compact rule: the tag holds bits up to 46 only.
     /// Async-signal-safe, wait-free.
     #[inline(always)]
     pub(crate) fn compact(&self, pc: usize) -> Option<Compact> {
+        if pc as u64 >= 1 << 47 {
+            return None;
+        }
         let w = self.compact[(pc >> 3) % COMPACT_ENTRIES].load(Ordering::Relaxed);
         ((w ^ compact_tag(pc)) & COMPACT_TAG_MASK == 0).then_some(Compact(w))
     }
@@ -469,8 +473,12 @@ mod tests {
         assert_eq!(got.slots(), 0b01_0011, "rbx, rbp and r14");
         // The full rule is kept too.
         assert_eq!(c.get(key(pc, false)), Some(r));
-        // Same index, another pc (other bits 0-2, 17-46): no hit.
+        // Same index, another pc (other bits 0-2, 17-46, or any bit above): no hit.
         for other in [
+            pc | 1 << 47,
+            pc | 1 << 49,
+            pc | 1 << 55,
+            pc | 1 << 63,
             pc ^ 1,
             pc ^ 4,
             pc ^ 1 << 17,
