@@ -364,7 +364,12 @@ impl RuleCache {
     /// The first `N` packed words of the cached rule of `key`. Async-signal-safe, wait-free.
     #[inline(always)]
     fn get_words<const N: usize>(&self, key: u64) -> Option<[u64; N]> {
-        debug_assert!(key <= KEY_MASK && N <= 3);
+        debug_assert!(N <= 3);
+        // A pc at or above 2^47 has no entry (`put` refuses it); its key would otherwise reach
+        // into the sequence number's low bit.
+        if key > KEY_MASK {
+            return None;
+        }
         match Self::find(self.home(key), key) {
             Some(w) => Some(w),
             None => Self::find(self.spill(key), key),
@@ -552,6 +557,18 @@ mod tests {
         // 3000 keys in 16384 entries: nearly all stay.
         assert!(hits > 2800, "{hits}");
         assert_eq!(c.get(key(16, true)), None, "exactness is part of the key");
+        // A pc 2^47 above a cached one, while a writer holds that entry (odd sequence number):
+        // no hit.
+        let e = &c.home(key(16, false)).0[0];
+        let h = e.head.load(Ordering::Relaxed);
+        assert_eq!(
+            h & KEY_MASK,
+            key(16, false),
+            "pc 16 sits in way 0 of its home bucket"
+        );
+        e.head.store(h | 1 << KEY_BITS, Ordering::Relaxed);
+        assert_eq!(c.get(key(16 | 1 << 47, false)), None);
+        assert_eq!(c.get(key(16, false)), None, "a busy entry is a miss");
     }
 
     #[test]
