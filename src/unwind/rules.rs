@@ -24,11 +24,13 @@
 //! Most return addresses have the simplest rule: CFA = rsp + 8n, the return address at CFA - 8,
 //! rbp unchanged or saved just below. Such a rule, with the pc's bits that its index does not
 //! give, fits one word ([`Compact`]); those words sit in a second table of [`COMPACT_ENTRIES`]
-//! (128 KiB) indexed by pc bits 3-16, so the return addresses of 64 bytes of code share a table
-//! line. The fast walk looks there first: a hit is one load of one word, which a writer
-//! replaces whole (no sequence number needed); a miss goes on to the buckets. In the 2,048-site
-//! bench 88% of the stepped frames hit it, and the walk got 15-20% faster than with the buckets
-//! alone (same-process A/B against libunwind: 0.93-1.0x before, 0.76-0.82x after).
+//! (256 KiB) indexed by pc bits 3-17, so the return addresses of 64 bytes of code share a table
+//! line (and return addresses 256 KiB apart share a word: the last one stored keeps it, the
+//! other is found in the buckets). The fast walk looks there first: a hit is one load of one
+//! word, which a writer replaces whole (no sequence number needed); a miss goes on to the
+//! buckets. In the 2,048-site bench (160 KiB of code) every stepped frame hits it; against
+//! libunwind in the same process the walk went from 0.93-1.0x (buckets alone) to 0.76-0.82x
+//! (a table of half the size, where 12% of the frames missed) to 0.61-0.70x.
 
 use core::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -194,16 +196,16 @@ pub(crate) const ENTRIES: usize = 1 << 14;
 /// derive a rule again every 13 captures; with 4, every 500.
 pub(crate) const WAYS: usize = 4;
 
-/// Entries of the compact table (a power of two): one word each, 128 KiB.
-const COMPACT_ENTRIES: usize = 1 << 14;
+/// Entries of the compact table (a power of two): one word each, 256 KiB.
+const COMPACT_ENTRIES: usize = 1 << 15;
 
 /// Bits of a compact word that must equal [`compact_tag`] of the pc: present (bit 0) and the pc
 /// bits that the entry's index does not give (29-63).
 const COMPACT_TAG_MASK: u64 = 1 | !0 << 29;
 
 /// The tag of a return address in its compact word: present, pc bits 0-2 (bits 29-31), pc bits
-/// 17-46 (bits 32-61). The entry's index gives pc bits 3-16; a user-space pc is under 2^47, so
-/// the index and the tag together are the whole pc.
+/// 17-46 (bits 32-61). The entry's index gives pc bits 3-17; with the tag, the whole pc of a pc
+/// under 2^47 (no compact rule is stored or looked up for any other).
 #[inline(always)]
 fn compact_tag(pc: usize) -> u64 {
     let pc = pc as u64;
@@ -292,7 +294,7 @@ struct Bucket([Entry; WAYS]);
 pub(crate) struct RuleCache {
     buckets: Box<[Bucket; ENTRIES / WAYS]>,
     /// The compact table: the rules of return addresses that have the [`Compact`] form, one
-    /// word each, indexed by pc bits 3-16 (neighbouring code, neighbouring words).
+    /// word each, indexed by pc bits 3-17 (neighbouring code, neighbouring words).
     compact: Box<[AtomicU64; COMPACT_ENTRIES]>,
 }
 
@@ -478,7 +480,8 @@ mod tests {
         assert_eq!(got.slots(), 0b01_0011, "rbx, rbp and r14");
         // The full rule is kept too.
         assert_eq!(c.get(key(pc, false)), Some(r));
-        // Same index, another pc (other bits 0-2, 17-46, or any bit above): no hit.
+        // Another pc (other bits 0-2, 17-46, or any bit above; most of them in the same slot):
+        // no hit.
         for other in [
             pc | 1 << 47,
             pc | 1 << 49,
