@@ -217,7 +217,7 @@ fn compact_tag(pc: usize) -> u64 {
 /// 63 words below the CFA, every other callee-saved register unchanged or saved (the fast walk
 /// then forgets it). Bits: 0 present; 1-6 which of [`SAVED`] the frame saves (as in the packed
 /// rule); 7-12 rbp's save slot in words below the CFA (0: unchanged); 13-28 the CFA offset in
-/// words; 29-61 the tag ([`compact_tag`]).
+/// words; 29-63 the tag ([`compact_tag`]; bits 62-63 are zero).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Compact(u64);
 
@@ -406,8 +406,8 @@ impl RuleCache {
             return;
         }
         // A return address whose rule has the compact form also goes to the compact table
-        // (a pc whose word another pc of the same 8 bytes of code holds replaces it: the other
-        // one is then found in the buckets).
+        // (it replaces the word of another pc with the same index, one in the same 8 bytes of
+        // code or a multiple of 256 KiB away: that one is then found in the buckets).
         let pc = (key >> 1) as usize;
         if key & 1 == 0 {
             if let Some(c) = Compact::encode(pc, rule) {

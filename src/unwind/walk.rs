@@ -457,6 +457,12 @@ fn fast_frames<const PRECISE: bool>(
     // a register beats a store-and-reload through `v` on the walk's critical path.
     const BP: usize = dw::RBP as usize;
     let (mut pc, mut sp, mut bp) = (v[PC], v[SP], v[BP]);
+    // usize::MAX marks "no record frame" below; sp stays under it in this loop (every step's
+    // CFA is within a word or 2 KiB of a checked read, and a joined record's sp is one a
+    // walk reached), so only a starting sp could equal it (a general step accepts any larger sp).
+    if sp == usize::MAX {
+        return Fast::Slow;
+    }
     // The first pc's object; every later pc is checked before it is taken.
     if pc.wrapping_sub(start) >= code {
         match state.find_near(pc, loaded.last) {
@@ -507,7 +513,8 @@ fn fast_frames<const PRECISE: bool>(
                     None => usize::MAX,
                 };
             }
-            // SAFETY: `next_sp == sp` (not usize::MAX) only when `cursor - 1` is a record frame.
+            // SAFETY: `next_sp == sp` only when `cursor - 1` is a record frame: else `next_sp`
+            // is usize::MAX, which sp never is here (see above).
             let hit = (next_sp == sp && unsafe { record.get_unchecked(cursor - 1) }.pc == pc)
                 .then(|| cursor - 1);
             if let Some((r, at, how, n)) =
