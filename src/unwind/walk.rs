@@ -886,43 +886,40 @@ fn fast_fp_frames(
         Full(usize, usize),
     }
     let end = loop {
-        let exit =
-            if fp.wrapping_sub(base).rotate_right(W.trailing_zeros()) > max_rotated || fp < sp {
-                Exit::Bounds
-            } else {
-                // The hot loop: nothing but the checks, two loads and a store, so that its state
-                // (fp and the frame count) stays in registers; the rarer cases are handled outside
-                // it, then it resumes. fp was checked before it was taken.
-                loop {
-                    // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack,
-                    // between the walk's stack pointer and the stack's high end.
-                    let (next, ra) = unsafe {
-                        (
-                            core::ptr::read_volatile(fp as *const usize),
-                            core::ptr::read_volatile((fp + W) as *const usize),
-                        )
-                    };
-                    // A zero return address wraps to the top and fails the range test too.
-                    if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
-                        break Exit::Other(next, ra);
-                    }
-                    let Some(slot) = buf.get_mut(frames) else {
-                        break Exit::Full(next, ra);
-                    };
-                    *slot = ra;
-                    frames += 1;
-                    // The caller's frame record: on the stack, aligned, and above this one
-                    // (at or above this frame's end, fp + 16, the caller's stack pointer).
-                    if next.wrapping_sub(base).rotate_right(W.trailing_zeros()) > max_rotated
-                        || next <= fp + W
-                    {
-                        sp = fp + 2 * W;
-                        fp = next;
-                        break Exit::Bounds;
-                    }
-                    fp = next;
+        let exit = if !readable_word(fp, base, max_rotated) || fp < sp {
+            Exit::Bounds
+        } else {
+            // The hot loop: nothing but the checks, two loads and a store, so that its state
+            // (fp and the frame count) stays in registers; the rarer cases are handled outside
+            // it, then it resumes. fp was checked before it was taken.
+            loop {
+                // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack,
+                // between the walk's stack pointer and the stack's high end.
+                let (next, ra) = unsafe {
+                    (
+                        core::ptr::read_volatile(fp as *const usize),
+                        core::ptr::read_volatile((fp + W) as *const usize),
+                    )
+                };
+                // A zero return address wraps to the top and fails the range test too.
+                if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
+                    break Exit::Other(next, ra);
                 }
-            };
+                let Some(slot) = buf.get_mut(frames) else {
+                    break Exit::Full(next, ra);
+                };
+                *slot = ra;
+                frames += 1;
+                // The caller's frame record: on the stack, aligned, and above this one
+                // (at or above this frame's end, fp + 16, the caller's stack pointer).
+                if !readable_word(next, base, max_rotated) || next <= fp + W {
+                    sp = fp + 2 * W;
+                    fp = next;
+                    break Exit::Bounds;
+                }
+                fp = next;
+            }
+        };
         // The pc is the last return address stored (kept out of the loop: one register less).
         if frames != *n {
             pc = buf[frames - 1];
