@@ -3,7 +3,7 @@
 //!
 //! - `sha512`: inside OpenSSL's SHA-512 assembly in libcrypto, at a pc where the CFA is a DWARF
 //!   expression (or based on another register), per `readelf --debug-dump=frames-interp`;
-//! - `probe`: inside LLVM's stack-probe loop of a Rust function with a 40 KiB frame (CFA =
+//! - `probe`: inside LLVM's stack-probe loop of a Rust function with a 256 KiB frame (CFA =
 //!   r11 + N), a few iterations in, when rsp has moved;
 //! - `lazy`: in ld.so's `_dl_fixup` during the first call through a lazy PLT entry (under
 //!   `_dl_runtime_resolve_xsavec`, CFA based on rbx).

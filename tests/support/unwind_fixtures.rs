@@ -1,7 +1,7 @@
 //! Fixtures shared by tests/unwind_diff.rs and tests/unwind_gdb.rs: real code whose unwind
 //! rules need more than rsp/rbp + offset, C built at test time, and the skip rule.
 //!
-//! - `big_frame`: a Rust function with a 40 KiB frame; LLVM emits an inline stack-probe loop
+//! - `big_frame`: a Rust function with a 256 KiB frame; LLVM emits an inline stack-probe loop
 //!   whose CFA is `r11 + N` while it runs.
 //! - the omit-frame-pointer library: C built `-O2 -fomit-frame-pointer` that keeps garbage in
 //!   rbp while it works (only CFI walks through it).
@@ -26,8 +26,10 @@ pub fn skip(test: &str, why: &str) {
     eprintln!("{test}: skipped: {why}");
 }
 
-/// Size of `big_frame`'s array: ten pages, so the prologue probes each page in a loop.
-pub const BIG_FRAME_BYTES: usize = 40 * 1024;
+/// Size of `big_frame`'s array: 64 pages, so the prologue probes each page in a loop of 64
+/// rounds, which outweighs the rest of the call in every build profile (in a debug build the
+/// body's `write_volatile`, `black_box` and `read_volatile` are calls of their own).
+pub const BIG_FRAME_BYTES: usize = 256 * 1024;
 
 /// A frame larger than a page: the prologue is LLVM's stack-probe loop (CFA = r11 + N inside).
 /// The array stays uninitialized so that the probe loop is most of the work.
@@ -35,7 +37,7 @@ pub const BIG_FRAME_BYTES: usize = 40 * 1024;
 pub fn big_frame(x: u64) -> u64 {
     let mut a = MaybeUninit::<[u8; BIG_FRAME_BYTES]>::uninit();
     let p = a.as_mut_ptr().cast::<u64>();
-    // SAFETY: p points to the start of a live 40 KiB local array, aligned for u64.
+    // SAFETY: p points to the start of a live 256 KiB local array, aligned for u64.
     unsafe { p.write_volatile(x) };
     std::hint::black_box(p);
     // SAFETY: as above; the word was written just before.
