@@ -34,6 +34,7 @@
 //! after install), frames keep their async-signal-safe names and `[object+offset]`, which
 //! `addr2line -f -C -i -e OBJECT OFFSET` resolves offline with the listed build-ids.
 
+mod arch;
 mod names;
 mod report;
 mod symbolizer;
@@ -420,7 +421,8 @@ fn write_report(c: &Crash) {
         }
     }
     if !c.uc.is_null() {
-        report::registers(out, c.uc);
+        // SAFETY: uc is the kernel's ucontext for this signal.
+        unsafe { report::registers(out, c.uc) };
     }
     // SAFETY: the frames buffer is used by one report at a time (report lock held).
     let frames = unsafe { &mut *CRASH_FRAMES.0.get() };

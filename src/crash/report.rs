@@ -23,10 +23,12 @@ use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
 use crate::sys;
 use crate::unwind::WalkEnd;
 
+pub(crate) use super::arch::registers;
+
 /// Where a report goes: the same line writer as thread dumps (one `write(2)` per line).
 pub(crate) use crate::threads::dump::Out;
 
-const FRAME_OPTS: KernelOptions = KernelOptions {
+pub(crate) const FRAME_OPTS: KernelOptions = KernelOptions {
     demangle: true,
     object_offset: true,
     build_id: false,
@@ -217,97 +219,8 @@ pub(crate) fn who(out: Out) {
     });
 }
 
-/// Registers of the interrupted context.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn registers(out: Out, uc: *const libc::ucontext_t) {
-    // SAFETY: uc is the kernel's ucontext for the signal being handled.
-    let g = unsafe { (*uc).uc_mcontext.gregs };
-    let r = |i: i32| g[i as usize] as usize;
-    let rip = r(libc::REG_RIP);
-    out.line(|w| {
-        w.push_bytes(b"RIP: ");
-        let mut buf = [0u8; 900];
-        let n = symbolize::write_kernel_frame(&mut buf, rip, FrameKind::Exact, FRAME_OPTS);
-        w.push_bytes(buf.get(..n).unwrap_or(&[]));
-    });
-    let rows: [[(&str, i32); 3]; 6] = [
-        [
-            ("RSP", libc::REG_RSP),
-            ("RBP", libc::REG_RBP),
-            ("EFLAGS", libc::REG_EFL),
-        ],
-        [
-            ("RAX", libc::REG_RAX),
-            ("RBX", libc::REG_RBX),
-            ("RCX", libc::REG_RCX),
-        ],
-        [
-            ("RDX", libc::REG_RDX),
-            ("RSI", libc::REG_RSI),
-            ("RDI", libc::REG_RDI),
-        ],
-        [
-            ("R8", libc::REG_R8),
-            ("R9", libc::REG_R9),
-            ("R10", libc::REG_R10),
-        ],
-        [
-            ("R11", libc::REG_R11),
-            ("R12", libc::REG_R12),
-            ("R13", libc::REG_R13),
-        ],
-        [
-            ("R14", libc::REG_R14),
-            ("R15", libc::REG_R15),
-            ("ERR", libc::REG_ERR),
-        ],
-    ];
-    for row in rows {
-        out.line(|w| {
-            for (k, (name, idx)) in row.iter().enumerate() {
-                if k > 0 {
-                    w.push_bytes(b" ");
-                }
-                w.push_str(name);
-                w.push_bytes(b": ");
-                push_hex16(w, r(*idx));
-            }
-        });
-    }
-}
-
-/// Registers of the interrupted context (aarch64, not yet tested here).
-#[cfg(target_arch = "aarch64")]
-pub(crate) fn registers(out: Out, uc: *const libc::ucontext_t) {
-    // SAFETY: uc is the kernel's ucontext for the signal being handled.
-    let m = unsafe { &(*uc).uc_mcontext };
-    out.line(|w| {
-        w.push_bytes(b"pc: ");
-        push_hex16(w, m.pc as usize);
-        w.push_bytes(b" sp: ");
-        push_hex16(w, m.sp as usize);
-        w.push_bytes(b" pstate: ");
-        push_hex16(w, m.pstate as usize);
-    });
-    for row in 0..8 {
-        out.line(|w| {
-            for k in 0..4 {
-                let i = row * 4 + k;
-                if i > 30 {
-                    break;
-                }
-                w.push_bytes(b"x");
-                w.push_dec(i as u64);
-                w.push_bytes(b": ");
-                push_hex16(w, m.regs[i] as usize);
-                w.push_bytes(b" ");
-            }
-        });
-    }
-}
-
 /// `n` as 16 hex digits with `0x`.
-fn push_hex16(w: &mut FixedBuf<'_>, n: usize) {
+pub(crate) fn push_hex16(w: &mut FixedBuf<'_>, n: usize) {
     w.push_bytes(b"0x");
     let hex = b"0123456789abcdef";
     for shift in (0..16).rev() {

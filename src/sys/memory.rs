@@ -1,5 +1,6 @@
 //! Reading memory that may vanish, and learning a thread's stack without asking glibc.
 
+use super::arch::thread_pointer;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 /// Copies `out.len()` bytes from address `addr` of this process into `out` with
@@ -31,8 +32,10 @@ pub(crate) fn read_memory(addr: usize, out: &mut [u8]) -> usize {
     }
 }
 
-/// Where glibc keeps a thread's stack block in its `struct pthread`: the byte offset of the
-/// `stackblock` pointer, followed by `stackblock_size` and `guardsize`. 0 while unknown.
+/// Where glibc keeps a thread's stack block in its `struct pthread`: the byte offset, from the
+/// thread pointer, of the `stackblock` pointer, followed by `stackblock_size` and `guardsize`
+/// (wrapping: on aarch64 `struct pthread` lies below the thread pointer). 0 while unknown (the
+/// thread pointer's own word is never the stack block).
 static PD_STACKBLOCK: AtomicUsize = AtomicUsize::new(0);
 
 /// The main thread's stack `[low, high)`, learned when `init()` ran on the main thread.
@@ -44,31 +47,12 @@ pub(crate) fn set_main_stack(low: usize, high: usize) {
     MAIN_STACK[1].store(high, Ordering::Release);
 }
 
-/// The thread pointer (`%fs` base), which glibc points at the thread's `struct pthread`.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn thread_pointer() -> usize {
-    let tp: usize;
-    // SAFETY: on x86-64 Linux, %fs:0 holds the thread pointer itself (the TCB's `tcb` field,
-    // required by the x86-64 TLS ABI); the load has no side effects.
-    unsafe {
-        core::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags))
-    };
-    tp
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline]
-fn thread_pointer() -> usize {
-    0
-}
-
 /// Learns where glibc's `struct pthread` keeps the stack block, by comparing what
 /// `pthread_getattr_np` reports in a short-lived thread with the words of its `struct pthread`.
 /// Needs three consecutive words to match (block, size, guard), so a coincidence is not taken
 /// for the layout. Normal context (spawns and joins a thread). Idempotent.
 pub(crate) fn learn_pthread_layout() {
-    if PD_STACKBLOCK.load(Ordering::Relaxed) != 0 || !cfg!(target_arch = "x86_64") {
+    if PD_STACKBLOCK.load(Ordering::Relaxed) != 0 || thread_pointer() == 0 {
         return;
     }
     let found = std::thread::Builder::new()
@@ -78,7 +62,10 @@ pub(crate) fn learn_pthread_layout() {
             let tp = thread_pointer();
             // SAFETY: pthread_self has no preconditions.
             let me = unsafe { libc::pthread_self() } as usize;
-            if tp == 0 || tp != me {
+            // glibc's `struct pthread` is at the thread pointer (x86-64) or just below it
+            // (aarch64, after the TCB's layout): anything else is not the glibc this knows.
+            let below = tp.wrapping_sub(me);
+            if tp == 0 || below > 16 << 10 {
                 return None;
             }
             let mut words = [0usize; 512];
@@ -91,14 +78,15 @@ pub(crate) fn learn_pthread_layout() {
                 (block != 0
                     && block.checked_add(size) == Some(high)
                     && block.checked_add(guard) == Some(low))
-                .then_some(i * 8)
+                .then_some((i * 8).wrapping_sub(below))
             })
         })
         .ok()
         .and_then(|h| h.join().ok())
         .flatten();
     if let Some(off) = found {
-        // Offset 0 would be the TCB self pointer: never the stack block.
+        // Offset 0 would be the thread pointer's own word (x86-64's TCB self pointer,
+        // aarch64's dtv): never the stack block.
         if off != 0 {
             PD_STACKBLOCK.store(off, Ordering::Relaxed);
         }
@@ -114,10 +102,11 @@ pub(crate) fn own_stack_above(sp: usize) -> Option<(usize, usize)> {
     if off != 0 {
         let tp = thread_pointer();
         if tp != 0 {
-            // SAFETY: `tp` is this thread's live `struct pthread` (glibc), and `off` was learned
-            // from the same glibc to be the `stackblock`, `stackblock_size`, `guardsize` words.
+            // SAFETY: `tp` is this thread's pointer into its live `struct pthread` (glibc), and
+            // `off` was learned from the same glibc to be the offset from it of the
+            // `stackblock`, `stackblock_size`, `guardsize` words.
             let (block, size, guard) = unsafe {
-                let p = (tp + off) as *const usize;
+                let p = tp.wrapping_add(off) as *const usize;
                 (
                     core::ptr::read_volatile(p),
                     core::ptr::read_volatile(p.add(1)),

@@ -3,7 +3,10 @@
 // Some wrappers serve only some features (crash reports, markers).
 #![allow(dead_code)]
 
+mod arch;
 mod memory;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) use arch::call_on_stack;
 pub(crate) use memory::*;
 
 /// The calling thread's `errno`.
@@ -216,61 +219,6 @@ pub(crate) fn dl_load_counters() -> (u64, u64) {
 pub(crate) fn vdso_base() -> usize {
     // SAFETY: getauxval has no preconditions.
     unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) as usize }
-}
-
-/// Calls `f(arg)` with the stack pointer switched to `top` (the high end of a stack the caller
-/// owns), and switches back when it returns. Async-signal-safe.
-///
-/// # Safety
-/// `top` must be the 16-byte aligned high end of a writable stack, exclusively owned by this
-/// call and large enough for `f`; `f` must not unwind.
-#[cfg(target_arch = "x86_64")]
-pub(crate) unsafe fn call_on_stack(
-    top: usize,
-    f: extern "C" fn(*mut libc::c_void),
-    arg: *mut libc::c_void,
-) {
-    // SAFETY: the caller provides an exclusive, aligned stack; r12 (callee-saved, so `f` keeps
-    // it) holds our stack pointer across the call; all caller-saved registers are clobbered.
-    unsafe {
-        core::arch::asm!(
-            "mov r12, rsp",
-            "mov rsp, {top}",
-            "call {f}",
-            "mov rsp, r12",
-            top = in(reg) top,
-            f = in(reg) f,
-            in("rdi") arg,
-            out("r12") _,
-            clobber_abi("C"),
-        );
-    }
-}
-
-/// aarch64 variant (not yet tested here).
-///
-/// # Safety
-/// As for x86-64.
-#[cfg(target_arch = "aarch64")]
-pub(crate) unsafe fn call_on_stack(
-    top: usize,
-    f: extern "C" fn(*mut libc::c_void),
-    arg: *mut libc::c_void,
-) {
-    // SAFETY: as on x86-64; x20 is callee-saved.
-    unsafe {
-        core::arch::asm!(
-            "mov x20, sp",
-            "mov sp, {top}",
-            "blr {f}",
-            "mov sp, x20",
-            top = in(reg) top,
-            f = in(reg) f,
-            in("x0") arg,
-            out("x20") _,
-            clobber_abi("C"),
-        );
-    }
 }
 
 /// Maps `size` bytes of stack with a guard page below; returns the high end (16-aligned), or

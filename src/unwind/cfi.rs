@@ -7,11 +7,12 @@
 //! memory only through the walk's [`CheckedMemory`], and fails (the walk stops and says so)
 //! on anything it cannot evaluate.
 
-use super::mem::CheckedMemory;
-use super::regs::{dw, RegSet};
-use super::rules::{Kind, Rule, SAME, SAVED, UNDEF};
-use super::StopReason;
-use core::ops::Deref;
+use super::arch::{self, COUNT, PC, RA, SP};
+use super::memory::CheckedMemory;
+use super::regs::RegSet;
+use super::rule::{Kind, Rule, SAME, UNDEF};
+use super::tables::UnwindData;
+use super::types::StopReason;
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EndianSlice, Evaluation, EvaluationResult,
     EvaluationStorage, LittleEndian, Location, Piece, Register, RegisterRule, UnwindContext,
@@ -20,8 +21,11 @@ use gimli::{
 
 type R<'a> = EndianSlice<'a, LittleEndian>;
 
-/// Most register rules one row may hold (x86-64 has 17 general registers plus the vector ones
-/// some assembly describes).
+/// Bytes of an address.
+const ADDRESS_SIZE: u8 = core::mem::size_of::<usize>() as u8;
+
+/// Most register rules one row may hold (x86-64 has 17 general registers, aarch64 33, plus the
+/// vector ones some assembly describes).
 const MAX_RULES: usize = 48;
 /// Most nested `DW_CFA_remember_state`s.
 const MAX_REMEMBER: usize = 4;
@@ -55,32 +59,6 @@ impl<'a> EvaluationStorage<R<'a>> for EvalStore {
     type Result = [Piece<R<'a>>; 1];
 }
 
-/// Section bytes: the loader's mapping (objects that are never unloaded) or a private copy
-/// taken when the unwinder was built (objects that `dlclose` could unmap under a walk).
-pub(crate) enum Bytes {
-    Mapped(super::dwarf::Mapped),
-    Owned(Box<[u8]>),
-}
-
-impl Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(b) => b,
-        }
-    }
-}
-
-/// One object's unwind tables and where they were loaded.
-pub(crate) struct UnwindData {
-    pub(crate) hdr: Bytes,
-    pub(crate) hdr_addr: usize,
-    pub(crate) eh_frame: Bytes,
-    pub(crate) eh_frame_addr: usize,
-    pub(crate) text_addr: usize,
-}
-
 /// What the CFI says of a lookup address.
 pub(crate) enum Found {
     /// The rule, compiled ([`Kind::Cfi`], [`Kind::End`]) or needing the full evaluator
@@ -102,7 +80,8 @@ impl UnwindData {
 
     fn eh_frame(&self) -> EhFrame<R<'_>> {
         let mut f = EhFrame::new(&self.eh_frame, LittleEndian);
-        f.set_address_size(8);
+        f.set_address_size(ADDRESS_SIZE);
+        f.set_vendor(arch::VENDOR);
         f
     }
 
@@ -115,7 +94,7 @@ impl UnwindData {
     ) -> Result<T, Found> {
         let bases = self.bases();
         let hdr = EhFrameHdr::new(&self.hdr, LittleEndian)
-            .parse(&bases, 8)
+            .parse(&bases, ADDRESS_SIZE)
             .map_err(|_| Found::Bad)?;
         let Some(table) = hdr.table() else {
             return Err(Found::NoCfi);
@@ -184,7 +163,8 @@ fn compile(row: &UnwindTableRow<usize, CtxStore>) -> Rule {
     let mut rule = Rule::of(Kind::Cfi);
     match *row.cfa() {
         CfaRule::RegisterAndOffset { register, offset } => {
-            let (Ok(off), true) = (i32::try_from(offset), register.0 < dw::RA) else {
+            let base = register.0;
+            let (Ok(off), true) = (i32::try_from(offset), arch::is_gpr(base) || base == SP) else {
                 return slow;
             };
             rule.cfa_reg = register.0 as u8;
@@ -195,7 +175,7 @@ fn compile(row: &UnwindTableRow<usize, CtxStore>) -> Rule {
     let mut ra = None;
     for (reg, r) in row.registers() {
         let n = reg.0;
-        if n == dw::RA {
+        if n == RA {
             match r {
                 RegisterRule::Undefined => return Rule::of(Kind::End),
                 RegisterRule::Offset(o) => match i16::try_from(*o) {
@@ -204,7 +184,7 @@ fn compile(row: &UnwindTableRow<usize, CtxStore>) -> Rule {
                 },
                 _ => return slow,
             }
-        } else if let Some(i) = SAVED.iter().position(|&s| s == n) {
+        } else if let Some(i) = arch::SAVED.iter().position(|&s| s == n) {
             rule.saved[i] = match r {
                 RegisterRule::SameValue => SAME,
                 RegisterRule::Undefined => UNDEF,
@@ -214,9 +194,9 @@ fn compile(row: &UnwindTableRow<usize, CtxStore>) -> Rule {
                 },
                 _ => return slow,
             };
-        } else if n < dw::RA {
-            // rsp, or a caller-saved register: only "nothing to restore" compiles.
-            if !matches!(r, RegisterRule::Undefined | RegisterRule::SameValue) || n == dw::RSP {
+        } else if arch::is_gpr(n) || n == SP {
+            // The stack pointer, or a caller-saved register: only "nothing to restore" compiles.
+            if !matches!(r, RegisterRule::Undefined | RegisterRule::SameValue) || n == SP {
                 return slow;
             }
         }
@@ -231,7 +211,9 @@ fn compile(row: &UnwindTableRow<usize, CtxStore>) -> Rule {
                 slow
             }
         }
-        // No rule for the return address column: treat as outermost, as unwinders do.
+        // No rule for the return-address column: the link register is unchanged (aarch64; the
+        // full evaluator takes it where it is known), or the outermost frame (x86-64).
+        None if arch::RA_UNSPECIFIED_IS_SAME => slow,
         None => Rule::of(Kind::End),
     }
 }
@@ -259,7 +241,9 @@ fn eval_row(
     let mut ra = None;
     for (reg, rule) in row.registers() {
         let n = reg.0;
-        if n as usize >= dw::COUNT {
+        // Only registers the set tracks (not the pc's own slot where the pc is not a DWARF
+        // register, nor pseudo-registers such as aarch64's RA_SIGN_STATE).
+        if n as usize >= COUNT || (n == PC && PC != RA) {
             continue;
         }
         let value = match rule {
@@ -281,7 +265,7 @@ fn eval_row(
             RegisterRule::Constant(c) => Some(*c as usize),
             RegisterRule::Architectural => None,
         };
-        if n == dw::RA {
+        if n == RA {
             match value {
                 Some(v) => ra = Some(v),
                 None if matches!(rule, RegisterRule::Undefined) => return Ok(false),
@@ -294,14 +278,18 @@ fn eval_row(
             }
         }
     }
-    let Some(ra) = ra else {
-        return Ok(false);
+    let ra = match ra {
+        Some(ra) => ra,
+        // No rule: the link register holds it (aarch64), if this frame knows it.
+        None if arch::RA_UNSPECIFIED_IS_SAME => old.get(RA).ok_or(StopReason::RegisterUnknown)?,
+        // No rule: the outermost frame (x86-64).
+        None => return Ok(false),
     };
-    // The caller's stack pointer is the CFA unless a rule restored rsp explicitly.
-    if !row.registers().any(|(r, _)| r.0 == dw::RSP) {
-        new.set(dw::RSP, cfa);
+    // The caller's stack pointer is the CFA unless a rule restored it explicitly.
+    if !row.registers().any(|(r, _)| r.0 == SP) {
+        new.set(SP, cfa);
     }
-    new.set(dw::RA, ra);
+    new.set_return(arch::strip_ra(ra));
     *regs = new;
     Ok(true)
 }

@@ -122,7 +122,7 @@ impl<'w> CheckedMemory<'w> {
                 core::slice::from_raw_parts_mut(self.window.as_mut_ptr().cast::<u8>(), bytes)
             };
             self.copies += 1;
-            super::counters::COPIES.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            super::stats::bump(&super::stats::COPIES);
             self.window_base = start;
             self.window_len = sys::read_memory(start, buf);
             if !in_window(self) {

@@ -1,0 +1,14 @@
+//! Architectures without a register decoder: the report says so (the signal, its code and the
+//! fault address come from `siginfo_t` and are printed on every architecture).
+
+use super::super::report::Out;
+
+/// Says that the registers are not decoded here. Async-signal-safe.
+///
+/// # Safety
+/// None beyond the other ports' (`uc` is not read).
+pub(crate) unsafe fn registers(out: Out, _uc: *const libc::ucontext_t) {
+    out.line(|w| {
+        w.push_bytes(b"registers: not decoded on this architecture");
+    });
+}

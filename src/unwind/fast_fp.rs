@@ -1,0 +1,233 @@
+//! The hot loop of frame-pointer mode: the chain of frame records on the walking thread's own
+//! stack, one comparison per return address against the code of the current object.
+
+use super::arch;
+use super::fast::{readable_word, Fast};
+use super::objects::{LoadedCheck, ObjectCheck, State};
+use super::regs::RegSet;
+use super::step::is_trampoline_at;
+use super::types::StopReason;
+use crate::sys;
+
+/// The hot loop of frame-pointer mode: follows the chain while every frame record lies on
+/// this thread's own stack and every return address lies in code of an object this walk may
+/// trust; anything else (a signal trampoline, another stack, a strange address) goes back to the
+/// general step.
+#[inline(never)]
+pub(crate) fn fast_fp_frames(
+    state: &State,
+    loaded: &mut LoadedCheck,
+    stack: core::ops::Range<usize>,
+    regs: &mut RegSet,
+    buf: &mut [usize],
+    n: &mut usize,
+    limit: usize,
+) -> Fast {
+    const W: usize = core::mem::size_of::<usize>();
+    const SP: usize = arch::SP as usize;
+    const FP: usize = arch::FP as usize;
+    const PC: usize = arch::PC as usize;
+    let Some(span) = stack
+        .end
+        .checked_sub(stack.start)
+        .and_then(|l| l.checked_sub(2 * W))
+    else {
+        return Fast::Slow;
+    };
+    if regs.valid & (1 << FP) == 0 {
+        return Fast::Slow;
+    }
+    let (restorer_lo, restorer_hi) = state.restorer_span;
+    let (mut sp, mut fp, mut pc) = (regs.v[SP], regs.v[FP], regs.v[PC]);
+    // A return address into a signal trampoline needs the general step.
+    if restorer_lo <= pc && pc <= restorer_hi {
+        return Fast::Slow;
+    }
+    // The code range return addresses are checked against in one comparison: the previous
+    // frame's object, without the signal trampolines (so no frame in it needs a check).
+    let (mut text_start, mut text_len) = state.objects.get(loaded.last).map_or((0, 0), |o| {
+        fp_text(o, state.restorer_span, pc.wrapping_sub(1))
+    });
+    let (mut prev_start, mut prev_len) = (0, 0);
+    let buf = &mut buf[..limit];
+    let mut frames = *n;
+    // One test for "on the stack and aligned": with `stack.start` aligned, `(fp - start)`
+    // rotated right by 3 is at most `span / 8` exactly when fp is aligned and in
+    // [start, start + span] (a misaligned fp rotates its low bits to the top). A zero fp
+    // wraps and fails it too: the exit below tells the cases apart.
+    if !stack.start.is_multiple_of(W) {
+        return Fast::Slow;
+    }
+    let base = stack.start;
+    let max_rotated = span / W;
+    /// Why the inner loop stopped.
+    enum Exit {
+        /// fp is off the stack, misaligned or below sp (or zero).
+        Bounds,
+        /// The return address `ra` (with caller frame pointer `next`) is outside the current
+        /// object's text.
+        Other(usize, usize),
+        /// The buffer is full; the frame of `ra` (caller fp `next`) was not stored.
+        Full(usize, usize),
+    }
+    let end = loop {
+        let exit = if !readable_word(fp, base, max_rotated) || fp < sp {
+            Exit::Bounds
+        } else {
+            // The hot loop: nothing but the checks, two loads and a store, so that its state
+            // (fp and the frame count) stays in registers; the rarer cases are handled outside
+            // it, then it resumes. fp was checked before it was taken.
+            loop {
+                // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack,
+                // between the walk's stack pointer and the stack's high end.
+                let (next, ra) = unsafe {
+                    (
+                        core::ptr::read_volatile(fp as *const usize),
+                        arch::strip_ra(core::ptr::read_volatile((fp + W) as *const usize)),
+                    )
+                };
+                // A zero return address wraps to the top and fails the range test too.
+                if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
+                    break Exit::Other(next, ra);
+                }
+                let Some(slot) = buf.get_mut(frames) else {
+                    break Exit::Full(next, ra);
+                };
+                *slot = ra;
+                frames += 1;
+                // The caller's frame record: on the stack, aligned, and above this one
+                // (at or above this frame's end, fp + 16, the caller's stack pointer).
+                if !readable_word(next, base, max_rotated) || next <= fp + W {
+                    sp = fp + 2 * W;
+                    fp = next;
+                    break Exit::Bounds;
+                }
+                fp = next;
+            }
+        };
+        // The pc is the last return address stored (kept out of the loop: one register less).
+        if frames != *n {
+            pc = buf[frames - 1];
+        }
+        let (next, ra) = match exit {
+            Exit::Bounds => {
+                break if fp == 0 {
+                    Fast::End
+                } else if !fp.is_multiple_of(W) || fp < sp {
+                    Fast::Stop(StopReason::NoFramePointer)
+                } else {
+                    // Another stack (an alternate signal stack, say): the general step reads it.
+                    Fast::Slow
+                };
+            }
+            Exit::Full(next, ra) => {
+                sp = fp + 2 * W;
+                fp = next;
+                pc = ra;
+                break Fast::Full;
+            }
+            Exit::Other(next, ra) => (next, ra),
+        };
+        if ra == 0 {
+            break Fast::End;
+        }
+        let mut then_slow = false;
+        // The object before (a chain often goes back and forth: the program, libc, `_start`).
+        let other = if ra.wrapping_sub(1).wrapping_sub(prev_start) < prev_len {
+            Other::Code(prev_start, prev_len)
+        } else {
+            fp_other_object(state, loaded, ra)
+        };
+        match other {
+            Other::Code(start, len) => {
+                (prev_start, prev_len) = (text_start, text_len);
+                (text_start, text_len) = (start, len);
+            }
+            Other::Trampoline => then_slow = true,
+            Other::Stop => break Fast::Stop(StopReason::NoFramePointer),
+            Other::Slow => break Fast::Slow,
+        }
+        sp = fp + 2 * W;
+        fp = next;
+        pc = ra;
+        let Some(slot) = buf.get_mut(frames) else {
+            break Fast::Full;
+        };
+        *slot = ra;
+        frames += 1;
+        if then_slow {
+            break Fast::Slow;
+        }
+    };
+    if frames != *n {
+        regs.keep_only(1 << SP | 1 << FP | 1 << PC);
+        regs.v[SP] = sp;
+        regs.v[FP] = fp;
+        regs.v[PC] = pc;
+    }
+    *n = frames;
+    end
+}
+
+/// The code range that frame-pointer mode checks `ra - 1` against in one comparison, as
+/// (start, length): the part of `o`'s first executable segment around `at` that holds no
+/// return address into a signal trampoline (`restorers`, the lowest and highest; empty when
+/// lowest > highest). `(0, 0)` when `at` is not in it.
+fn fp_text(o: &ObjectCheck, (lo, hi): (usize, usize), at: usize) -> (usize, usize) {
+    let (mut start, mut end) = (o.text.start, o.text.end);
+    // Return addresses lo..=hi are `at` values lo - 1..=hi - 1.
+    if lo <= hi && lo <= end && hi > start {
+        if at.wrapping_add(1) < lo {
+            end = end.min(lo - 1);
+        } else if at >= hi {
+            start = start.max(hi);
+        } else {
+            return (0, 0);
+        }
+    }
+    if at < start || at >= end {
+        return (0, 0);
+    }
+    (start, end - start)
+}
+
+/// What [`fp_other_object`] found at a return address outside the current code range.
+enum Other {
+    /// Code of a trusted object: its range.
+    Code(usize, usize),
+    /// A signal trampoline.
+    Trampoline,
+    /// No code there: the chain is broken.
+    Stop,
+    /// Needs the general step (an object not yet checked in this walk).
+    Slow,
+}
+
+/// The cold part of [`fast_fp_frames`]: a return address outside the current code range.
+#[cold]
+#[inline(never)]
+fn fp_other_object(state: &State, loaded: &mut LoadedCheck, ra: usize) -> Other {
+    let (lo, hi) = state.restorer_span;
+    if lo <= ra && ra <= hi {
+        return Other::Trampoline;
+    }
+    match state.find_near(ra - 1, loaded.last) {
+        Some(i) if state.objects[i].permanent || loaded.verified(i) => {
+            let o = &state.objects[i];
+            if !o.is_code(ra - 1, 1) {
+                return Other::Stop;
+            }
+            loaded.last = i;
+            // (0, 0) outside the first executable segment: fine, checked again next time.
+            let (start, len) = fp_text(o, (lo, hi), ra - 1);
+            Other::Code(start, len)
+        }
+        Some(_) => Other::Slow,
+        None => match sys::dl_find_object(ra) {
+            // Outside every object: a trampoline there is qemu-user's (or a JIT's).
+            Ok(None) if is_trampoline_at(ra) => Other::Trampoline,
+            Ok(None) => Other::Stop,
+            _ => Other::Slow,
+        },
+    }
+}

@@ -1,0 +1,171 @@
+//! The published unwinder state: every loaded object's range, code segments and unwind tables,
+//! the shared rule cache, and the signal trampolines; and the per-walk record of which objects
+//! were checked to be still loaded.
+//!
+//! The state is built in normal context (it allocates) and published lock-free; a walk never
+//! allocates.
+
+use super::tables::UnwindData;
+use super::cache::RuleCache;
+use crate::modules::Snapshot;
+use crate::published::Published;
+use crate::sys;
+use core::ops::Range;
+
+/// What a walk needs to know about an object.
+pub(crate) struct ObjectCheck {
+    pub(crate) range: Range<usize>,
+    /// The first executable segment (inline: checked for every frame).
+    pub(crate) text: Range<usize>,
+    /// Further executable segments (rare).
+    pub(crate) more_exec: Vec<Range<usize>>,
+    /// The address `_dl_find_object` reports as this object's `.eh_frame_hdr`; 0 if none.
+    pub(crate) eh_frame_hdr: usize,
+    /// Never unloaded (the main program, the vDSO, objects mapped at start): no check needed,
+    /// and the unwind tables are read in place.
+    pub(crate) permanent: bool,
+    /// The object's unwind tables, if it has any.
+    pub(crate) unwind: Option<UnwindData>,
+}
+
+impl ObjectCheck {
+    /// Whether `len` bytes of code at `pc` lie in one executable segment.
+    #[inline]
+    pub(crate) fn is_code(&self, pc: usize, len: usize) -> bool {
+        let end = pc.saturating_add(len);
+        (self.text.start <= pc && end <= self.text.end)
+            || self.more_exec.iter().any(|r| r.start <= pc && end <= r.end)
+    }
+}
+
+/// The published unwinder: objects, their tables, and the rule cache.
+pub(crate) struct State {
+    pub(crate) objects: Vec<ObjectCheck>,
+    pub(crate) cache: RuleCache,
+    /// The signal-return trampolines (`sa_restorer`) of the handlers installed when the state
+    /// was built: the frame-pointer walk recognises signal frames by these.
+    pub(crate) restorers: [usize; 8],
+    /// The lowest and highest of `restorers` (an empty range if there are none).
+    pub(crate) restorer_span: (usize, usize),
+    pub(crate) generation: u64,
+}
+
+impl State {
+    fn build(snapshot: &Snapshot) -> State {
+        let mut objects = Vec::with_capacity(snapshot.objects().len());
+        for o in snapshot.objects() {
+            let unwind = UnwindData::of(o);
+            objects.push(ObjectCheck {
+                range: o.range.clone(),
+                text: o.exec.first().cloned().unwrap_or(0..0),
+                more_exec: o.exec.iter().skip(1).cloned().collect(),
+                eh_frame_hdr: o.eh_frame_hdr.as_ref().map_or(0, |r| r.start),
+                permanent: o.permanent,
+                unwind,
+            });
+        }
+        let mut restorers = [0usize; 8];
+        let n = sys::signal_restorers(&mut restorers);
+        let restorer_span = if n == 0 {
+            (1, 0)
+        } else {
+            let r = &restorers[..n];
+            (
+                r.iter().copied().min().unwrap_or(1),
+                r.iter().copied().max().unwrap_or(0),
+            )
+        };
+        State {
+            objects,
+            cache: RuleCache::new(),
+            restorers,
+            restorer_span,
+            generation: snapshot.generation(),
+        }
+    }
+
+    /// The index of the object containing `pc`, trying `hint` (the previous frame's) first.
+    #[inline]
+    pub(crate) fn find_near(&self, pc: usize, hint: usize) -> Option<usize> {
+        match self.objects.get(hint) {
+            Some(o) if o.range.contains(&pc) => Some(hint),
+            _ => self.find(pc),
+        }
+    }
+
+    /// The index of the object containing `pc`.
+    #[inline]
+    pub(crate) fn find(&self, pc: usize) -> Option<usize> {
+        let i = self.objects.partition_point(|o| o.range.start <= pc);
+        let i = i.checked_sub(1)?;
+        self.objects[i].range.contains(&pc).then_some(i)
+    }
+
+    /// Whether object `i` is still the object that was loaded when the state was built.
+    /// Uses `_dl_find_object` (lock-free); without it, objects are trusted.
+    pub(crate) fn still_loaded(&self, i: usize, pc: usize) -> bool {
+        let o = &self.objects[i];
+        if o.permanent {
+            return true;
+        }
+        match sys::dl_find_object(pc) {
+            Err(()) => true,
+            Ok(None) => false,
+            Ok(Some(found)) => found.eh_frame_hdr == o.eh_frame_hdr,
+        }
+    }
+
+    /// Whether `addr` is one of the known signal trampolines.
+    #[inline]
+    pub(crate) fn is_restorer(&self, addr: usize) -> bool {
+        self.restorers.iter().any(|&r| r == addr && r != 0)
+    }
+}
+
+static STATE: Published<State> = Published::new();
+
+/// Runs `f` with the published state (`None` before `init()`). Async-signal-safe.
+#[inline]
+pub(crate) fn with_state<R>(f: impl FnOnce(Option<&State>) -> R) -> R {
+    STATE.read(f)
+}
+
+/// Rebuilds the state from the current module snapshot if it is newer. Normal context.
+pub(crate) fn rebuild(snapshot: &Snapshot) {
+    STATE.update(false, |old| match old {
+        Some(old) if old.generation == snapshot.generation() => None,
+        _ => Some(State::build(snapshot)),
+    });
+    super::slots::fill_pool();
+}
+
+/// Which objects of the snapshot this walk already checked with `_dl_find_object`.
+#[derive(Default)]
+pub(crate) struct LoadedCheck {
+    checked: u64,
+    failed: u64,
+    /// The object of the previous frame (most frames are in the same object as their callee).
+    pub(crate) last: usize,
+}
+
+impl LoadedCheck {
+    /// Whether this walk already found object `i` still loaded.
+    #[inline]
+    pub(crate) fn verified(&self, i: usize) -> bool {
+        i < 64 && (self.checked & !self.failed) & (1 << i) != 0
+    }
+
+    pub(crate) fn still_loaded(&mut self, state: &State, i: usize, pc: usize) -> bool {
+        if i >= 64 {
+            return state.still_loaded(i, pc);
+        }
+        let bit = 1u64 << i;
+        if self.checked & bit == 0 {
+            self.checked |= bit;
+            if !state.still_loaded(i, pc) {
+                self.failed |= bit;
+            }
+        }
+        self.failed & bit == 0
+    }
+}

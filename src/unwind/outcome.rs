@@ -1,0 +1,48 @@
+//! What a walk starts from and what it returns to the entry points.
+
+use super::regs::RegSet;
+use super::types::WalkEnd;
+
+/// How a walk ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Outcome {
+    /// Frames written.
+    pub(crate) frames: usize,
+    /// Why the walk stopped.
+    pub(crate) end: WalkEnd,
+    /// The walk crossed a signal trampoline: it ran inside a signal handler.
+    pub(crate) signal_frames: usize,
+    /// A pc lay in an object the loader knows but the published snapshot does not.
+    pub(crate) unknown_object: bool,
+    /// `init()` had published an unwinder when the walk ran.
+    pub(crate) initialized: bool,
+}
+
+impl Default for Outcome {
+    fn default() -> Outcome {
+        Outcome {
+            frames: 0,
+            end: WalkEnd::BufferFull,
+            signal_frames: 0,
+            unknown_object: false,
+            initialized: false,
+        }
+    }
+}
+
+/// The first frame of a walk.
+#[derive(Clone, Copy)]
+pub(crate) enum Start {
+    /// The pc is exact (an interrupted pc or a caller-supplied state).
+    Exact(RegSet),
+    /// The pc is a return address (the caller of a capture function).
+    Return(RegSet),
+}
+
+impl Start {
+    pub(crate) fn sp(&self) -> usize {
+        match self {
+            Start::Exact(r) | Start::Return(r) => r.sp(),
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! The entry points of [`super`] on a target with an unwinder port.
+
+use super::outcome::Start;
+use super::regs::RegSet;
+use super::types::{Regs, StopReason, Truncation, UnwindMode, Walk};
+use super::{entry, walk};
+
+pub(crate) use super::memory::thread_stack;
+pub use super::refresh::set_auto_refresh;
+pub(crate) use super::refresh::{prepare, rebuild};
+pub use super::stats::stats;
+
+/// Captures the caller's stack (see [`super::capture_walk_with`]); writes how the walk ended
+/// into `out`. Inlined into the public functions, so that the naked entry's caller is theirs.
+#[inline(always)]
+pub(crate) fn capture(buf: &mut [usize], mode: UnwindMode, out: Option<&mut Walk>) -> usize {
+    entry::capture_entry(
+        buf.as_mut_ptr(),
+        buf.len(),
+        mode.to_raw(),
+        out.map_or(core::ptr::null_mut(), |w| w as *mut Walk),
+    )
+}
+
+/// See [`super::capture_walk_from_ucontext`].
+///
+/// # Safety
+/// `uc` is null or points to a readable `ucontext_t`.
+pub(crate) unsafe fn capture_from_ucontext(uc: *const libc::ucontext_t, buf: &mut [usize]) -> Walk {
+    let none = Walk {
+        frames: 0,
+        end: super::WalkEnd::Truncated(Truncation {
+            pc: 0,
+            reason: StopReason::BadSignalFrame,
+        }),
+    };
+    if uc.is_null() {
+        return none;
+    }
+    let base = uc as usize;
+    // SAFETY: the caller guarantees a readable ucontext_t; the offsets lie inside it.
+    let r = RegSet::from_ucontext(|off| {
+        Some(unsafe { core::ptr::read_unaligned((base + off) as *const usize) })
+    });
+    let Some(r) = r else {
+        return none;
+    };
+    let o = walk::walk(&Start::Exact(r), buf, UnwindMode::Dwarf, true);
+    Walk {
+        frames: o.frames,
+        end: o.end,
+    }
+}
+
+/// See [`super::capture_walk_from_regs`].
+pub(crate) fn capture_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> Walk {
+    let o = walk::walk(&Start::Exact(RegSet::from_regs(regs)), buf, mode, false);
+    Walk {
+        frames: o.frames,
+        end: o.end,
+    }
+}
+
+/// See [`super::set_walk_reuse`].
+pub(crate) fn set_walk_reuse(enabled: bool) {
+    super::reuse::set_enabled(enabled);
+}
+
+/// The registers saved in a signal handler's `ucontext_t`.
+///
+/// # Safety
+/// `uc` must point to a readable `ucontext_t`.
+pub(crate) unsafe fn regs_from_ucontext(uc: *const libc::ucontext_t) -> Regs {
+    // SAFETY: forwarded from the caller.
+    unsafe { super::regs::from_ucontext(uc) }
+}
