@@ -3,6 +3,8 @@
 
 #[path = "support/clib.rs"]
 mod clib;
+#[path = "support/target.rs"]
+mod target;
 
 use selftrace::{capture, capture_from_regs, Regs, UnwindMode};
 use std::ffi::{c_void, CStr};

@@ -1,6 +1,8 @@
 //! Symbolization: a known chain with file:line and inlined frames, glibc's `backtrace_symbols`
 //! byte for byte, binutils' `addr2line`, and bad input.
 
+#[path = "support/target.rs"]
+mod target;
 use selftrace::symbolize::{
     self, write_kernel_frame, Backtrace, BacktraceFrame, FrameKind, KernelOptions, SymbolsOptions,
 };
@@ -176,7 +178,7 @@ fn fixture_dir() -> PathBuf {
 fn build_fixture(name: &str) -> PathBuf {
     let out = fixture_dir().join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stfix.c");
-    let st = Command::new("gcc")
+    let st = Command::new(target::cc())
         .args(["-shared", "-fPIC", "-O0", "-g", "-o"])
         .arg(&out)
         .arg(&src)
@@ -509,7 +511,13 @@ fn bad_input_gets_placeholders() {
     assert_eq!(selftrace::backtrace_symbols(&[a])[0], format!("[{a:#x}]"));
     let bt = Backtrace::from_addresses(&[a], true);
     assert_eq!(bt.frames()[0].symbols().len(), 0);
-    // The vDSO: an object without a file, named from its image in memory.
+    // The vDSO: an object without a file, named from its image in memory. (qemu-user 7.2 maps
+    // none: AT_SYSINFO_EHDR is 0 there.)
+    // SAFETY: getauxval has no preconditions.
+    if unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) } == 0 {
+        eprintln!("bad_input_gets_placeholders: no vDSO in this process (qemu-user): not checked");
+        return;
+    }
     let vdso = selftrace::modules::snapshot()
         .objects()
         .iter()

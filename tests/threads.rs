@@ -178,7 +178,18 @@ extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
             events: libc::POLLIN,
             revents: 0,
         };
-        libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, 20_000);
+        let limit = libc::timespec {
+            tv_sec: 20,
+            tv_nsec: 0,
+        };
+        libc::syscall(
+            libc::SYS_ppoll,
+            &mut p as *mut libc::pollfd,
+            1,
+            &limit as *const libc::timespec,
+            std::ptr::null::<libc::sigset_t>(),
+            0usize,
+        );
     }
     // glibc's clone calls exit(2) with this.
     0

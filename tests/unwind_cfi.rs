@@ -4,30 +4,34 @@
 //! frame whose CFI cannot be evaluated (or that has none and no frame pointer) must end the walk
 //! with the reason, never with a guessed frame.
 //!
-//! The fixtures (x86-64, AT&T syntax), each `fn(callback)`:
-//! - `st_cfa_rbx`: CFA = rbx + 16 after realigning rsp (like ld.so's `_dl_runtime_resolve`);
-//!   rbx must be restored through the callback's frames, which save it.
-//! - `st_cfa_expr`: CFA = `*(rsp + 8) + 8` (`DW_CFA_def_cfa_expression` with a memory read)
-//!   and the return address by `DW_CFA_val_expression` (`**(rsp + 8)`).
-//! - `st_ra_in_r12`: the return address is in r12 (`DW_CFA_register`), r12 saved at CFA-16,
-//!   r13 `DW_CFA_same_value`.
-//! - `st_rbp_outer` -> `st_rbp_expr`: the outer frame's CFA is rbp + 16; the inner one saves rbp
-//!   by `DW_CFA_expression` (address = CFA - 16) and then clobbers rbp.
+//! The fixtures, each `fn(callback)`, in x86-64 (AT&T syntax) and aarch64 assembly (the
+//! aarch64 register in brackets):
+//! - `st_cfa_other_reg`: CFA = rbx (x19) + 16 after realigning the stack pointer (like ld.so's
+//!   `_dl_runtime_resolve`); rbx (x19) must be restored through the callback's frames, which
+//!   save it.
+//! - `st_cfa_expr`: CFA = `*(sp + 8) + 8` (+ 16 on aarch64: `DW_CFA_def_cfa_expression` with a
+//!   memory read) and the return address by `DW_CFA_val_expression` (`**(sp + 8)`).
+//! - `st_ra_in_reg`: the return address is in r12 (x19) (`DW_CFA_register`), that register
+//!   saved at CFA-16, r13 (x20) `DW_CFA_same_value`.
+//! - `st_fp_outer` -> `st_fp_expr`: the outer frame's CFA is rbp (x29) + 16; the inner one saves
+//!   the frame pointer by `DW_CFA_expression` (address = CFA - 16) and then clobbers it.
 //! - `st_no_cfi`: no CFI at all, a frame-pointer frame: the frame-pointer rule applies.
-//! - `st_no_cfi_garbage`: no CFI and a garbage rbp: the walk stops (no frame pointer).
+//! - `st_no_cfi_garbage`: no CFI and a garbage frame pointer: the walk stops (no frame pointer).
 //! - `st_bad_cfi`: a CFA expression with an operation CFI may not use (`DW_OP_call_frame_cfa`):
 //!   the walk stops there ("no unwind rule").
+//! - `st_clobber_call`: saves every callee-saved register and overwrites it before it calls.
 
 use selftrace::{StopReason, WalkEnd};
 use std::hint::black_box;
 
+#[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
     r#"
     .text
 
-    .globl st_cfa_rbx
-    .type st_cfa_rbx,@function
-st_cfa_rbx:
+    .globl st_cfa_other_reg
+    .type st_cfa_other_reg,@function
+st_cfa_other_reg:
     .cfi_startproc
     push %rbx
     .cfi_adjust_cfa_offset 8
@@ -44,7 +48,7 @@ st_cfa_rbx:
     .cfi_restore %rbx
     ret
     .cfi_endproc
-    .size st_cfa_rbx, .-st_cfa_rbx
+    .size st_cfa_other_reg, .-st_cfa_other_reg
 
     .globl st_cfa_expr
     .type st_cfa_expr,@function
@@ -66,9 +70,9 @@ st_cfa_expr:
     .cfi_endproc
     .size st_cfa_expr, .-st_cfa_expr
 
-    .globl st_ra_in_r12
-    .type st_ra_in_r12,@function
-st_ra_in_r12:
+    .globl st_ra_in_reg
+    .type st_ra_in_reg,@function
+st_ra_in_reg:
     .cfi_startproc
     push %r12
     .cfi_adjust_cfa_offset 8
@@ -83,11 +87,11 @@ st_ra_in_r12:
     .cfi_offset %rip, -8
     ret
     .cfi_endproc
-    .size st_ra_in_r12, .-st_ra_in_r12
+    .size st_ra_in_reg, .-st_ra_in_reg
 
-    .globl st_rbp_outer
-    .type st_rbp_outer,@function
-st_rbp_outer:
+    .globl st_fp_outer
+    .type st_fp_outer,@function
+st_fp_outer:
     .cfi_startproc
     push %rbp
     .cfi_adjust_cfa_offset 8
@@ -95,7 +99,7 @@ st_rbp_outer:
     mov %rsp, %rbp
     .cfi_def_cfa_register %rbp
     and $-32, %rsp
-    call st_rbp_expr
+    call st_fp_expr
     mov %rbp, %rsp
     .cfi_def_cfa_register %rsp
     pop %rbp
@@ -103,10 +107,10 @@ st_rbp_outer:
     .cfi_restore %rbp
     ret
     .cfi_endproc
-    .size st_rbp_outer, .-st_rbp_outer
+    .size st_fp_outer, .-st_fp_outer
 
-    .type st_rbp_expr,@function
-st_rbp_expr:
+    .type st_fp_expr,@function
+st_fp_expr:
     .cfi_startproc
     push %rbp
     .cfi_adjust_cfa_offset 8
@@ -119,7 +123,7 @@ st_rbp_expr:
     .cfi_restore %rbp
     ret
     .cfi_endproc
-    .size st_rbp_expr, .-st_rbp_expr
+    .size st_fp_expr, .-st_fp_expr
 
     .globl st_clobber_call
     .type st_clobber_call,@function
@@ -195,6 +199,7 @@ st_bad_cfi:
 );
 
 // Functions without any CFI: a section of their own, outside every .cfi_startproc.
+#[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
     r#"
     .pushsection .text.st_nocfi,"ax",@progbits
@@ -222,13 +227,238 @@ st_no_cfi_garbage:
     options(att_syntax)
 );
 
+#[cfg(target_arch = "aarch64")]
+std::arch::global_asm!(
+    r#"
+    .text
+
+    .globl st_cfa_other_reg
+    .type st_cfa_other_reg,%function
+st_cfa_other_reg:
+    .cfi_startproc
+    stp x19, x30, [sp, #-16]!
+    .cfi_def_cfa_offset 16
+    .cfi_offset x19, -16
+    .cfi_offset x30, -8
+    mov x19, sp
+    .cfi_def_cfa_register x19
+    mov x9, sp
+    and x9, x9, #-64
+    sub sp, x9, #64
+    blr x0
+    mov sp, x19
+    .cfi_def_cfa_register sp
+    ldp x19, x30, [sp], #16
+    .cfi_def_cfa_offset 0
+    .cfi_restore x19
+    .cfi_restore x30
+    ret
+    .cfi_endproc
+    .size st_cfa_other_reg, .-st_cfa_other_reg
+
+    .globl st_cfa_expr
+    .type st_cfa_expr,%function
+st_cfa_expr:
+    .cfi_startproc
+    str x30, [sp, #-16]!
+    .cfi_def_cfa_offset 16
+    .cfi_offset x30, -16
+    mov x9, sp
+    sub x10, sp, #144
+    and sp, x10, #-16
+    str x9, [sp, #8]
+    /* DW_CFA_def_cfa_expression: DW_OP_breg31 8; DW_OP_deref; DW_OP_plus_uconst 16 */
+    .cfi_escape 0x0f, 5, 0x8f, 8, 0x06, 0x23, 16
+    /* DW_CFA_val_expression x30: DW_OP_breg31 8; DW_OP_deref; DW_OP_deref */
+    .cfi_escape 0x16, 30, 4, 0x8f, 8, 0x06, 0x06
+    blr x0
+    ldr x9, [sp, #8]
+    mov sp, x9
+    .cfi_def_cfa sp, 16
+    .cfi_offset x30, -16
+    ldr x30, [sp], #16
+    .cfi_def_cfa_offset 0
+    .cfi_restore x30
+    ret
+    .cfi_endproc
+    .size st_cfa_expr, .-st_cfa_expr
+
+    .globl st_ra_in_reg
+    .type st_ra_in_reg,%function
+st_ra_in_reg:
+    .cfi_startproc
+    str x19, [sp, #-16]!
+    .cfi_def_cfa_offset 16
+    .cfi_offset x19, -16
+    mov x19, x30
+    .cfi_register x30, x19
+    .cfi_same_value x20
+    blr x0
+    mov x30, x19
+    .cfi_restore x30
+    ldr x19, [sp], #16
+    .cfi_def_cfa_offset 0
+    .cfi_restore x19
+    ret
+    .cfi_endproc
+    .size st_ra_in_reg, .-st_ra_in_reg
+
+    .globl st_fp_outer
+    .type st_fp_outer,%function
+st_fp_outer:
+    .cfi_startproc
+    stp x29, x30, [sp, #-16]!
+    .cfi_def_cfa_offset 16
+    .cfi_offset x29, -16
+    .cfi_offset x30, -8
+    mov x29, sp
+    .cfi_def_cfa x29, 16
+    mov x9, sp
+    and x9, x9, #-32
+    sub sp, x9, #32
+    bl st_fp_expr
+    mov sp, x29
+    .cfi_def_cfa sp, 16
+    ldp x29, x30, [sp], #16
+    .cfi_def_cfa_offset 0
+    .cfi_restore x29
+    .cfi_restore x30
+    ret
+    .cfi_endproc
+    .size st_fp_outer, .-st_fp_outer
+
+    .type st_fp_expr,%function
+st_fp_expr:
+    .cfi_startproc
+    stp x29, x30, [sp, #-16]!
+    .cfi_def_cfa_offset 16
+    /* DW_CFA_expression x29: DW_OP_lit16; DW_OP_minus (address = CFA - 16) */
+    .cfi_escape 0x10, 29, 2, 0x40, 0x1c
+    .cfi_offset x30, -8
+    movz x29, #0x5bad, lsl #48
+    movk x29, #0x5bad, lsl #16
+    blr x0
+    ldp x29, x30, [sp], #16
+    .cfi_def_cfa_offset 0
+    .cfi_restore x29
+    .cfi_restore x30
+    ret
+    .cfi_endproc
+    .size st_fp_expr, .-st_fp_expr
+
+    .globl st_clobber_call
+    .type st_clobber_call,%function
+st_clobber_call:
+    .cfi_startproc
+    stp x29, x30, [sp, #-96]!
+    .cfi_def_cfa_offset 96
+    .cfi_offset x29, -96
+    .cfi_offset x30, -88
+    stp x19, x20, [sp, #16]
+    .cfi_offset x19, -80
+    .cfi_offset x20, -72
+    stp x21, x22, [sp, #32]
+    .cfi_offset x21, -64
+    .cfi_offset x22, -56
+    stp x23, x24, [sp, #48]
+    .cfi_offset x23, -48
+    .cfi_offset x24, -40
+    stp x25, x26, [sp, #64]
+    .cfi_offset x25, -32
+    .cfi_offset x26, -24
+    stp x27, x28, [sp, #80]
+    .cfi_offset x27, -16
+    .cfi_offset x28, -8
+    mov x19, #1
+    mov x20, #2
+    mov x21, #3
+    mov x22, #4
+    mov x23, #5
+    mov x24, #6
+    mov x25, #7
+    mov x26, #8
+    mov x27, #9
+    mov x28, #10
+    mov x29, #11
+    blr x0
+    ldp x27, x28, [sp, #80]
+    .cfi_restore x27
+    .cfi_restore x28
+    ldp x25, x26, [sp, #64]
+    .cfi_restore x25
+    .cfi_restore x26
+    ldp x23, x24, [sp, #48]
+    .cfi_restore x23
+    .cfi_restore x24
+    ldp x21, x22, [sp, #32]
+    .cfi_restore x21
+    .cfi_restore x22
+    ldp x19, x20, [sp, #16]
+    .cfi_restore x19
+    .cfi_restore x20
+    ldp x29, x30, [sp], #96
+    .cfi_def_cfa_offset 0
+    .cfi_restore x29
+    .cfi_restore x30
+    ret
+    .cfi_endproc
+    .size st_clobber_call, .-st_clobber_call
+
+    .globl st_bad_cfi
+    .type st_bad_cfi,%function
+st_bad_cfi:
+    .cfi_startproc
+    str x30, [sp, #-16]!
+    .cfi_def_cfa_offset 16
+    .cfi_offset x30, -16
+    /* DW_CFA_def_cfa_expression: DW_OP_call_frame_cfa (not allowed in CFI) */
+    .cfi_escape 0x0f, 1, 0x9c
+    blr x0
+    .cfi_def_cfa sp, 16
+    ldr x30, [sp], #16
+    .cfi_def_cfa_offset 0
+    .cfi_restore x30
+    ret
+    .cfi_endproc
+    .size st_bad_cfi, .-st_bad_cfi
+"#
+);
+
+// Functions without any CFI: a section of their own, outside every .cfi_startproc.
+#[cfg(target_arch = "aarch64")]
+std::arch::global_asm!(
+    r#"
+    .pushsection .text.st_nocfi,"ax",%progbits
+    .globl st_no_cfi
+    .type st_no_cfi,%function
+st_no_cfi:
+    stp x29, x30, [sp, #-16]!
+    mov x29, sp
+    blr x0
+    ldp x29, x30, [sp], #16
+    ret
+    .size st_no_cfi, .-st_no_cfi
+
+    .globl st_no_cfi_garbage
+    .type st_no_cfi_garbage,%function
+st_no_cfi_garbage:
+    stp x29, x30, [sp, #-16]!
+    mov x29, #0x7000
+    blr x0
+    ldp x29, x30, [sp], #16
+    ret
+    .size st_no_cfi_garbage, .-st_no_cfi_garbage
+    .popsection
+"#
+);
+
 type Fixture = unsafe extern "C" fn(extern "C" fn());
 
 extern "C" {
-    fn st_cfa_rbx(cb: extern "C" fn());
+    fn st_cfa_other_reg(cb: extern "C" fn());
     fn st_cfa_expr(cb: extern "C" fn());
-    fn st_ra_in_r12(cb: extern "C" fn());
-    fn st_rbp_outer(cb: extern "C" fn());
+    fn st_ra_in_reg(cb: extern "C" fn());
+    fn st_fp_outer(cb: extern "C" fn());
     fn st_no_cfi(cb: extern "C" fn());
     fn st_no_cfi_garbage(cb: extern "C" fn());
     fn st_bad_cfi(cb: extern "C" fn());
@@ -319,8 +549,12 @@ fn assert_through(f: Fixture, fixture: &str, test: &str) {
 }
 
 #[test]
-fn cfa_based_on_rbx() {
-    assert_through(st_cfa_rbx, "st_cfa_rbx", "cfa_based_on_rbx");
+fn cfa_based_on_a_callee_saved_register() {
+    assert_through(
+        st_cfa_other_reg,
+        "st_cfa_other_reg",
+        "cfa_based_on_a_callee_saved_register",
+    );
 }
 
 #[test]
@@ -334,16 +568,16 @@ fn cfa_expression_with_memory_read_and_val_expression() {
 
 #[test]
 fn return_address_in_a_register() {
-    assert_through(st_ra_in_r12, "st_ra_in_r12", "return_address_in_a_register");
+    assert_through(st_ra_in_reg, "st_ra_in_reg", "return_address_in_a_register");
 }
 
 #[test]
 fn register_saved_by_expression_then_cfa_based_on_it() {
     let test = "register_saved_by_expression_then_cfa_based_on_it";
-    assert_through(st_rbp_outer, "st_rbp_expr", test);
-    let (names, _) = run_fixture(st_rbp_outer);
-    let inner = position(&names, "st_rbp_expr");
-    let outer = position(&names, "st_rbp_outer");
+    assert_through(st_fp_outer, "st_fp_expr", test);
+    let (names, _) = run_fixture(st_fp_outer);
+    let inner = position(&names, "st_fp_expr");
+    let outer = position(&names, "st_fp_outer");
     assert_eq!(outer, inner + 1, "{}", names.join("\n"));
 }
 

@@ -23,6 +23,8 @@ mod fixtures;
 mod libunwind;
 #[path = "support/stack_compare.rs"]
 mod stack_compare;
+#[path = "support/target.rs"]
+mod target;
 
 use fixtures::{name_of, skip};
 use libunwind::{End, Libunwind};

@@ -20,6 +20,8 @@ mod cfa;
 #[path = "support/unwind_fixtures.rs"]
 #[allow(dead_code)]
 mod fixtures;
+#[path = "support/target.rs"]
+mod target;
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;

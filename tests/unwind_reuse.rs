@@ -72,27 +72,35 @@ fn repeated_captures_take_the_outer_frames_from_the_previous_walk() {
     let o = oracle();
     let mut walks = Vec::new();
     let mut counts = Vec::new();
+    // A walk that joins a record after stepping frames of its own makes the next walks of the
+    // thread stage their frames only one time in 16 (`reuse::Claim::staging`). A new thread can
+    // find such a record: glibc hands a finished thread's stack (and `struct pthread`) to the
+    // next thread it starts, and the records are kept by stack (seen under qemu-user, where the
+    // test threads run one after the other on one cached stack). So the captures go on until
+    // one re-recorded the stack: at most 18 of them.
     deep(20, &mut || {
-        // One call site for the three captures (a loop the compiler may not unroll).
-        for _ in 0..black_box(3) {
+        // One call site for the captures (a loop the compiler may not unroll).
+        for _ in 0..black_box(18) {
             let before = reused();
             walks.push(black_box(capture_vec as fn() -> Vec<usize>)());
             counts.push(reused() - before);
         }
     });
-    assert_eq!(walks[0], walks[1]);
-    assert_eq!(walks[1], walks[2]);
-    let names = o.names(&walks[2], false);
+    for w in &walks[1..] {
+        assert_eq!(&walks[0], w);
+    }
+    let names = o.names(&walks[0], false);
     let deeps = names.iter().filter(|n| leaf(n) == "deep").count();
     assert_eq!(deeps, 21, "{names:#?}");
-    // The third capture joined the second at the first `deep` frame at the latest (below it,
-    // rbp is a general register that may hold another value, and a walk cannot join a frame
-    // whose rbp differs) and took every frame above it (other tests' walks may add to the
-    // process-wide counter, never take from it).
+    // A capture after a re-recorded one joined it at the first `deep` frame at the latest
+    // (below it, rbp is a general register that may hold another value, and a walk cannot join
+    // a frame whose rbp differs) and took every frame above it (other tests' walks may add to
+    // the process-wide counter, never take from it).
+    let above = (walks[0].len() - 1 - deeps_at(&names)) as u64;
     assert!(
-        counts[2] >= (walks[2].len() - 1 - deeps_at(&names)) as u64,
-        "reused {counts:?} of {} frames",
-        walks[2].len()
+        counts.iter().any(|&c| c >= above),
+        "reused {counts:?} of {} frames, none {above} or more",
+        walks[0].len()
     );
     let mut again = Vec::new();
     deep(20, &mut || again = both(&mut capture_vec));

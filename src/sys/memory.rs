@@ -1,19 +1,39 @@
 //! Reading memory that may vanish, and learning a thread's stack without asking glibc.
 
 use super::arch::thread_pointer;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
-/// Copies `out.len()` bytes from address `addr` of this process into `out` with
-/// `process_vm_readv(2)`: the kernel copies, so an unmapped or unreadable address ends the copy
-/// instead of faulting, also when another thread unmaps the memory meanwhile. Returns how many
-/// bytes were copied (0 when `addr` itself is unreadable). Async-signal-safe.
+/// Copies `out.len()` bytes from address `addr` of this process into `out`, the kernel
+/// copying: an unmapped or unreadable address ends the copy instead of faulting, also when
+/// another thread unmaps the memory meanwhile. Returns how many bytes were copied (0 when
+/// `addr` itself is unreadable). Async-signal-safe.
+///
+/// The copy is `process_vm_readv(2)`. Where that fails for good (`ENOSYS` under qemu-user,
+/// `ENOSYS` or `EPERM` from a seccomp filter in a container), it is a `write(2)` of the range
+/// into a pipe of selftrace's own (the kernel reads the range, `EFAULT` where it cannot) and a
+/// `read(2)` back: see [`pipe_copy`].
 ///
 /// # References
-/// process_vm_readv(2)
+/// process_vm_readv(2), pipe(7)
 pub(crate) fn read_memory(addr: usize, out: &mut [u8]) -> usize {
     if out.is_empty() || addr == 0 {
         return 0;
     }
+    if !VM_READV_BROKEN.load(Ordering::Relaxed) {
+        match vm_readv(addr, out) {
+            Ok(n) => return n,
+            Err(e) if e == libc::ENOSYS || e == libc::EPERM => {
+                VM_READV_BROKEN.store(true, Ordering::Relaxed);
+            }
+            Err(_) => return 0,
+        }
+    }
+    pipe_copy(addr, out)
+}
+
+/// `process_vm_readv(2)` of `out.len()` bytes at `addr` of this process: the count copied, or
+/// the `errno` when nothing was.
+fn vm_readv(addr: usize, out: &mut [u8]) -> Result<usize, i32> {
     let local = libc::iovec {
         iov_base: out.as_mut_ptr().cast(),
         iov_len: out.len(),
@@ -25,11 +45,124 @@ pub(crate) fn read_memory(addr: usize, out: &mut [u8]) -> usize {
     // SAFETY: `local` describes `out`, which is writable; the kernel only reads the remote
     // range and reports unreadable pages instead of faulting.
     let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    if got <= 0 {
-        0
+    if got < 0 {
+        Err(super::errno())
     } else {
-        got as usize
+        Ok(got as usize)
     }
+}
+
+/// `process_vm_readv` failed with `ENOSYS` or `EPERM`: every copy goes through a pipe.
+static VM_READV_BROKEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether copies go through pipes (`process_vm_readv` is not available), for tests and docs.
+pub(crate) fn copies_through_pipes() -> bool {
+    VM_READV_BROKEN.load(Ordering::Relaxed)
+}
+
+/// Pipes for [`pipe_copy`]: each a read and a write end, both non-blocking and close-on-exec,
+/// packed as `read | write << 32` (0: not made yet), made on first use and claimed one walk at
+/// a time.
+static PIPES: [AtomicU64; PIPES_N] = [const { AtomicU64::new(0) }; PIPES_N];
+/// Which of [`PIPES`] is in use (bit i: pipe i).
+static PIPES_BUSY: AtomicUsize = AtomicUsize::new(0);
+/// The process the pipes were made by: a child after `fork` shares them with its parent, so it
+/// makes its own.
+static PIPES_PID: AtomicI32 = AtomicI32::new(0);
+/// How many concurrent pipe copies there can be; more fail (and the walk says so) instead of
+/// waiting.
+const PIPES_N: usize = 4;
+/// The most one `write(2)` into a pipe moves at once: `PIPE_BUF`, which the kernel writes
+/// whole, and the default pipe holds 16 times over.
+const PIPE_CHUNK: usize = 4096;
+
+/// Copies through a pipe of selftrace's own: `write(2)` the range into it (the kernel reads the
+/// range; `EFAULT`, or a short count, where it is unreadable), then `read(2)` back what was
+/// written. A pipe is claimed with a compare-and-swap and is used by one copy at a time, so
+/// concurrent copies never see each other's bytes; when all are in use the copy fails (returns
+/// 0). The pipes are made on first use with `pipe2(2)`, which is async-signal-safe, and made
+/// again in a child after `fork`. Async-signal-safe, lock-free.
+///
+/// # References
+/// pipe(7), write(2)
+pub(crate) fn pipe_copy(addr: usize, out: &mut [u8]) -> usize {
+    let Some((slot, rfd, wfd)) = claim_pipe() else {
+        return 0;
+    };
+    let mut done = 0;
+    while done < out.len() {
+        let want = (out.len() - done).min(PIPE_CHUNK);
+        // SAFETY: a write from [addr + done, + want): the kernel reads that memory for us and
+        // fails with EFAULT (or a short count) instead of faulting; wfd is our pipe.
+        let w = unsafe { libc::write(wfd, (addr + done) as *const libc::c_void, want) };
+        if w <= 0 {
+            break;
+        }
+        let w = w as usize;
+        let mut got = 0;
+        while got < w {
+            // SAFETY: out[done + got..done + w] is writable; rfd is our pipe, holding the w
+            // bytes just written (nobody else uses it while we hold it).
+            let r = unsafe { libc::read(rfd, out[done + got..].as_mut_ptr().cast(), w - got) };
+            if r <= 0 {
+                // The pipe is out of step (cannot happen; never trust it again).
+                PIPES[slot].store(0, Ordering::Relaxed);
+                release_pipe(slot);
+                return done + got;
+            }
+            got += r as usize;
+        }
+        done += w;
+        if w < want {
+            break;
+        }
+    }
+    release_pipe(slot);
+    done
+}
+
+/// Claims a pipe (making it on first use): its index and its read and write ends.
+fn claim_pipe() -> Option<(usize, i32, i32)> {
+    let pid = super::getpid();
+    if PIPES_PID.load(Ordering::Acquire) != pid {
+        // A new process (or the first use): forget the inherited pipes (their fds stay open in
+        // this process, unused: closing them could close an fd the program reused).
+        let old = PIPES_PID.load(Ordering::Acquire);
+        if PIPES_PID
+            .compare_exchange(old, pid, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            for p in &PIPES {
+                p.store(0, Ordering::Release);
+            }
+            PIPES_BUSY.store(0, Ordering::Release);
+        }
+    }
+    for i in 0..PIPES_N {
+        let bit = 1 << i;
+        if PIPES_BUSY.fetch_or(bit, Ordering::Acquire) & bit != 0 {
+            continue;
+        }
+        let mut p = PIPES[i].load(Ordering::Acquire);
+        if p == 0 {
+            let mut fds = [0i32; 2];
+            // SAFETY: fds is valid for two ints.
+            let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
+            if rc != 0 {
+                release_pipe(i);
+                return None;
+            }
+            p = fds[0] as u32 as u64 | (fds[1] as u32 as u64) << 32;
+            PIPES[i].store(p, Ordering::Release);
+        }
+        return Some((i, p as u32 as i32, (p >> 32) as u32 as i32));
+    }
+    None
+}
+
+/// Gives pipe `i` back.
+fn release_pipe(i: usize) {
+    PIPES_BUSY.fetch_and(!(1 << i), Ordering::Release);
 }
 
 /// Where glibc keeps a thread's stack block in its `struct pthread`: the byte offset, from the

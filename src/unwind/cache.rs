@@ -202,7 +202,9 @@ impl RuleCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::unwind::rule::{self, Kind, SAME};
+    use crate::unwind::rule::{self, Kind};
+    #[cfg(target_arch = "x86_64")]
+    use crate::unwind::rule::SAME;
 
     fn key(pc: usize, exact: bool) -> u64 {
         rule::key(pc, exact).expect("an aligned pc")

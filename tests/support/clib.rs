@@ -9,7 +9,7 @@ pub fn build_shared(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Pat
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).expect("write the C source");
     let out = dir.join(name);
-    let st = std::process::Command::new("cc")
+    let st = std::process::Command::new(super::target::cc())
         .args(flags)
         .args(["-shared", "-fPIC", "-o"])
         .arg(&out)

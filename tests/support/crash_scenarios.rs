@@ -4,6 +4,8 @@
 
 #[path = "clib.rs"]
 mod clib;
+#[path = "target.rs"]
+mod target;
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,8 +108,16 @@ pub fn caller_abort() {
 
 #[inline(never)]
 pub fn crash_illegal() {
-    // SAFETY: ud2 raises SIGILL on purpose.
-    unsafe { std::arch::asm!("ud2") };
+    // SAFETY: ud2 (udf on aarch64) raises SIGILL on purpose.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::asm!("ud2")
+    };
+    // SAFETY: as above.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        std::arch::asm!("udf #0")
+    };
 }
 
 #[inline(never)]
@@ -120,6 +130,7 @@ pub fn caller_illegal() {
 pub fn crash_divide() {
     let zero = black_box(0u64);
     // SAFETY: dividing by zero in asm raises SIGFPE (Rust's `/` would panic instead).
+    #[cfg(target_arch = "x86_64")]
     unsafe {
         std::arch::asm!(
             "xor edx, edx",
@@ -129,6 +140,15 @@ pub fn crash_divide() {
             out("rdx") _,
         )
     };
+    // aarch64's udiv gives 0 for a zero divisor, it does not trap: the kernel's SIGFPE is
+    // raised the way a runtime that checks the divisor raises it.
+    #[cfg(target_arch = "aarch64")]
+    {
+        if zero == 0 {
+            // SAFETY: raise has no preconditions.
+            unsafe { libc::raise(libc::SIGFPE) };
+        }
+    }
 }
 
 #[inline(never)]

@@ -13,9 +13,29 @@ type GetReg = unsafe extern "C" fn(*mut u64, i32, *mut u64) -> i32;
 
 /// `UNW_INIT_SIGNAL_FRAME`: the context is a signal frame (its pc is exact).
 const UNW_INIT_SIGNAL_FRAME: i32 = 1;
-/// `UNW_REG_IP` on x86-64 (`UNW_X86_64_RIP`).
-const UNW_REG_IP: i32 = 16;
-/// `unw_cursor_t` is 127 words on x86-64; generous room.
+/// `UNW_REG_IP`: `UNW_X86_64_RIP` on x86-64, `UNW_AARCH64_X30` (the cursor's ip) on aarch64.
+const UNW_REG_IP: i32 = if cfg!(target_arch = "aarch64") {
+    30
+} else {
+    16
+};
+/// The local-only API's symbols: `_UL<arch>_<name>`.
+const INIT_LOCAL2: &std::ffi::CStr = if cfg!(target_arch = "aarch64") {
+    c"_ULaarch64_init_local2"
+} else {
+    c"_ULx86_64_init_local2"
+};
+const STEP: &std::ffi::CStr = if cfg!(target_arch = "aarch64") {
+    c"_ULaarch64_step"
+} else {
+    c"_ULx86_64_step"
+};
+const GET_REG: &std::ffi::CStr = if cfg!(target_arch = "aarch64") {
+    c"_ULaarch64_get_reg"
+} else {
+    c"_ULx86_64_get_reg"
+};
+/// `unw_cursor_t` is 127 words on x86-64 and 250 on aarch64; room for both.
 const CURSOR_WORDS: usize = 256;
 
 /// How libunwind's walk ended.
@@ -41,7 +61,7 @@ impl Libunwind {
     /// Loads libunwind; `Err` says why it is not available.
     pub fn load() -> Result<Libunwind, String> {
         // SAFETY: dlopen/dlsym with valid C strings; the symbols have the declared C
-        // signatures (libunwind's x86-64 local-only API, `_UL` prefix).
+        // signatures (libunwind's local-only API, `_UL` prefix).
         unsafe {
             let h = libc::dlopen(
                 c"libunwind.so.8".as_ptr(),
@@ -50,11 +70,11 @@ impl Libunwind {
             if h.is_null() {
                 return Err("libunwind.so.8 not found (install libunwind-dev)".into());
             }
-            let init = libc::dlsym(h, c"_ULx86_64_init_local2".as_ptr());
-            let step = libc::dlsym(h, c"_ULx86_64_step".as_ptr());
-            let get = libc::dlsym(h, c"_ULx86_64_get_reg".as_ptr());
+            let init = libc::dlsym(h, INIT_LOCAL2.as_ptr());
+            let step = libc::dlsym(h, STEP.as_ptr());
+            let get = libc::dlsym(h, GET_REG.as_ptr());
             if init.is_null() || step.is_null() || get.is_null() {
-                return Err("libunwind.so.8 lacks _ULx86_64_init_local2/step/get_reg".into());
+                return Err(format!("libunwind.so.8 lacks {INIT_LOCAL2:?}/step/get_reg"));
             }
             Ok(Libunwind {
                 init_local2: std::mem::transmute::<*mut c_void, InitLocal2>(init),
@@ -73,7 +93,7 @@ impl Libunwind {
     pub unsafe fn walk_ucontext(&self, uc: *mut c_void, out: &mut [usize]) -> (usize, End) {
         let mut cursor = [0u64; CURSOR_WORDS];
         // SAFETY: the cursor has room for libunwind's unw_cursor_t; uc is a live ucontext_t
-        // (the caller's contract), which is libunwind's unw_context_t on x86-64.
+        // (the caller's contract), which is libunwind's unw_context_t on x86-64 and aarch64.
         let rc = unsafe { (self.init_local2)(cursor.as_mut_ptr(), uc, UNW_INIT_SIGNAL_FRAME) };
         if rc < 0 {
             return (0, End::Error(rc));

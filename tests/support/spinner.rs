@@ -13,6 +13,7 @@ pub static SPINNING: AtomicBool = AtomicBool::new(false);
 pub fn spin_until_stopped() {
     SPINNING.store(true, Ordering::SeqCst);
     // SAFETY: reads a static byte in a loop; touches nothing else.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
         core::arch::asm!(
             "2:",
@@ -20,6 +21,18 @@ pub fn spin_until_stopped() {
             "cmp byte ptr [{flag}], 0",
             "je 2b",
             flag = in(reg) STOP.as_ptr(),
+        );
+    }
+    // SAFETY: as above.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        core::arch::asm!(
+            "2:",
+            "yield",
+            "ldrb {t:w}, [{flag}]",
+            "cbz {t:w}, 2b",
+            flag = in(reg) STOP.as_ptr(),
+            t = out(reg) _,
         );
     }
 }

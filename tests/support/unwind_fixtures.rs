@@ -45,14 +45,19 @@ pub fn big_frame(x: u64) -> u64 {
 }
 
 /// A C library without frame pointers: `c_outer -> c_middle -> c_work`, and `c_work` loads a
-/// garbage value into rbp and keeps 13 accumulators live (rbp is a general register there).
+/// garbage value into the frame pointer (rbp, x29) and keeps 13 accumulators live (it is a
+/// general register there).
 pub const OMIT_FP_C: &str = r#"
 __attribute__((noinline)) unsigned long c_work(const unsigned char *p, unsigned long n,
                                                unsigned long seed) {
     unsigned long a = seed, b = seed * 3, c = seed * 5, d = seed * 7, e = seed * 11,
                   f = seed * 13, g = seed * 17, h = seed * 19, i = seed * 23, j = seed * 29,
                   k = seed * 31, l = seed * 37, m = seed * 41;
+#if defined(__x86_64__)
     __asm__ volatile("mov %0, %%rbp" :: "r"(seed ^ 0x5a5a5a5a5a5a5a5aUL) : "rbp");
+#elif defined(__aarch64__)
+    __asm__ volatile("mov x29, %0" :: "r"(seed ^ 0x5a5a5a5a5a5a5a5aUL) : "x29");
+#endif
     for (unsigned long x = 0; x < n; x++) {
         unsigned long v = p[x];
         a += v ^ m; b ^= a + v; c += b >> 3; d ^= c * 5; e += d ^ v; f ^= e + 7;
@@ -116,7 +121,7 @@ fn lazy_a_source() -> String {
 
 /// Runs `cc` with `args`; `Err` with its stderr when it fails or is missing.
 fn cc(args: &[&str]) -> Result<(), String> {
-    let out = std::process::Command::new("cc")
+    let out = std::process::Command::new(super::target::cc())
         .args(args)
         .output()
         .map_err(|e| format!("cc: {e} (a C compiler is needed for the fixtures)"))?;
@@ -245,11 +250,12 @@ pub fn name_of(addr: usize) -> (String, String) {
     }
 }
 
-/// Whether the outermost frame of a walk is a thread's root (`_start`, `clone3`, `clone`).
+/// Whether the outermost frame of a walk is a thread's root (`_start`, `clone3`, `clone`, and
+/// glibc's aarch64 `thread_start`).
 pub fn ends_at_root(frames: &[usize]) -> bool {
     frames.last().is_some_and(|&ra| {
         let (n, _) = name_of(ra.wrapping_sub(1));
-        n == "_start" || n.contains("clone")
+        n == "_start" || n.contains("clone") || n == "thread_start"
     })
 }
 

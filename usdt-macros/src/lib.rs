@@ -5,6 +5,7 @@
 //! [`macro@__probe_site`]) and the attribute `#[selftrace::usdt::probe]` ([`macro@probe`]).
 //! This crate is an implementation detail; its items are not meant to be named directly.
 
+mod arch;
 mod attr;
 mod site;
 

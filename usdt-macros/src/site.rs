@@ -24,6 +24,7 @@
 //! the program reads; the note is `SHF_LINK_ORDER` to the site's code so that `--gc-sections`
 //! drops the note together with dead code instead of leaving a note with pc 0.
 
+use crate::arch::{Target, TARGETS};
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
@@ -69,11 +70,13 @@ fn semaphore_symbol(provider: &str, name: &str) -> String {
 /// Assembler text that defines, once per object, `_.stapsdt.base`, the page alignment of
 /// `.probes`, and this probe's semaphore. Each definition is guarded by `.ifndef` (once per
 /// assembler run, i.e. codegen unit) and sits in a COMDAT group (once per linked object).
-fn definitions(sem: &str) -> String {
+fn definitions(sem: &str, t: &Target) -> String {
+    let progbits = t.progbits;
+    let page = t.page;
     format!(
         r#"
     .ifndef _.stapsdt.base                 // once per codegen unit:
-    .pushsection .stapsdt.base,"axGR",@progbits,.stapsdt.base,comdat // retained (R, against --gc-sections), executable (x, so perf's offsets land right under rust-lld), one COMDAT copy per object
+    .pushsection .stapsdt.base,"axGR",{progbits},.stapsdt.base,comdat // retained (R, against --gc-sections), executable (x, so perf's offsets land right under rust-lld), one COMDAT copy per object
     .weak _.stapsdt.base                   // every codegen unit and crate defines it...
     .hidden _.stapsdt.base                 // ...and the linker keeps one per object, not exported
 _.stapsdt.base:                            // the address every note records as its base
@@ -81,15 +84,15 @@ _.stapsdt.base:                            // the address every note records as 
     .popsection                            // back to the code
     .endif                                 // end of _.stapsdt.base
     .ifndef __selftrace_probes_align       // once per codegen unit:
-    .pushsection .probes,"awGR",@progbits,__selftrace_probes_align,comdat // zero-size, writable, retained, one COMDAT copy per object
-    .balign 4096                           // page-aligns .probes: rust-lld otherwise maps its page twice (RELRO and data) and a semaphore raised before exec is invisible
+    .pushsection .probes,"awGR",{progbits},__selftrace_probes_align,comdat // zero-size, writable, retained, one COMDAT copy per object
+    .balign {page}                         // page-aligns .probes: rust-lld otherwise maps its page twice (RELRO and data) and a semaphore raised before exec is invisible
     .weak __selftrace_probes_align         // one definition per object...
     .hidden __selftrace_probes_align       // ...not exported
 __selftrace_probes_align:                  // a marker for the .ifndef above
     .popsection                            // back to the code
     .endif                                 // end of the alignment
     .ifndef {sem}                          // this probe's semaphore, once per codegen unit:
-    .pushsection .probes,"awGR",@progbits,{sem},comdat // writable, file-backed (not bss), retained, COMDAT keyed by the symbol: sites in every crate of the object share one
+    .pushsection .probes,"awGR",{progbits},{sem},comdat // writable, file-backed (not bss), retained, COMDAT keyed by the symbol: sites in every crate of the object share one
     .weak {sem}                            // one definition per object...
     .hidden {sem}                          // ...not exported to other objects
     .balign 2                              // the kernel increments it as an aligned u16
@@ -103,17 +106,22 @@ __selftrace_probes_align:                  // a marker for the .ifndef above
 
 /// Assembler text of one site: the `nop` and its note. `args` is the argument-spec text, one
 /// entry per argument, already containing the `{kN}`, `{zN}`, `{rN}` operand placeholders.
-fn site_asm(provider: &str, name: &str, sem: &str, nargs: usize) -> String {
+fn site_asm(provider: &str, name: &str, sem: &str, nargs: usize, t: &Target) -> String {
     let mut args = String::new();
     for i in 0..nargs {
         if i > 0 {
             args.push_str("    .ascii \" \"                          // arguments are separated by one space\n");
         }
+        let one = t
+            .arg_reg
+            .replace("{z}", &format!("{{z{i}}}"))
+            .replace("{r}", &format!("{{r{i}}}"));
+        let two = t.arg_pair.replace("{r}", &format!("{{r{i}}}"));
         args.push_str(&format!(
             r#"    .if {{k{i}}} == 1                    // argument {i} is one word:
-    .ascii "{{z{i}}}@{{r{i}}}"                   // [-]size@%reg
+    .ascii "{one}"                   // [-]size@register
     .else                                  // or two (&str, &[u8]): pointer and length
-    .ascii "8@0({{r{i}}}) 8@8({{r{i}}})"     // in the 16 bytes the register points to
+    .ascii "{two}"     // in the 16 bytes the register points to
     .endif                                 // end of argument {i}
 "#
         ));
@@ -127,7 +135,7 @@ fn site_asm(provider: &str, name: &str, sem: &str, nargs: usize) -> String {
     .altmacro                              // lets %(expr) pass the counter's value as text
     .macro __selftrace_site n              // the site, parameterized by its number
 .L__selftrace_site\n:                      // the probe's address, named by the note and the link order
-    nop                                    // the probe: one byte, replaced by int3 when a tracer attaches
+    nop                                    // the probe: one instruction, replaced by a breakpoint when a tracer attaches
     .pushsection .note.stapsdt,"o?","note",.L__selftrace_site\n // the note: SHF_LINK_ORDER (o) to this code, in its group (?): --gc-sections drops it with dead code
     .balign 4                              // notes are 4-byte aligned
     .4byte 992f - 991f                     // namesz: length of "stapsdt\0"
@@ -155,7 +163,24 @@ fn site_asm(provider: &str, name: &str, sem: &str, nargs: usize) -> String {
     )
 }
 
-/// Generates the code of one site.
+/// `options(...)` of a site's `asm!` on `t`, after the common `extra` ones.
+fn options(t: &Target, extra: TokenStream) -> TokenStream {
+    if t.att_syntax {
+        quote!(options(att_syntax, nostack, preserves_flags, #extra))
+    } else {
+        quote!(options(nostack, preserves_flags, #extra))
+    }
+}
+
+/// `cfg(target_arch = "...")` of `t`.
+fn cfg_of(t: &Target) -> TokenStream {
+    let arch = t.arch;
+    quote!(target_arch = #arch)
+}
+
+/// Generates the code of one site: for each architecture of [`TARGETS`] under its
+/// `cfg(target_arch)`, and for any other a site that compiles to nothing (its arguments
+/// type-checked, never evaluated; not in the registry).
 pub fn generate(
     krate: &TokenStream,
     provider: &str,
@@ -164,25 +189,39 @@ pub fn generate(
     mode: Mode,
 ) -> TokenStream {
     let sem = semaphore_symbol(provider, name);
-    let defs = definitions(&sem);
     let usdt = quote!(#krate::usdt);
+    let archs: Vec<TokenStream> = TARGETS.iter().map(|t| cfg_of(t)).collect();
+    let elsewhere = quote!(not(any(#(#archs),*)));
 
     let enabled = {
-        let load = format!("{defs}\n    // Read the semaphore.\n    movzwl {sem}(%rip), {{0:e}}\n");
-        quote! {{
-            // In a function of its own so that `allow(unsafe_code)` covers the asm in crates
-            // that deny unsafe code.
-            #[inline(always)]
-            #[allow(unsafe_code)]
-            fn __selftrace_enabled() -> bool {
-                let sem: u32;
-                // SAFETY: the asm only defines data and reads the u16 semaphore it defines; it
-                // touches no other memory, no stack and no flags.
-                unsafe {
-                    ::core::arch::asm!(#load, out(reg) sem,
-                        options(att_syntax, nostack, preserves_flags, readonly));
+        let per_arch = TARGETS.iter().map(|t| {
+            let load = format!("{}\n{}", definitions(&sem, t), (t.load)(&sem));
+            let cfg = cfg_of(t);
+            let opts = options(t, quote!(readonly));
+            quote! {
+                // In a function of its own so that `allow(unsafe_code)` covers the asm in crates
+                // that deny unsafe code.
+                #[cfg(#cfg)]
+                #[inline(always)]
+                #[allow(unsafe_code)]
+                fn __selftrace_enabled() -> bool {
+                    let sem: u64;
+                    // SAFETY: the asm only defines data and reads the u16 semaphore it defines;
+                    // it touches no other memory, no stack and no flags.
+                    unsafe {
+                        ::core::arch::asm!(#load, out(reg) sem, #opts);
+                    }
+                    sem as u16 != 0
                 }
-                sem != 0
+            }
+        });
+        quote! {{
+            #(#per_arch)*
+            /// No USDT notes on this architecture: never enabled.
+            #[cfg(#elsewhere)]
+            #[inline(always)]
+            fn __selftrace_enabled() -> bool {
+                false
             }
             __selftrace_enabled()
         }}
@@ -190,9 +229,12 @@ pub fn generate(
 
     // The registry entry: every site registers provider, name and where its semaphore is.
     let fires = mode != Mode::Enabled;
-    let registry = {
-        let lea = format!("{defs}\n    // The semaphore's address.\n    leaq {sem}(%rip), {{0}}\n");
+    let registry = TARGETS.iter().map(|t| {
+        let lea = format!("{}\n{}", definitions(&sem, t), (t.lea)(&sem));
+        let cfg = cfg_of(t);
+        let opts = options(t, quote!(nomem));
         quote! {
+            #[cfg(#cfg)]
             #[#usdt::__private::linkme::distributed_slice(#usdt::__private::PROBE_SITES)]
             #[linkme(crate = #usdt::__private::linkme)]
             static __SELFTRACE_SITE: #usdt::__private::Site = #usdt::__private::Site {
@@ -205,8 +247,7 @@ pub fn generate(
                         let p: *const u16;
                         // SAFETY: computes an address; reads no memory.
                         unsafe {
-                            ::core::arch::asm!(#lea, out(reg) p,
-                                options(att_syntax, nostack, preserves_flags, nomem));
+                            ::core::arch::asm!(#lea, out(reg) p, #opts);
                         }
                         p
                     }
@@ -214,7 +255,8 @@ pub fn generate(
                 },
             };
         }
-    };
+    });
+    let registry = quote!(#(#registry)*);
 
     if mode == Mode::Enabled {
         return quote! {{ #registry #enabled }};
@@ -227,40 +269,59 @@ pub fn generate(
     let ks: Vec<_> = (0..n).map(|i| format_ident!("k{}", i)).collect();
     let zs: Vec<_> = (0..n).map(|i| format_ident!("z{}", i)).collect();
     let rs: Vec<_> = (0..n).map(|i| format_ident!("r{}", i)).collect();
-    let template = format!("{defs}{}", site_asm(provider, name, &sem, n));
     let total = if n == 0 {
         quote!(0usize)
     } else {
         quote!(#(<#tys as #usdt::ProbeArg>::__WORDS)+*)
     };
-    let call_args = args.iter().map(|e| quote_spanned!(e.span()=> &(#e)));
-    let fire = quote! {
-        #[inline(always)]
-        #[allow(non_snake_case, unsafe_code, clippy::too_many_arguments, clippy::needless_borrow)]
-        fn __selftrace_fire<#(#tys: #usdt::ProbeArg + ?Sized),*>(#(#vals: &#tys),*) {
-            const {
-                ::core::assert!(#total <= 12, "a USDT probe has at most 12 arguments (&str and &[u8] count as 2)");
-                #( #usdt::__private::check_size(<#tys as #usdt::ProbeArg>::SIZE); )*
-            }
-            #( let #slots: [u64; 2] = #usdt::ProbeArg::__probe_words(#vals); )*
-            // SAFETY: the asm executes a nop and emits data into other sections; it reads at most
-            // the 16-byte slots it is given pointers to (for &str/&[u8]), which live until the
-            // end of this function, and touches no stack and no flags.
-            unsafe {
-                ::core::arch::asm!(
-                    #template,
-                    #( #ks = const <#tys as #usdt::ProbeArg>::__WORDS, )*
-                    #( #zs = const <#tys as #usdt::ProbeArg>::SIZE, )*
-                    #( #rs = in(reg) if <#tys as #usdt::ProbeArg>::__WORDS == 1 {
-                        #slots[0]
-                    } else {
-                        &#slots as *const [u64; 2] as u64
-                    }, )*
-                    options(att_syntax, nostack, preserves_flags, readonly)
-                );
-            }
+    let checks = quote! {
+        const {
+            ::core::assert!(#total <= 12, "a USDT probe has at most 12 arguments (&str and &[u8] count as 2)");
+            #( #usdt::__private::check_size(<#tys as #usdt::ProbeArg>::SIZE); )*
         }
     };
+    let per_arch = TARGETS.iter().map(|t| {
+        let template = format!("{}{}", definitions(&sem, t), site_asm(provider, name, &sem, n, t));
+        let cfg = cfg_of(t);
+        let opts = options(t, quote!(readonly));
+        quote! {
+            #[cfg(#cfg)]
+            #[inline(always)]
+            #[allow(non_snake_case, unsafe_code, clippy::too_many_arguments, clippy::needless_borrow)]
+            fn __selftrace_fire<#(#tys: #usdt::ProbeArg + ?Sized),*>(#(#vals: &#tys),*) {
+                #checks
+                #( let #slots: [u64; 2] = #usdt::ProbeArg::__probe_words(#vals); )*
+                // SAFETY: the asm executes a nop and emits data into other sections; it reads at
+                // most the 16-byte slots it is given pointers to (for &str/&[u8]), which live
+                // until the end of this function, and touches no stack and no flags.
+                unsafe {
+                    ::core::arch::asm!(
+                        #template,
+                        #( #ks = const <#tys as #usdt::ProbeArg>::__WORDS, )*
+                        #( #zs = const <#tys as #usdt::ProbeArg>::SIZE, )*
+                        #( #rs = in(reg) if <#tys as #usdt::ProbeArg>::__WORDS == 1 {
+                            #slots[0]
+                        } else {
+                            &#slots as *const [u64; 2] as u64
+                        }, )*
+                        #opts
+                    );
+                }
+            }
+        }
+    });
+    let fire = quote! {
+        #(#per_arch)*
+        /// No USDT notes on this architecture: the arguments are type-checked, nothing runs.
+        #[cfg(#elsewhere)]
+        #[inline(always)]
+        #[allow(non_snake_case, clippy::too_many_arguments, clippy::needless_borrow)]
+        fn __selftrace_fire<#(#tys: #usdt::ProbeArg + ?Sized),*>(#(#vals: &#tys),*) {
+            #checks
+            #( let _ = #vals; )*
+        }
+    };
+    let call_args = args.iter().map(|e| quote_spanned!(e.span()=> &(#e)));
     let call = quote!(__selftrace_fire(#(#call_args),*););
     let call = if mode == Mode::Lazy {
         quote!(if #enabled { #call })

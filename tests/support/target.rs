@@ -1,0 +1,21 @@
+//! The tools that build test fixtures for the target the tests were built for: on x86-64 the
+//! system's `cc`; for aarch64 tests run under qemu-user on an x86-64 machine, Debian's cross
+//! compiler (`aarch64-linux-gnu-gcc`, from gcc-aarch64-linux-gnu), unless `SELFTRACE_TEST_CC`
+//! names another.
+
+/// The C compiler for this target.
+pub fn cc() -> String {
+    if let Ok(cc) = std::env::var("SELFTRACE_TEST_CC") {
+        return cc;
+    }
+    let cross = format!("{}-linux-gnu-gcc", std::env::consts::ARCH);
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+    };
+    if cfg!(not(target_arch = "x86_64")) && on_path(&cross) {
+        cross
+    } else {
+        "cc".into()
+    }
+}
