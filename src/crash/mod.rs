@@ -67,6 +67,7 @@ pub struct Builder {
     alt_stack_size: usize,
     panic_hook: bool,
     symbolizer: bool,
+    symbolizer_timeout: std::time::Duration,
     all_threads: bool,
 }
 
@@ -80,6 +81,7 @@ pub fn builder() -> Builder {
         alt_stack_size: 64 * 1024,
         panic_hook: false,
         symbolizer: true,
+        symbolizer_timeout: std::time::Duration::from_secs(3),
         all_threads: false,
     }
 }
@@ -128,6 +130,15 @@ impl Builder {
     /// See the module docs for how it works and its limits.
     pub fn symbolizer(mut self, enabled: bool) -> Builder {
         self.symbolizer = enabled;
+        self
+    }
+
+    /// How long a crash report waits for the symbolizer's answers, all together (default: 3 s;
+    /// at most 10 minutes). A report whose answers do not come in time keeps names and offsets.
+    /// A longer bound costs nothing while the symbolizer is quick; it is for slow machines and
+    /// emulators, where parsing a large program's DWARF takes longer.
+    pub fn symbolizer_timeout(mut self, timeout: std::time::Duration) -> Builder {
+        self.symbolizer_timeout = timeout.min(std::time::Duration::from_secs(600));
         self
     }
 
@@ -183,6 +194,7 @@ impl Builder {
             install_panic_hook();
         }
         if self.symbolizer {
+            symbolizer::set_timeout(self.symbolizer_timeout);
             symbolizer::spawn()?;
         }
         Ok(())

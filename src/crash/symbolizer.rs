@@ -21,7 +21,13 @@ static REQ_FD: AtomicI32 = AtomicI32::new(-1);
 static RESP_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// How long a report waits for the symbolizer in all.
-const TIMEOUT_MS: i32 = 3000;
+static TIMEOUT_MS: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(3000);
+
+/// Sets how long a report waits for the answers (see `Builder::symbolizer_timeout`).
+pub(crate) fn set_timeout(t: std::time::Duration) {
+    let ms = t.as_millis().min(i32::MAX as u128) as i32;
+    TIMEOUT_MS.store(ms, core::sync::atomic::Ordering::Relaxed);
+}
 /// Frames sent to the symbolizer per report.
 pub(crate) const MAX_FRAMES: usize = 128;
 
@@ -239,7 +245,7 @@ fn send(fd: i32, msg: &[u8]) -> bool {
 /// Waits until `fd` is readable, within what is left of [`TIMEOUT_MS`].
 fn wait_readable(fd: i32, waited: &mut i32) -> bool {
     loop {
-        let left = TIMEOUT_MS - *waited;
+        let left = TIMEOUT_MS.load(core::sync::atomic::Ordering::Relaxed) - *waited;
         if left <= 0 {
             return false;
         }

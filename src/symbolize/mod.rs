@@ -143,7 +143,6 @@ pub(crate) enum Mode {
 struct Entry {
     range: Range<usize>,
     bias: usize,
-    exec: Box<[Range<usize>]>,
     syms: &'static ObjectSymbols,
 }
 
@@ -182,7 +181,6 @@ pub(crate) fn rebuild() {
         .map(|o| Entry {
             range: o.range.clone(),
             bias: o.bias,
-            exec: o.exec.clone().into_boxed_slice(),
             syms: index::for_object(o),
         })
         .collect();
@@ -347,30 +345,14 @@ pub fn with_symbolizer<R>(f: impl FnOnce(&Symbolizer<'_>) -> R) -> R {
     INDEX.read(|i| f(&Symbolizer { index: i }))
 }
 
-/// Whether `addr` is the start of the kernel's signal return trampoline (glibc's `__restore_rt`,
-/// x86-64 bytes `48 c7 c0 0f 00 00 00 0f 05`): the frame after it in a captured stack is an
-/// exact pc, not a return address. Reads the bytes only inside an executable segment of an
-/// indexed object. Async-signal-safe.
+/// Whether `addr` is the start of a signal return trampoline (glibc's `__restore_rt` on
+/// x86-64, the vDSO's `__kernel_rt_sigreturn` on aarch64, or the same instructions elsewhere:
+/// qemu-user's page, a JIT's): the frame after it in a captured stack is an exact pc, not a
+/// return address. The bytes are copied by the kernel, so an address that is unmapped (or
+/// being unmapped by another thread) gives `false`, never a fault. Always `false` on an
+/// architecture without an unwinder port. Async-signal-safe.
 pub fn is_signal_trampoline(addr: usize) -> bool {
-    const TRAMPOLINE: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
-    if !cfg!(target_arch = "x86_64") {
-        return false;
-    }
-    INDEX.read(|i| {
-        let Some(e) = i.and_then(|i| i.find(addr)) else {
-            return false;
-        };
-        let Some(end) = addr.checked_add(TRAMPOLINE.len()) else {
-            return false;
-        };
-        if !e.exec.iter().any(|r| r.start <= addr && end <= r.end) {
-            return false;
-        }
-        // The object may be unloaded (or being unloaded by another thread) meanwhile: the
-        // kernel copies the bytes, so an unmapped page gives a short read, never a fault.
-        let mut bytes = [0u8; TRAMPOLINE.len()];
-        crate::sys::read_memory(addr, &mut bytes) == TRAMPOLINE.len() && bytes == TRAMPOLINE
-    })
+    crate::unwind::is_signal_trampoline(addr)
 }
 
 /// The kind of frame `i` of a captured stack: exact for frame 0 when `first_exact` (a capture

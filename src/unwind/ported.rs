@@ -8,6 +8,7 @@ use super::{entry, walk};
 pub(crate) use super::memory::thread_stack;
 pub use super::refresh::set_auto_refresh;
 pub(crate) use super::refresh::{prepare, rebuild};
+pub(crate) use super::step::is_trampoline_at as is_signal_trampoline;
 pub use super::stats::stats;
 
 /// Captures the caller's stack (see [`super::capture_walk_with`]); writes how the walk ended

@@ -289,8 +289,8 @@ impl Walker<'_, '_> {
         Self::take_frame_record(regs, fp, next_fp, ra)
     }
 
-    /// Whether a return address found by the frame-pointer rule lies in executable code of a
-    /// loaded object.
+    /// Whether a return address lies in executable code of a loaded object, or is a signal
+    /// trampoline.
     fn plausible(&mut self, ra: usize, out: &mut Outcome) -> bool {
         if ra == 0 || !ra.is_multiple_of(arch::CODE_ALIGN) {
             return false;
@@ -307,7 +307,9 @@ impl Walker<'_, '_> {
                 }
                 true
             }
-            Ok(None) => false,
+            // Outside every object: only a signal trampoline there is code we know (qemu-user
+            // maps its own on an anonymous page; so can a JIT).
+            Ok(None) => is_trampoline_at(ra),
             // Without `_dl_find_object` (musl, glibc < 2.35) and before `init()` nothing can
             // tell; the checked reads keep the walk safe.
             Err(()) => self.state.is_none(),

@@ -66,3 +66,8 @@ pub(crate) fn thread_stack() -> Option<core::ops::Range<usize>> {
 pub(crate) unsafe fn regs_from_ucontext(_uc: *const libc::ucontext_t) -> Regs {
     Regs::default()
 }
+
+/// No trampoline is known.
+pub(crate) fn is_signal_trampoline(_addr: usize) -> bool {
+    false
+}

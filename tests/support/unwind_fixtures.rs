@@ -80,6 +80,57 @@ __attribute__((noinline)) unsigned long c_outer(const unsigned char *p, unsigned
 }
 "#;
 
+/// aarch64 C built with pointer authentication (`-mbranch-protection=standard`): `pac_outer ->
+/// pac_middle -> pac_work`; the two outer functions sign their return address (`paciasp`)
+/// before they save it, so the words a walk reads for them carry a PAC in their top bits.
+pub const PAC_C: &str = r#"
+__attribute__((noinline)) unsigned long pac_work(const unsigned char *p, unsigned long n,
+                                                 unsigned long seed) {
+    unsigned long a = seed, b = seed * 3;
+    for (unsigned long x = 0; x < n; x++) {
+        a += p[x] ^ b;
+        b ^= a * 5 + x;
+    }
+    return a ^ b;
+}
+__attribute__((noinline)) unsigned long pac_middle(const unsigned char *p, unsigned long n,
+                                                   unsigned long seed) {
+    unsigned long r = pac_work(p, n, seed);
+    __asm__ volatile("" ::: "memory");
+    return r + 1;
+}
+__attribute__((noinline)) unsigned long pac_outer(const unsigned char *p, unsigned long n,
+                                                  unsigned long seed) {
+    unsigned long r = pac_middle(p, n, seed * 2 + 1);
+    __asm__ volatile("" ::: "memory");
+    return r ^ 3;
+}
+/* The word pac_middle saved for its return address, as it lies in its frame record. */
+__attribute__((noinline)) unsigned long pac_saved_lr(void) {
+    unsigned long *fp = __builtin_frame_address(0);
+    unsigned long w = fp[1];
+    __asm__ volatile("" ::: "memory");
+    return w;
+}
+"#;
+
+/// Builds the pointer-authentication library into `dir` (aarch64 only).
+pub fn build_pac(dir: &Path) -> Result<PathBuf, String> {
+    let src = dir.join("pac.c");
+    std::fs::write(&src, PAC_C).map_err(|e| e.to_string())?;
+    let out = dir.join("libst_pac.so");
+    cc(&[
+        "-O2",
+        "-mbranch-protection=standard",
+        "-shared",
+        "-fPIC",
+        "-o",
+        out.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ])?;
+    Ok(out)
+}
+
 /// IFUNCs in liblazy_b.so (one lazy binding each).
 pub const LAZY_FUNCS: usize = 256;
 
