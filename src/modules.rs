@@ -134,6 +134,10 @@ pub(crate) fn refresh(force: bool) -> bool {
 }
 
 /// Like [`refresh`], but gives up at once when another thread is refreshing.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn try_refresh() -> bool {
     CURRENT.update(true, |old| match old {
         Some(old) if !old.is_stale() => None,
@@ -161,7 +165,7 @@ fn object_from_phdrs(info: &sys::PhdrInfo<'_>) -> Option<Object> {
                 });
                 if ph.p_flags & libc::PF_X != 0 {
                     exec.push(start..end);
-                    exec_file_offsets.push(ph.p_offset);
+                    exec_file_offsets.push(ph.p_offset as u64);
                 }
             }
             libc::PT_GNU_EH_FRAME => eh_frame_hdr = Some(start..end),

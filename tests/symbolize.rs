@@ -370,7 +370,11 @@ fn parse_addr2line(out: &str) -> Vec<Vec<(String, String, Option<u32>)>> {
 
 #[test]
 fn names_and_lines_match_binutils_addr2line() {
-    if Command::new("addr2line").arg("--version").output().is_err() {
+    if Command::new(target::binutil("addr2line"))
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         assert!(
             std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
             "addr2line (binutils) is required"
@@ -397,7 +401,7 @@ fn names_and_lines_match_binutils_addr2line() {
         .filter(|&a| main.is_code(a))
         .collect();
     assert!(addrs.len() >= 100, "{}", addrs.len());
-    let out = Command::new("addr2line")
+    let out = Command::new(target::binutil("addr2line"))
         .args(["-a", "-f", "-C", "-i", "-e"])
         .arg(&exe)
         .args(addrs.iter().map(|a| format!("{:#x}", a - main.bias)))

@@ -4,6 +4,8 @@
 //! objdump names them; glibc's signal trampoline is `__restore_rt`; symbol versions are not
 //! printed.
 
+#[path = "support/target.rs"]
+mod target;
 use selftrace::symbolize::{self, FrameKind, KernelOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -114,7 +116,7 @@ fn work_dir(name: &str) -> PathBuf {
 }
 
 fn run(cmd: &str, dir: &Path, args: &[&str]) {
-    let st = Command::new(cmd)
+    let st = Command::new(target::binutil(cmd))
         .current_dir(dir)
         .args(args)
         .status()
@@ -123,7 +125,10 @@ fn run(cmd: &str, dir: &Path, args: &[&str]) {
 }
 
 fn have(tool: &str) -> bool {
-    let ok = Command::new(tool).arg("--version").output().is_ok();
+    let ok = Command::new(target::binutil(tool))
+        .arg("--version")
+        .output()
+        .is_ok();
     if !ok {
         assert!(
             std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
@@ -278,7 +283,7 @@ fn debuglink_file_with_wrong_crc_is_not_used() {
 fn objdump_plt(file: &Path) -> Vec<(u64, String)> {
     let mut out = Vec::new();
     for sec in [".plt", ".plt.sec", ".plt.got"] {
-        let o = Command::new("objdump")
+        let o = Command::new(target::binutil("objdump"))
             .args(["-d", "-j", sec])
             .arg(file)
             .output()

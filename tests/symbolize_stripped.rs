@@ -2,6 +2,8 @@
 //! has and prints `path(+0x...)` for the rest, without panicking; with its debug info split
 //! into a separate file (found by build-id or by `.gnu_debuglink`), names and lines come back.
 
+#[path = "support/target.rs"]
+mod target;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -50,7 +52,7 @@ fn work_dir(name: &str) -> PathBuf {
 }
 
 fn run(cmd: &str, args: &[&std::ffi::OsStr]) {
-    let st = Command::new(cmd)
+    let st = Command::new(target::binutil(cmd))
         .args(args)
         .status()
         .unwrap_or_else(|e| panic!("{cmd}: {e}"));
@@ -84,7 +86,10 @@ fn section<'a>(out: &'a str, name: &str) -> &'a str {
 }
 
 fn have_binutils() -> bool {
-    let ok = Command::new("objcopy").arg("--version").output().is_ok();
+    let ok = Command::new(target::binutil("objcopy"))
+        .arg("--version")
+        .output()
+        .is_ok();
     if !ok {
         assert!(
             std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
@@ -197,7 +202,7 @@ fn stripped_copy_finds_debug_file_by_debuglink() {
     );
     let link = format!("--add-gnu-debuglink={}", dbg.display());
     // objcopy must run in the directory of the debug file for the link to name it alone.
-    let st = Command::new("objcopy")
+    let st = Command::new(target::binutil("objcopy"))
         .current_dir(&dir)
         .args([link.as_str(), "stripped-copy"])
         .status()

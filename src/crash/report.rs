@@ -220,6 +220,11 @@ pub(crate) fn who(out: Out) {
 }
 
 /// `n` as 16 hex digits with `0x`.
+// Used by the register blocks of the ported architectures.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn push_hex16(w: &mut FixedBuf<'_>, n: usize) {
     w.push_bytes(b"0x");
     let hex = b"0123456789abcdef";

@@ -573,16 +573,20 @@ fn find_debug_file<'d, R: ReadRef<'d>>(
 /// A synthetic symbol: link-time address, size, name.
 type Synthetic = (u64, u64, Vec<u8>);
 
-/// PLT stubs named `name@plt`: each entry of `.plt`, `.plt.sec` and `.plt.got` jumps through a
-/// GOT slot (`jmp *disp(%rip)`, `ff 25`); the dynamic relocation of that slot
-/// (`R_X86_64_JUMP_SLOT` or `R_X86_64_GLOB_DAT`) names the function. Entries whose slot has no
-/// such relocation (the PLT header) get no name.
+/// PLT stubs named `name@plt`, as objdump and gdb name them: each entry of `.plt`, `.plt.sec`
+/// and `.plt.got` jumps through a GOT slot, and the dynamic relocation of that slot names the
+/// function. Entries whose slot has no such relocation (the PLT header) get no name. The
+/// instructions are decoded by the file's machine (see [`plt_x86_64`] and [`plt_aarch64`]), so a
+/// file of either is named on any host.
 fn plt_symbols<'d, R: ReadRef<'d>>(f: &Elf<'d, R>) -> Vec<Synthetic> {
     let mut out = Vec::new();
-    if f.elf_header().e_machine(f.endian()) != elf::EM_X86_64 {
-        return out;
-    }
     let endian = f.endian();
+    let machine = f.elf_header().e_machine(endian);
+    let (jump_slot, glob_dat) = match machine {
+        elf::EM_X86_64 => (elf::R_X86_64_JUMP_SLOT, elf::R_X86_64_GLOB_DAT),
+        elf::EM_AARCH64 => (elf::R_AARCH64_JUMP_SLOT, elf::R_AARCH64_GLOB_DAT),
+        _ => return out,
+    };
     let data = f.data();
     let sections = f.elf_section_table();
     let dynsym = f.elf_dynamic_symbol_table();
@@ -602,7 +606,7 @@ fn plt_symbols<'d, R: ReadRef<'d>>(f: &Elf<'d, R>) -> Vec<Synthetic> {
         };
         for r in relas {
             let ty = r.r_type(endian, false);
-            if ty != elf::R_X86_64_JUMP_SLOT && ty != elf::R_X86_64_GLOB_DAT {
+            if ty != jump_slot && ty != glob_dat {
                 continue;
             }
             let idx = r.r_sym(endian, false) as usize;
@@ -617,6 +621,10 @@ fn plt_symbols<'d, R: ReadRef<'d>>(f: &Elf<'d, R>) -> Vec<Synthetic> {
         }
     }
     slots.sort_unstable_by_key(|s| s.0);
+    let slot_name = |slot: u64| {
+        let k = slots.binary_search_by_key(&slot, |s| s.0).ok()?;
+        slots.get(k).map(|s| s.1)
+    };
     for sh in sections.iter() {
         let sname = sections.section_name(endian, sh).unwrap_or(&[]);
         if !matches!(sname, b".plt" | b".plt.sec" | b".plt.got")
@@ -628,30 +636,87 @@ fn plt_symbols<'d, R: ReadRef<'d>>(f: &Elf<'d, R>) -> Vec<Synthetic> {
             continue;
         };
         let addr = sh.sh_addr(endian);
-        let ent = match sh.sh_entsize(endian) {
-            8 => 8,
-            _ => 16,
+        let entries = match machine {
+            elf::EM_AARCH64 => plt_aarch64(bytes, addr),
+            _ => plt_x86_64(bytes, addr, sh.sh_entsize(endian)),
         };
-        for (i, entry) in bytes.chunks(ent).enumerate() {
-            let start = addr + (i * ent) as u64;
-            let hit = entry.windows(6).enumerate().find_map(|(p, w)| {
-                if w.first() != Some(&0xff) || w.get(1) != Some(&0x25) {
-                    return None;
-                }
-                let disp = i32::from_le_bytes(w.get(2..6)?.try_into().ok()?);
-                let next = start + p as u64 + 6;
-                let slot = next.wrapping_add(disp as i64 as u64);
-                let k = slots.binary_search_by_key(&slot, |s| s.0).ok()?;
-                slots.get(k).map(|s| s.1)
-            });
-            if let Some(name) = hit {
+        for (start, size, slot) in entries {
+            if let Some(name) = slot_name(slot) {
                 let mut n = name.to_vec();
                 n.extend_from_slice(b"@plt");
-                out.push((start, entry.len() as u64, n));
+                out.push((start, size, n));
             }
         }
     }
     out
+}
+
+/// x86-64 PLT entries (16 bytes, or 8 in `.plt.got`) and the GOT slot each jumps through
+/// (`jmp *disp(%rip)`, `ff 25`): (start, size, slot).
+fn plt_x86_64(bytes: &[u8], addr: u64, entsize: u64) -> Vec<(u64, u64, u64)> {
+    let ent = match entsize {
+        8 => 8,
+        _ => 16,
+    };
+    let mut out = Vec::new();
+    for (i, entry) in bytes.chunks(ent).enumerate() {
+        let start = addr + (i * ent) as u64;
+        let slot = entry.windows(6).enumerate().find_map(|(p, w)| {
+            if w.first() != Some(&0xff) || w.get(1) != Some(&0x25) {
+                return None;
+            }
+            let disp = i32::from_le_bytes(w.get(2..6)?.try_into().ok()?);
+            let next = start + p as u64 + 6;
+            Some(next.wrapping_add(disp as i64 as u64))
+        });
+        if let Some(slot) = slot {
+            out.push((start, entry.len() as u64, slot));
+        }
+    }
+    out
+}
+
+/// aarch64 PLT entries and the GOT slot each jumps through: `adrp x16, page; ldr x17, [x16,
+/// #off]; add x16, x16, #off; br x17` (16 bytes after the 32-byte header; `bti c` first where the
+/// linker adds branch protection): (start, size, slot). The size runs to the next entry.
+fn plt_aarch64(bytes: &[u8], addr: u64) -> Vec<(u64, u64, u64)> {
+    /// `adrp x16, ...` with its immediate masked out.
+    const ADRP_X16: (u32, u32) = (0x9f00_001f, 0x9000_0010);
+    /// `ldr x17, [x16, #imm12 * 8]` with the immediate masked out.
+    const LDR_X17_X16: (u32, u32) = (0xffc0_03ff, 0xf940_0211);
+    /// `bti c`.
+    const BTI_C: u32 = 0xd503_245f;
+    let words: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect();
+    let mut found: Vec<(u64, u64)> = Vec::new();
+    for i in 0..words.len().saturating_sub(1) {
+        let (w, w2) = (words[i], words[i + 1]);
+        if w & ADRP_X16.0 != ADRP_X16.1 || w2 & LDR_X17_X16.0 != LDR_X17_X16.1 {
+            continue;
+        }
+        let pc = addr + 4 * i as u64;
+        // immhi (bits 5-23) : immlo (bits 29-30), a signed count of 4 KiB pages.
+        let imm = (((w >> 5) & 0x7ffff) << 2 | (w >> 29) & 3) as u64;
+        let pages = ((imm << 43) as i64 >> 43) as u64;
+        let page = (pc & !0xfff).wrapping_add(pages << 12);
+        let slot = page.wrapping_add(((w2 >> 10) & 0xfff) as u64 * 8);
+        let start = if i > 0 && words[i - 1] == BTI_C {
+            pc - 4
+        } else {
+            pc
+        };
+        found.push((start, slot));
+    }
+    let end = addr + bytes.len() as u64;
+    (0..found.len())
+        .map(|k| {
+            let (start, slot) = found[k];
+            let next = found.get(k + 1).map_or(end.min(start + 16), |n| n.0);
+            (start, next.saturating_sub(start).max(4), slot)
+        })
+        .collect()
 }
 
 /// Builds a table from `.symtab` (`dynamic == false`) or `.dynsym`, plus `synthetic` symbols
@@ -763,6 +828,61 @@ fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthet
 
 #[cfg(test)]
 mod tests {
+
+    /// `adrp x16, page` at `pc` and `ldr x17, [x16, #off]`: the two words of an aarch64 PLT
+    /// entry that name its GOT slot.
+    fn adrp_ldr(pc: u64, slot: u64) -> [u32; 2] {
+        let pages = ((slot & !0xfff) as i64 - (pc & !0xfff) as i64) >> 12;
+        let imm = pages as u32 & 0x1f_ffff;
+        let adrp = 0x9000_0010 | (imm & 3) << 29 | (imm >> 2) << 5;
+        let ldr = 0xf940_0211 | ((slot & 0xfff) as u32 / 8) << 10;
+        [adrp, ldr]
+    }
+
+    #[test]
+    fn aarch64_plt_entries_give_their_got_slots() {
+        let base = 0x40_0000u64;
+        let mut words = vec![
+            // The header: stp x16, x30, [sp, #-16]!; adrp; ldr; add; br x17; nop; nop; nop.
+            0xa9bf_7bf0,
+        ];
+        words.extend(adrp_ldr(base + 4, 0x41_0010));
+        words.extend([
+            0x9100_4210,
+            0xd61f_0220,
+            0xd503_201f,
+            0xd503_201f,
+            0xd503_201f,
+        ]);
+        // Two entries, the second one's GOT slot in an earlier page (a negative offset), then
+        // one behind `bti c`.
+        for (k, slot) in [0x41_0018u64, 0x3f_f020].iter().enumerate() {
+            let pc = base + 32 + 16 * k as u64;
+            words.extend(adrp_ldr(pc, *slot));
+            words.extend([0x9100_0210, 0xd61f_0220]);
+        }
+        words.push(0xd503_245f);
+        words.extend(adrp_ldr(base + 68, 0x41_0ff8));
+        words.extend([0x9100_0210, 0xd61f_0220]);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let got = plt_aarch64(&bytes, base);
+        assert_eq!(
+            got,
+            vec![
+                (base + 4, 28, 0x41_0010),
+                (base + 32, 16, 0x41_0018),
+                (base + 48, 16, 0x3f_f020),
+                (base + 64, 16, 0x41_0ff8),
+            ]
+        );
+        // Garbage of any length decodes to something in range or nothing, never a panic.
+        for n in 0..40 {
+            let junk: Vec<u8> = (0..n).map(|i| (i * 37 + 11) as u8).collect();
+            for (start, size, _) in plt_aarch64(&junk, base) {
+                assert!(start >= base && start + size <= base + n as u64 + 16);
+            }
+        }
+    }
     use super::*;
 
     fn t(syms: &[(u32, u32)]) -> Table {

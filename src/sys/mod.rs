@@ -5,7 +5,6 @@
 
 mod arch;
 mod memory;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) use arch::call_on_stack;
 pub(crate) use memory::*;
 
@@ -146,6 +145,13 @@ pub(crate) fn current_thread_stack() -> Option<(usize, usize)> {
     }
 }
 
+/// An ELF program header of this machine's class.
+#[cfg(target_pointer_width = "64")]
+pub(crate) type Phdr = libc::Elf64_Phdr;
+/// An ELF program header of this machine's class.
+#[cfg(target_pointer_width = "32")]
+pub(crate) type Phdr = libc::Elf32_Phdr;
+
 /// What `dl_iterate_phdr` reports of one object.
 pub(crate) struct PhdrInfo<'a> {
     /// Load bias (`dlpi_addr`).
@@ -153,7 +159,7 @@ pub(crate) struct PhdrInfo<'a> {
     /// Path (`dlpi_name`); empty for the main program.
     pub name: &'a std::ffi::CStr,
     /// Program headers.
-    pub phdrs: &'a [libc::Elf64_Phdr],
+    pub phdrs: &'a [Phdr],
     /// The first object reported (the main program).
     pub is_first: bool,
 }

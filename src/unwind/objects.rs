@@ -65,7 +65,14 @@ impl State {
             });
         }
         let mut restorers = [0usize; 8];
-        let n = sys::signal_restorers(&mut restorers);
+        let mut n = sys::signal_restorers(&mut restorers);
+        // The kernel's own trampoline, where it is in the vDSO (aarch64's
+        // `__kernel_rt_sigreturn`: glibc installs no `sa_restorer` there).
+        for o in snapshot.objects().iter().filter(|o| o.is_vdso) {
+            for r in &o.exec {
+                n = vdso_trampolines(r, &mut restorers, n);
+            }
+        }
         let restorer_span = if n == 0 {
             (1, 0)
         } else {
@@ -168,4 +175,22 @@ impl LoadedCheck {
         }
         self.failed & bit == 0
     }
+}
+
+/// Adds the addresses in `code` (part of the vDSO) where the signal trampoline's bytes start to
+/// `out[n..]`; returns the new count. Normal context (the vDSO is a few pages).
+fn vdso_trampolines(code: &Range<usize>, out: &mut [usize; 8], mut n: usize) -> usize {
+    let t = super::arch::TRAMPOLINE;
+    let mut bytes = vec![0u8; code.len()];
+    let got = sys::read_memory(code.start, &mut bytes);
+    let bytes = &bytes[..got];
+    let mut at = 0;
+    while at + t.len() <= bytes.len() && n < out.len() {
+        if &bytes[at..at + t.len()] == t && !out[..n].contains(&(code.start + at)) {
+            out[n] = code.start + at;
+            n += 1;
+        }
+        at += super::arch::CODE_ALIGN;
+    }
+    n
 }

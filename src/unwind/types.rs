@@ -16,6 +16,11 @@ pub enum UnwindMode {
     FramePointer,
 }
 
+// The raw form crosses the capture entry, which only ported architectures have.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 impl UnwindMode {
     pub(crate) fn to_raw(self) -> usize {
         match self {

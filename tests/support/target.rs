@@ -19,3 +19,25 @@ pub fn cc() -> String {
         "cc".into()
     }
 }
+
+/// A binutils program (`objcopy`, `objdump`, `addr2line`...) that understands this target's
+/// objects: Debian's host binutils know x86-64 only; the cross ones come with the cross
+/// compiler (binutils-aarch64-linux-gnu).
+#[allow(dead_code)]
+pub fn binutil(name: &str) -> String {
+    let cross = format!("{}-linux-gnu-{name}", std::env::consts::ARCH);
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(&cross).is_file()));
+    if cfg!(not(target_arch = "x86_64")) && on_path {
+        cross
+    } else {
+        name.into()
+    }
+}
+
+/// Whether this process runs under qemu-user: qemu shows the guest's view in `/proc/self/maps`
+/// but its own mappings (the `qemu-<arch>` binary) in `/proc/thread-self/maps`.
+#[allow(dead_code)]
+pub fn under_qemu() -> bool {
+    std::fs::read_to_string("/proc/thread-self/maps").is_ok_and(|m| m.contains("/qemu-"))
+}
