@@ -165,6 +165,7 @@ fn object_from_phdrs(info: &sys::PhdrInfo<'_>) -> Option<Object> {
                 });
                 if ph.p_flags & libc::PF_X != 0 {
                     exec.push(start..end);
+                    #[allow(clippy::unnecessary_cast)] // u32 on 32-bit targets
                     exec_file_offsets.push(ph.p_offset as u64);
                 }
             }

@@ -138,12 +138,12 @@ fn claim_pipe() -> Option<(usize, i32, i32)> {
             PIPES_BUSY.store(0, Ordering::Release);
         }
     }
-    for i in 0..PIPES_N {
+    for (i, pipe) in PIPES.iter().enumerate() {
         let bit = 1 << i;
         if PIPES_BUSY.fetch_or(bit, Ordering::Acquire) & bit != 0 {
             continue;
         }
-        let mut p = PIPES[i].load(Ordering::Acquire);
+        let mut p = pipe.load(Ordering::Acquire);
         if p == 0 {
             let mut fds = [0i32; 2];
             // SAFETY: fds is valid for two ints.
@@ -153,7 +153,7 @@ fn claim_pipe() -> Option<(usize, i32, i32)> {
                 return None;
             }
             p = fds[0] as u32 as u64 | (fds[1] as u32 as u64) << 32;
-            PIPES[i].store(p, Ordering::Release);
+            pipe.store(p, Ordering::Release);
         }
         return Some((i, p as u32 as i32, (p >> 32) as u32 as i32));
     }

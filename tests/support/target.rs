@@ -4,6 +4,7 @@
 //! names another.
 
 /// The C compiler for this target.
+#[allow(dead_code)]
 pub fn cc() -> String {
     if let Ok(cc) = std::env::var("SELFTRACE_TEST_CC") {
         return cc;
