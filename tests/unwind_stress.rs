@@ -31,9 +31,13 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 const STRESS: Duration = Duration::from_secs(5);
 
+/// A return address in the body of a function: a pc whose frame has saved its return address
+/// (x86-64 and aarch64 alike), so a walk from it reads the stack.
 #[inline(never)]
 fn some_code() -> usize {
-    black_box(some_code as *const () as usize)
+    let mut frames = [0usize; 1];
+    selftrace::capture(&mut frames);
+    black_box(frames[0])
 }
 
 /// One thread maps a fake stack (a frame-pointer chain whose return addresses point into real
@@ -47,7 +51,7 @@ fn stack_unmapped_during_walks_never_faults() {
     let base = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let walks = AtomicUsize::new(0);
-    let code = some_code() + 4;
+    let code = some_code();
     let copies_before = selftrace::unwind::stats().copies;
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -91,7 +95,12 @@ fn stack_unmapped_during_walks_never_faults() {
                         continue;
                     }
                     for mode in [UnwindMode::FramePointer, UnwindMode::Dwarf] {
-                        let regs = Regs::new(code, b + 8, b);
+                        // The link register too (aarch64, where the first frame may return
+                        // through it; x86-64 ignores it).
+                        let regs = Regs {
+                            lr: code,
+                            ..Regs::new(code, b + 8, b)
+                        };
                         black_box(selftrace::capture_walk_from_regs(regs, &mut buf, mode));
                         walks.fetch_add(1, Ordering::Relaxed);
                     }
@@ -106,9 +115,11 @@ fn stack_unmapped_during_walks_never_faults() {
         "{} walks of a stack unmapped meanwhile, {copies} kernel copies",
         walks.load(Ordering::Relaxed)
     );
-    assert!(walks.load(Ordering::Relaxed) > 1000, "the walkers ran");
+    // Under qemu-user every copy is a pipe write and read, emulated: fewer walks in 5 s.
+    let min = if target::under_qemu() { 100 } else { 1000 };
+    assert!(walks.load(Ordering::Relaxed) > min, "the walkers ran");
     assert!(
-        copies > 1000,
+        copies > min as u64,
         "the walks read the foreign stack through the kernel"
     );
 }
@@ -189,8 +200,11 @@ fn library_unloaded_during_lookups_never_faults() {
         lookups.load(Ordering::Relaxed),
         cycles.load(Ordering::Relaxed)
     );
-    assert!(lookups.load(Ordering::Relaxed) > 100);
-    assert!(cycles.load(Ordering::Relaxed) > 100);
+    // Under qemu-user a refresh (snapshot, symbol index and unwinder rebuilt) takes tens of
+    // milliseconds: fewer races in the same time, each as real.
+    let min = if target::under_qemu() { 10 } else { 100 };
+    assert!(lookups.load(Ordering::Relaxed) > min);
+    assert!(cycles.load(Ordering::Relaxed) > min);
 }
 
 static SAMPLE: [AtomicUsize; 128] = [const { AtomicUsize::new(0) }; 128];
@@ -247,6 +261,14 @@ fn thread_that_never_called_selftrace_unwinds_without_system_calls() {
             SPIN_TID.store(unsafe { libc::gettid() }, Ordering::Release);
             spin_without_selftrace(&stop);
         });
+        // A failed assertion below must stop the spinner too, or the scope waits forever.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
         while SPIN_TID.load(Ordering::Acquire) == 0 {
             std::thread::yield_now();
         }
@@ -307,6 +329,5 @@ fn thread_that_never_called_selftrace_unwinds_without_system_calls() {
                 );
             }
         }
-        stop.store(true, Ordering::Relaxed);
     });
 }

@@ -72,8 +72,9 @@ static PIPES_PID: AtomicI32 = AtomicI32::new(0);
 /// How many concurrent pipe copies there can be; more fail (and the walk says so) instead of
 /// waiting.
 const PIPES_N: usize = 4;
-/// The most one `write(2)` into a pipe moves at once: `PIPE_BUF`, which the kernel writes
-/// whole, and the default pipe holds 16 times over.
+/// The most one `write(2)` into a pipe moves at once, never across a boundary of this size (a
+/// page on every Linux machine): `PIPE_BUF`, which the kernel writes whole, and the default
+/// pipe holds 16 times over.
 const PIPE_CHUNK: usize = 4096;
 
 /// Copies through a pipe of selftrace's own: `write(2)` the range into it (the kernel reads the
@@ -91,7 +92,10 @@ pub(crate) fn pipe_copy(addr: usize, out: &mut [u8]) -> usize {
     };
     let mut done = 0;
     while done < out.len() {
-        let want = (out.len() - done).min(PIPE_CHUNK);
+        // One page at a time: where a write's range is partly unreadable, the kernel copies
+        // up to the fault, but qemu-user fails the whole write with EFAULT.
+        let page_left = PIPE_CHUNK - (addr + done) % PIPE_CHUNK;
+        let want = (out.len() - done).min(page_left);
         // SAFETY: a write from [addr + done, + want): the kernel reads that memory for us and
         // fails with EFAULT (or a short count) instead of faulting; wfd is our pipe.
         let w = unsafe { libc::write(wfd, (addr + done) as *const libc::c_void, want) };
