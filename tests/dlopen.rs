@@ -14,12 +14,16 @@ use std::sync::Mutex;
 /// The tests here change process-wide settings (auto refresh) and load libraries: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// A C library without frame pointers whose inner function puts garbage in `rbp` while it
-/// calls back, so only DWARF CFI can walk through it.
+/// A C library without frame pointers whose inner function puts garbage in the frame pointer
+/// (rbp, x29) while it calls back, so only DWARF CFI can walk through it.
 const LIB_C: &str = r#"
 typedef void (*cb_t)(void *);
 __attribute__((noinline)) void lib_inner(cb_t cb, void *arg) {
+#if defined(__x86_64__)
     __asm__ volatile("mov $0x1235, %%rbp" ::: "rbp");
+#elif defined(__aarch64__)
+    __asm__ volatile("mov x29, #0x1235" ::: "x29");
+#endif
     cb(arg);
     __asm__ volatile("" ::: "memory");
 }

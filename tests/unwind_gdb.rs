@@ -8,6 +8,13 @@
 //! - `lazy`: in ld.so's `_dl_fixup` during the first call through a lazy PLT entry (under
 //!   `_dl_runtime_resolve_xsavec`, CFA based on rbx).
 //!
+//! On aarch64 (built for it and run under qemu-user, gdb-multiarch attached to qemu's gdb stub)
+//! the code has no such rules (Debian's arm64 libcrypto describes its assembly by sp and x29 or
+//! not at all; the probe loop's CFA is x29 + 32), so the cases there are the ones that are hard
+//! on aarch64: a hot pc in libcrypto's SHA-512 assembly, the probe loop, `_dl_fixup` under
+//! `_dl_runtime_resolve`, and `pac`: a leaf under frames built with pointer authentication,
+//! whose saved return addresses are signed (gdb's are compared without their PAC bits).
+//!
 //! This test binary is also the program gdb runs: with `SELFTRACE_GDB_ROLE` set, the test
 //! `gdb_role` prepares the case, calls `selftrace_test_gdb_hook(pc)` (gdb then sets the real
 //! breakpoint at `pc`), and runs the code. At the breakpoint gdb prints its frames, then resumes
@@ -35,6 +42,16 @@ use std::time::{Duration, Instant};
 const TEST: &str = "unwind_gdb";
 const ROLE_ENV: &str = "SELFTRACE_GDB_ROLE";
 const LAZY_ENV: &str = "SELFTRACE_GDB_LAZY_LIB";
+const PAC_ENV: &str = "SELFTRACE_GDB_PAC_LIB";
+/// The register of a function's first argument, in gdb's syntax.
+const ARG0: &str = if cfg!(target_arch = "aarch64") {
+    "$x0"
+} else {
+    "$rdi"
+};
+/// Bits of a user-space code address on aarch64: above them, a return address saved by code
+/// built with pointer authentication carries its PAC.
+const VA_MASK: usize = (1 << 48) - 1;
 /// Each gdb session is killed after this long.
 const GDB_TIMEOUT: Duration = Duration::from_secs(50);
 
@@ -109,7 +126,11 @@ extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
         // SAFETY: uc is the kernel's ucontext_t; slot i was claimed by this call alone.
         unsafe {
             let uc = &*(uc as *const libc::ucontext_t);
-            (*PROF_PCS.0.get())[i] = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
+            #[cfg(target_arch = "x86_64")]
+            let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
+            #[cfg(target_arch = "aarch64")]
+            let pc = uc.uc_mcontext.pc as usize;
+            (*PROF_PCS.0.get())[i] = pc;
         }
     }
 }
@@ -128,7 +149,8 @@ fn install(sig: i32, f: extern "C" fn(i32, *mut libc::siginfo_t, *mut c_void)) {
 type Sha512 = unsafe extern "C" fn(*const u8, usize, *mut u8) -> *mut u8;
 
 /// Samples SHA-512 under a CPU timer and returns a sampled pc in libcrypto whose CFA rule is
-/// hard (an expression preferred), with the rule.
+/// hard (an expression preferred), with the rule; on aarch64, where none is hard, the pc most
+/// often sampled.
 fn hot_hard_pc_in_sha512(sha: Sha512, data: &[u8]) -> (usize, String) {
     let libcrypto = selftrace::symbolize(sha as *const () as usize).expect("libcrypto symbols");
     let table = cfa::CfaTable::load(Path::new(libcrypto.path)).expect("readelf on libcrypto");
@@ -168,6 +190,24 @@ fn hot_hard_pc_in_sha512(sha: Sha512, data: &[u8]) -> (usize, String) {
     let pcs = unsafe { *PROF_PCS.0.get() };
     let n = PROF_N.load(Ordering::Acquire).min(DEPTH);
     let mut best: Option<(usize, String)> = None;
+    if cfg!(target_arch = "aarch64") {
+        let mut seen = std::collections::HashMap::new();
+        for &pc in &pcs[..n] {
+            if selftrace::symbolize(pc).is_some_and(|s| s.path == libcrypto.path) {
+                *seen.entry(pc).or_insert(0) += 1;
+            }
+        }
+        let pc = seen
+            .into_iter()
+            .max_by_key(|&(pc, k)| (k, pc))
+            .map(|(pc, _)| pc)
+            .expect("no sampled pc in libcrypto's SHA-512");
+        let rule = table
+            .rule_at((pc - libcrypto.bias) as u64)
+            .unwrap_or("no CFI")
+            .to_string();
+        return (pc, rule);
+    }
     for &pc in &pcs[..n] {
         if !(pc >= libcrypto.bias
             && selftrace::symbolize(pc).is_some_and(|s| s.path == libcrypto.path))
@@ -185,7 +225,8 @@ fn hot_hard_pc_in_sha512(sha: Sha512, data: &[u8]) -> (usize, String) {
 }
 
 /// A pc in `big_frame`: the start of the stack-probe loop (the first pc whose CFA is
-/// r11-based), or, for the control case, the first pc after it whose CFA is rsp-based.
+/// r11-based; on aarch64 the loop's second instruction, one after the first x29-based row), or,
+/// for the control case, the first pc after it whose CFA is sp-based.
 fn big_frame_pc(in_probe_loop: bool) -> (usize, String) {
     let f = fixtures::big_frame as *const () as usize;
     let s = selftrace::symbolize(f).expect("symbolize big_frame");
@@ -193,17 +234,22 @@ fn big_frame_pc(in_probe_loop: bool) -> (usize, String) {
     let table = cfa::CfaTable::load(&exe).expect("readelf on the test");
     let start = (s.start - s.bias) as u64;
     let end = start + s.size.max(1) as u64;
-    let probe = table.rows_where(start, end, |r| r.starts_with("r11"));
+    let (probe_base, sp) = if cfg!(target_arch = "aarch64") {
+        ("x29", "sp+")
+    } else {
+        ("r11", "rsp+")
+    };
+    let probe = table.rows_where(start, end, |r| r.starts_with(probe_base));
     let (loop_start, loop_end) = *probe
         .first()
-        .expect("no r11-based CFA in big_frame: no stack-probe loop?");
+        .expect("no probe-loop CFA row in big_frame: no stack-probe loop?");
     let loc = if in_probe_loop {
-        loop_start
+        loop_start + if cfg!(target_arch = "aarch64") { 4 } else { 0 }
     } else {
         table
-            .rows_where(loop_end, end, |r| r.starts_with("rsp+"))
+            .rows_where(loop_end, end, |r| r.starts_with(sp))
             .first()
-            .expect("an rsp-based row after the probe loop")
+            .expect("an sp-based row after the probe loop")
             .0
     };
     let pc = loc as usize + s.bias;
@@ -261,6 +307,32 @@ fn role_lazy() {
     black_box(a_all(black_box(1)));
 }
 
+/// A leaf under two frames that saved signed return addresses (aarch64).
+#[inline(never)]
+fn role_pac() {
+    let path = std::env::var(PAC_ENV).expect("pac fixture path");
+    let (_h, syms) = fixtures::open(
+        &path,
+        libc::RTLD_NOW | libc::RTLD_LOCAL,
+        &["pac_outer", "pac_work"],
+    )
+    .expect("the pointer-authentication fixture");
+    selftrace::refresh();
+    type Outer = unsafe extern "C" fn(*const u8, libc::c_ulong, libc::c_ulong) -> libc::c_ulong;
+    // SAFETY: pac_outer has this C signature.
+    let outer = unsafe { std::mem::transmute::<usize, Outer>(syms[0]) };
+    // Inside pac_work's loop: its third instruction (a leaf: it sets up no frame).
+    let pc = syms[1] + 8;
+    println!("ROLE_TARGET {pc:#x} pac_work+8");
+    selftrace_test_gdb_hook(pc);
+    let data = vec![0x5au8; 4096];
+    let start = Instant::now();
+    while !DONE.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(30) {
+        // SAFETY: data is valid for its length.
+        black_box(unsafe { outer(data.as_ptr(), data.len() as _, 5) });
+    }
+}
+
 /// Entered only when gdb runs this binary with `SELFTRACE_GDB_ROLE` set.
 #[test]
 fn gdb_role() {
@@ -274,6 +346,7 @@ fn gdb_role() {
         "probe" => role_probe(true),
         "control" => role_probe(false),
         "lazy" => role_lazy(),
+        "pac" => role_pac(),
         _ => panic!("unknown role {role}"),
     }
     assert!(
@@ -327,6 +400,10 @@ end
 ";
 
 fn run_gdb(role: &str, at_hook: &str, env: &[(&str, &str)], dir: &Path) -> Result<Session, String> {
+    // Natively gdb starts the program; under qemu-user the program waits in qemu's gdb stub
+    // (`qemu-aarch64 -g PORT`) and gdb-multiarch attaches to it.
+    let qemu = target::under_qemu();
+    let start = if qemu { "continue" } else { "run" };
     let script = format!(
         "set pagination off\n\
          set confirm off\n\
@@ -337,7 +414,7 @@ fn run_gdb(role: &str, at_hook: &str, env: &[(&str, &str)], dir: &Path) -> Resul
          handle SIGUSR2 nostop noprint pass\n\
          handle SIGPROF nostop noprint pass\n\
          break *selftrace_test_gdb_hook\n\
-         run\n\
+         {start}\n\
          {at_hook}\n\
          continue\n\
          bt\n\
@@ -348,23 +425,68 @@ fn run_gdb(role: &str, at_hook: &str, env: &[(&str, &str)], dir: &Path) -> Resul
     let cmd_file = dir.join(format!("{role}.gdb"));
     std::fs::write(&cmd_file, script).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut cmd = Command::new("gdb");
-    cmd.args(["-nx", "-batch", "-x"])
-        .arg(&cmd_file)
-        .arg("--args")
-        .arg(&exe)
-        .args(["--exact", "gdb_role", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, role)
-        .env_remove("LD_BIND_NOW")
-        .stdin(Stdio::null())
+    let role_args = ["--exact", "gdb_role", "--nocapture", "--test-threads=1"];
+    let (mut cmd, program) = if qemu {
+        // A free port for qemu's stub: bound, then released for qemu to take.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let mut prog = Command::new("qemu-aarch64");
+        prog.arg("-g")
+            .arg(port.to_string())
+            .arg(&exe)
+            .args(role_args)
+            .env(ROLE_ENV, role)
+            .env_remove("LD_BIND_NOW")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            prog.env(k, v);
+        }
+        let program = prog.spawn().map_err(|e| format!("qemu-aarch64: {e}"))?;
+        let mut gdb = Command::new("gdb-multiarch");
+        gdb.args(["-nx", "-batch", "-ex", "set sysroot /", "-ex"])
+            .arg(format!("file {}", exe.display()))
+            .arg("-ex")
+            .arg(format!("target remote 127.0.0.1:{port}"))
+            .arg("-x")
+            .arg(&cmd_file);
+        (gdb, Some(program))
+    } else {
+        let mut gdb = Command::new("gdb");
+        gdb.args(["-nx", "-batch", "-x"])
+            .arg(&cmd_file)
+            .arg("--args")
+            .arg(&exe)
+            .args(role_args)
+            .env(ROLE_ENV, role)
+            .env_remove("LD_BIND_NOW");
+        for (k, v) in env {
+            gdb.env(k, v);
+        }
+        (gdb, None)
+    };
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
     let child = cmd.spawn().map_err(|e| format!("gdb: {e}"))?;
-    let out = wait_with_timeout(child, GDB_TIMEOUT)?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let out = wait_with_timeout(child, GDB_TIMEOUT);
+    // The program's own output (under qemu it is not gdb's).
+    let prog_out = match program {
+        Some(p) => match wait_with_timeout(p, Duration::from_secs(20)) {
+            Ok(o) => format!(
+                "{}\n--- program stderr ---\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => e,
+        },
+        None => String::new(),
+    };
+    let out = out?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned() + &prog_out;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let log = format!("--- gdb stdout ---\n{stdout}\n--- gdb stderr ---\n{stderr}");
     // A marker may follow other output on its line (libtest's `test gdb_role ... `).
@@ -379,7 +501,18 @@ fn run_gdb(role: &str, at_hook: &str, env: &[(&str, &str)], dir: &Path) -> Resul
         ));
     };
     Ok(Session {
-        gdb: hex_list(&g),
+        // gdb-multiarch may show a saved return address with its PAC (qemu's stub describes
+        // no pointer-authentication mask): compared without it.
+        gdb: hex_list(&g)
+            .into_iter()
+            .map(|a| {
+                if cfg!(target_arch = "aarch64") {
+                    a & VA_MASK
+                } else {
+                    a
+                }
+            })
+            .collect(),
         selftrace: hex_list(&s),
         selftrace_names: line("SELFTRACE_NAMES").unwrap_or_default(),
         selftrace_at_root: line("SELFTRACE_ROOT").is_some_and(|r| r.trim() == "1"),
@@ -428,11 +561,19 @@ fn selftrace_agrees_with_gdb_bt_where_cfi_needs_more_than_rsp_and_rbp() {
     if std::env::var_os(ROLE_ENV).is_some() {
         return; // this process is the one gdb runs
     }
-    for tool in ["gdb", "readelf", "cc"] {
+    let cc = target::cc();
+    let tools: &[&str] = if target::under_qemu() {
+        &["gdb-multiarch", "qemu-aarch64", "readelf", &cc]
+    } else {
+        &["gdb", "readelf", &cc]
+    };
+    for &tool in tools {
         if !tool_present(tool) {
             return fixtures::skip(
                 TEST,
-                &format!("{tool} not found (install gdb, binutils, gcc)"),
+                &format!(
+                    "{tool} not found (install gdb or gdb-multiarch, qemu-user, binutils, gcc)"
+                ),
             );
         }
     }
@@ -454,32 +595,79 @@ fn selftrace_agrees_with_gdb_bt_where_cfi_needs_more_than_rsp_and_rbp() {
         Err(why) => return fixtures::skip(TEST, &why),
     };
 
-    let cases: [Case; 4] = [
-        (
-            "control",
-            "control: big_frame's body after the probe loop (CFA = rsp + N; agrees today)",
-            "break *$rdi",
-            vec![],
-        ),
-        (
-            "sha512",
-            "OpenSSL SHA-512 assembly (CFA expression / other register)",
-            "break *$rdi",
-            vec![],
-        ),
-        (
-            "probe",
-            "LLVM stack-probe loop, 4th iteration (CFA = r11 + N)",
-            "break *$rdi\nignore $bpnum 3",
-            vec![],
-        ),
-        (
-            "lazy",
-            "_dl_fixup in a first lazy PLT call (under _dl_runtime_resolve_xsavec, CFA rbx-based)",
-            "break _dl_fixup",
-            vec![(LAZY_ENV, lazy.as_str())],
-        ),
-    ];
+    let at_arg0 = format!("break *{ARG0}");
+    let at_arg0_4th = format!("break *{ARG0}\nignore $bpnum 3");
+    let pac = if cfg!(target_arch = "aarch64") {
+        match fixtures::build_pac(&dir.0) {
+            Ok(p) => Some(p.to_str().unwrap().to_string()),
+            Err(why) => return fixtures::skip(TEST, &why),
+        }
+    } else {
+        None
+    };
+    let mut cases: Vec<Case> = if cfg!(target_arch = "aarch64") {
+        vec![
+            (
+                "control",
+                "control: big_frame's epilogue after the probe loop (CFA = sp + N)",
+                &at_arg0,
+                vec![],
+            ),
+            (
+                "sha512",
+                "OpenSSL SHA-512 assembly, the hottest sampled pc (described by sp/x29, or no CFI)",
+                &at_arg0,
+                vec![],
+            ),
+            (
+                "probe",
+                "LLVM stack-probe loop, 4th iteration (sp moving, CFA = x29 + N)",
+                &at_arg0_4th,
+                vec![],
+            ),
+            (
+                "lazy",
+                "_dl_fixup in a first lazy PLT call (under _dl_runtime_resolve)",
+                "break _dl_fixup",
+                vec![(LAZY_ENV, lazy.as_str())],
+            ),
+        ]
+    } else {
+        vec![
+            (
+                "control",
+                "control: big_frame's body after the probe loop (CFA = rsp + N; agrees today)",
+                &at_arg0,
+                vec![],
+            ),
+            (
+                "sha512",
+                "OpenSSL SHA-512 assembly (CFA expression / other register)",
+                &at_arg0,
+                vec![],
+            ),
+            (
+                "probe",
+                "LLVM stack-probe loop, 4th iteration (CFA = r11 + N)",
+                &at_arg0_4th,
+                vec![],
+            ),
+            (
+                "lazy",
+                "_dl_fixup in a first lazy PLT call (under _dl_runtime_resolve_xsavec, CFA rbx-based)",
+                "break _dl_fixup",
+                vec![(LAZY_ENV, lazy.as_str())],
+            ),
+        ]
+    };
+    if let Some(pac) = pac.as_deref() {
+        cases.push((
+            "pac",
+            "a leaf under frames that saved signed return addresses (-mbranch-protection=standard)",
+            &at_arg0,
+            vec![(PAC_ENV, pac)],
+        ));
+    }
     let mut failures = Vec::new();
     for (role, what, at_hook, env) in &cases {
         if *role == "lazy" && !lazy_ok {

@@ -175,9 +175,8 @@ fn library_unloaded_during_lookups_never_faults() {
             let mut frames = [0usize; 2];
             // At least STRESS, and on until the loader has gone round `min` times (a loaded
             // machine gets fewer cycles in the same time), within a bound for a hang.
-            let enough = || {
-                cycles.load(Ordering::Relaxed) > min && lookups.load(Ordering::Relaxed) > min
-            };
+            let enough =
+                || cycles.load(Ordering::Relaxed) > min && lookups.load(Ordering::Relaxed) > min;
             while start.elapsed() < STRESS
                 || (!enough() && start.elapsed() < Duration::from_secs(120))
             {

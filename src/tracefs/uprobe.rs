@@ -132,10 +132,12 @@ pub(crate) fn error_log_entry(log: &str, cmd: &str) -> Option<String> {
     None
 }
 
-/// The kernel's name for an x86-64 register as written in a note (`%rdi`, `%edi`, `%r8d`):
-/// `%di`, `%r8`.
+/// The kernel's name for a register as written in a note: x86-64's (`%rdi`, `%edi`, `%r8d`:
+/// `%di`, `%r8`) or aarch64's (`x0`, `w3`, `sp`: `%x0`, `%x3`, `%sp`).
 fn kernel_register(reg: &str) -> Option<String> {
-    let r = reg.strip_prefix('%')?;
+    let Some(r) = reg.strip_prefix('%') else {
+        return aarch64_register(reg);
+    };
     let base = match r {
         "rax" | "eax" | "ax" | "al" => "ax",
         "rbx" | "ebx" | "bx" | "bl" => "bx",
@@ -159,11 +161,70 @@ fn kernel_register(reg: &str) -> Option<String> {
     Some(format!("%{base}"))
 }
 
+/// An aarch64 register of a note (`x0`-`x30`, their 32-bit names `w0`-`w30`, `sp`) by the
+/// arm64 kernel's name for it (`%x0`, `%sp`).
+fn aarch64_register(reg: &str) -> Option<String> {
+    if reg == "sp" || reg == "wsp" {
+        return Some("%sp".into());
+    }
+    let n = reg.strip_prefix('x').or_else(|| reg.strip_prefix('w'))?;
+    let v: u8 = n.parse().ok()?;
+    (v <= 30 && !n.starts_with('0') || n == "0").then(|| format!("%x{v}"))
+}
+
+/// A note argument's location: a register, a register plus an offset (memory), or an
+/// immediate; in x86-64's AT&T syntax (`%rdi`, `8(%rax)`, `$5`) or aarch64's (`x0`, `[x1, 8]`,
+/// `5`).
+enum Location {
+    /// The kernel's name for the register.
+    Register(String),
+    /// The memory at the register (kernel name) plus the offset.
+    Memory(i64, String),
+    /// A constant.
+    Immediate(i64),
+}
+
+impl Location {
+    fn parse(loc: &str) -> Option<Location> {
+        if loc.starts_with('%') {
+            return kernel_register(loc).map(Location::Register);
+        }
+        if let Some(imm) = loc.strip_prefix('$') {
+            return imm.parse().ok().map(Location::Immediate);
+        }
+        // aarch64: [reg] or [reg, offset] (sys/sdt.h writes the offset in decimal, perhaps
+        // after `#`).
+        if let Some(inner) = loc.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            let (reg, off) = match inner.split_once(',') {
+                Some((r, o)) => {
+                    let o = o.trim();
+                    let o = o.strip_prefix('#').unwrap_or(o);
+                    (r.trim(), o.parse().ok()?)
+                }
+                None => (inner.trim(), 0),
+            };
+            return aarch64_register(reg).map(|r| Location::Memory(off, r));
+        }
+        if let Some(r) = aarch64_register(loc) {
+            return Some(Location::Register(r));
+        }
+        if let Ok(v) = loc.strip_prefix('#').unwrap_or(loc).parse() {
+            return Some(Location::Immediate(v));
+        }
+        // x86-64: OFFSET(%reg)
+        let (off, rest) = loc.split_once('(')?;
+        let reg = rest.strip_suffix(')')?;
+        let off: i64 = if off.is_empty() { 0 } else { off.parse().ok()? };
+        kernel_register(reg).map(|r| Location::Memory(off, r))
+    }
+}
+
 /// How many bytes of a `&str` / `&[u8]` probe argument a uprobe fetches (the kernel's limit for
 /// an array fetch argument is 64 elements); longer text is cut and marked.
 pub const BYTES_FETCHED: usize = 64;
 
-/// The pointer-and-length pairs of `note` (`8@0(%reg) 8@8(%reg)`, what selftrace's probes emit
+/// The pointer-and-length pairs of `note` (`8@0(%reg) 8@8(%reg)`, on aarch64
+/// `8@[reg] 8@[reg, 8]`: what selftrace's probes emit
 /// for `&str`, `&[u8]`, `String` and `Vec<u8>`): the pointer's argument index and the kernel's
 /// name for the register.
 pub fn byte_pairs(note: &ProbeNote) -> Vec<(usize, String)> {
@@ -172,19 +233,13 @@ pub fn byte_pairs(note: &ProbeNote) -> Vec<(usize, String)> {
     let mut i = 0;
     while i + 1 < a.len() {
         let (p, l) = (&a[i], &a[i + 1]);
-        let reg = p
-            .location
-            .strip_prefix("0(")
-            .and_then(|r| r.strip_suffix(')'));
-        let pair = reg.is_some_and(|r| {
-            l.location == format!("8({r})") && p.size == 8 && l.size == 8 && !p.signed && !l.signed
-        });
-        match reg.filter(|_| pair).and_then(kernel_register) {
-            Some(kr) => {
-                out.push((i, kr));
+        let sized = p.size == 8 && l.size == 8 && !p.signed && !l.signed;
+        match (Location::parse(&p.location), Location::parse(&l.location)) {
+            (Some(Location::Memory(0, r)), Some(Location::Memory(8, r2))) if sized && r == r2 => {
+                out.push((i, r));
                 i += 2;
             }
-            None => i += 1,
+            _ => i += 1,
         }
     }
     out
@@ -197,26 +252,12 @@ pub fn fetch_arg(arg: &ArgSpec) -> Result<String, Error> {
         if arg.signed { 's' } else { 'u' },
         arg.size as u32 * 8
     );
-    let loc = arg.location.as_str();
-    let unsupported = Error::Unsupported("probe argument location");
-    if loc.starts_with('%') {
-        let r = kernel_register(loc).ok_or(unsupported)?;
-        return Ok(format!("{r}:{ty}"));
+    match Location::parse(&arg.location) {
+        Some(Location::Register(r)) => Ok(format!("{r}:{ty}")),
+        Some(Location::Immediate(v)) => Ok(format!("\\{v}:{ty}")),
+        Some(Location::Memory(off, r)) => Ok(format!("{off:+}({r}):{ty}")),
+        None => Err(Error::Unsupported("probe argument location")),
     }
-    if let Some(imm) = loc.strip_prefix('$') {
-        let v: i64 = imm.parse().map_err(|_| unsupported)?;
-        return Ok(format!("\\{v}:{ty}"));
-    }
-    // OFFSET(%reg)
-    let (off, rest) = loc.split_once('(').ok_or(unsupported)?;
-    let reg = rest.strip_suffix(')').ok_or(unsupported)?;
-    let off: i64 = if off.is_empty() {
-        0
-    } else {
-        off.parse().map_err(|_| unsupported)?
-    };
-    let r = kernel_register(reg).ok_or(unsupported)?;
-    Ok(format!("{off:+}({r}):{ty}"))
 }
 
 impl UprobeEvent {
@@ -372,6 +413,16 @@ mod tests {
         assert_eq!(arg("-4@-20(%rbp)"), "-20(%bp):s32");
         assert_eq!(arg("-4@$5"), "\\5:s32");
         assert!(fetch_arg(&ArgSpec::parse("8@%xmm0").unwrap()).is_err());
+        // aarch64, as sys/sdt.h and selftrace's probes write it there.
+        assert_eq!(arg("8@x0"), "%x0:u64");
+        assert_eq!(arg("-4@w3"), "%x3:s32");
+        assert_eq!(arg("-4@[sp, 16]"), "+16(%sp):s32");
+        assert_eq!(arg("8@[x19]"), "+0(%x19):u64");
+        assert_eq!(arg("8@[x29, -8]"), "-8(%x29):u64");
+        assert_eq!(arg("-8@-5"), "\\-5:s64");
+        assert!(fetch_arg(&ArgSpec::parse("8@x31").unwrap()).is_err());
+        assert!(fetch_arg(&ArgSpec::parse("8@x01").unwrap()).is_err());
+        assert!(fetch_arg(&ArgSpec::parse("8@[q0]").unwrap()).is_err());
     }
 
     #[test]

@@ -50,15 +50,24 @@
 //!
 //! # What is emitted
 //!
-//! Per site, a one-byte `nop` and a `.note.stapsdt` note naming it, with the exact size and sign
-//! of every argument (`-4@%rdi` for an `i32` in `rdi`). Per `provider:name` and linked object
+//! Per site, a `nop` and a `.note.stapsdt` note naming it, with the exact size and sign of
+//! every argument in the operand syntax sys/sdt.h writes on the target (`-4@%rdi` for an `i32`
+//! in `rdi` on x86-64, `-4@x0` on aarch64). Per `provider:name` and linked object
 //! (executable or shared library), one `u16` semaphore in the section `.probes`, shared by all
 //! sites of that probe in every crate of the object: tracers raise it when they attach. See the
 //! macro crate's `site.rs` for the note's layout.
 //!
 //! At run time, [`probes()`] lists the probes compiled into the program with their semaphores;
-//! [`read_probes`] reads the notes of any ELF file and computes the file offsets the kernel
-//! needs.
+//! [`read_probes`] reads the notes of any ELF file (of either architecture, on any host) and
+//! computes the file offsets the kernel needs.
+//!
+//! # Architectures
+//!
+//! Notes are emitted on x86-64 and aarch64 ([`NOTES`]: `cfg(any(target_arch = "x86_64",
+//! target_arch = "aarch64"))`). Elsewhere every macro compiles to nothing observable: the
+//! arguments of `probe!` are still type-checked and evaluated (so a program behaves the same on
+//! every target), but no note, `nop` or semaphore is emitted, `probe_enabled!` and
+//! `probe_lazy!`'s condition are `false`, and [`probes()`] lists none.
 
 mod arg;
 pub(crate) mod notes;
@@ -68,6 +77,9 @@ pub use notes::{parse_probes, read_probes, ArgSpec, ProbeNote};
 pub use selftrace_usdt_macros::probe;
 
 use std::collections::BTreeMap;
+
+/// Whether this target emits USDT notes (x86-64 and aarch64; see [Architectures](self#architectures)).
+pub const NOTES: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
 
 /// Fires the USDT probe `provider:name` with up to 12 arguments.
 ///

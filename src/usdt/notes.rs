@@ -42,7 +42,8 @@ pub struct ArgSpec {
     pub size: u8,
     /// Whether the value is signed.
     pub signed: bool,
-    /// Where it is: `%rdi`, `8(%rax)`, `$5`, `-20(%rbp)`...
+    /// Where it is: on x86-64 `%rdi`, `8(%rax)`, `$5`, `-20(%rbp)`...; on aarch64 `x0`,
+    /// `[sp, 16]`, `[x1]`, `5`...
     pub location: String,
 }
 
@@ -240,8 +241,7 @@ fn parse_note(
     if provider.is_empty() || name.is_empty() {
         return Err(Error::BadElf("stapsdt note with an empty provider or name"));
     }
-    let arguments = args
-        .split_ascii_whitespace()
+    let arguments = split_args(&args)
         .map(ArgSpec::parse)
         .collect::<Result<Vec<_>, _>>()?;
     // A file prelinked or otherwise moved after the note was written has `.stapsdt.base` at a
@@ -270,9 +270,46 @@ fn parse_note(
     })
 }
 
+/// The arguments of a note's argument string: separated by spaces, except inside brackets
+/// (aarch64's memory operands, `-4@[sp, 16]`, as sys/sdt.h writes them).
+fn split_args(args: &str) -> impl Iterator<Item = &str> {
+    let mut rest = args;
+    std::iter::from_fn(move || {
+        rest = rest.trim_start_matches(|c: char| c.is_ascii_whitespace());
+        if rest.is_empty() {
+            return None;
+        }
+        let mut depth = 0usize;
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| {
+                match c {
+                    '[' => depth += 1,
+                    ']' => depth = depth.saturating_sub(1),
+                    _ => {}
+                }
+                depth == 0 && c.is_ascii_whitespace()
+            })
+            .map_or(rest.len(), |(i, _)| i);
+        let (arg, tail) = rest.split_at(end);
+        rest = tail;
+        Some(arg)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aarch64_arguments_keep_their_brackets() {
+        let a: Vec<&str> = split_args("8@x0 -4@[sp, 16]  8@[x1] 8@[x1, 8] -8@-5").collect();
+        assert_eq!(a, ["8@x0", "-4@[sp, 16]", "8@[x1]", "8@[x1, 8]", "-8@-5"]);
+        assert_eq!(ArgSpec::parse(a[1]).unwrap().location, "[sp, 16]");
+        // An unclosed bracket runs to the end, never past it.
+        assert_eq!(split_args("8@[x0, 8").collect::<Vec<_>>(), ["8@[x0, 8"]);
+        assert_eq!(split_args("  ").count(), 0);
+    }
 
     #[test]
     fn arg_specs() {

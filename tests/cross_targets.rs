@@ -1,0 +1,217 @@
+//! The other Linux targets, from the x86-64 test run.
+//!
+//! - aarch64: the tests in [`AARCH64_TESTS`] and the library's unit tests, built for
+//!   `aarch64-unknown-linux-gnu` with Debian's `rustc-web` (`/usr/bin/rustc`, which has the arm64
+//!   std) and run under qemu-user (`qemu-aarch64` as cargo's runner; binfmt_misc registered for
+//!   the tests that run themselves again as a child). Tests that need a kernel facility
+//!   qemu-user lacks (tracefs, uprobes, perf, ptrace) are not in the list, or say in their
+//!   output which part they leave out there.
+//! - armv7, i686, powerpc64le (Debian's std for them) and riscv64gc (`-Zbuild-std` from
+//!   Debian's `rust-web-src`): `cargo check` of the library and the `selftrace` CLI, with every
+//!   feature. There is no unwinder port there: captures return no frames
+//!   (`StopReason::Unsupported`) and USDT probes compile to nothing.
+//!
+//! Without the toolchains these tests say why and skip (`.ci/run` installs them); with
+//! `SELFTRACE_REQUIRE_TRACEFS=1` they fail instead.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The integration tests run for aarch64 under qemu-user.
+const AARCH64_TESTS: &[&str] = &[
+    "before_init",
+    "crash",
+    "dlopen",
+    "dump_stack",
+    "symbolize",
+    "symbolize_files",
+    "symbolize_signal",
+    "symbolize_stripped",
+    "threads",
+    "unwind",
+    "unwind_cfi",
+    "unwind_diff",
+    "unwind_gdb",
+    "unwind_no_vm_readv",
+    "unwind_reuse",
+    "unwind_stress",
+    "usdt_files",
+    "usdt_notes",
+    "watchdog",
+    "profile_stress",
+];
+
+/// Debian's compiler and cargo (rustup's proxies come first in PATH and know x86-64 only).
+const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+const DEBIAN_CARGO: &str = "/usr/bin/cargo";
+
+fn required() -> bool {
+    std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_some_and(|v| v == "1")
+}
+
+fn skip(test: &str, why: &str) {
+    if required() {
+        panic!("{test}: {why} (SELFTRACE_REQUIRE_TRACEFS=1, so this fails instead of skipping)");
+    }
+    eprintln!("{test}: skipped: {why}");
+}
+
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+/// Whether Debian's rustc has the std of `triple`.
+fn has_std(triple: &str) -> bool {
+    Command::new(DEBIAN_RUSTC)
+        .args(["--print", "target-libdir", "--target", triple])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .is_some_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("libstd-")))
+        })
+}
+
+/// A target directory of its own for each toolchain, next to the outer build's.
+fn target_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target/tmp has a parent")
+        .join(name)
+}
+
+/// Debian's cargo, with its rustc, in this package's directory, its output going straight to
+/// the test run's (so that a CI log shows it as it happens).
+fn debian_cargo(target_dir: &Path) -> Command {
+    let mut c = Command::new(DEBIAN_CARGO);
+    c.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUSTC", DEBIAN_RUSTC)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTFLAGS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    c
+}
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn aarch64_tests_pass_under_qemu_user() {
+    const TEST: &str = "aarch64_tests_pass_under_qemu_user";
+    const TRIPLE: &str = "aarch64-unknown-linux-gnu";
+    if !Path::new(DEBIAN_CARGO).is_file() || !Path::new(DEBIAN_RUSTC).is_file() {
+        return skip(TEST, "Debian's rustc-web and cargo-web are not installed");
+    }
+    if !has_std(TRIPLE) {
+        return skip(TEST, "no aarch64 std (install libstd-rust-web-dev:arm64)");
+    }
+    for tool in ["aarch64-linux-gnu-gcc", "qemu-aarch64", "gdb-multiarch"] {
+        if !on_path(tool) {
+            return skip(
+                TEST,
+                &format!(
+                    "{tool} not found (install gcc-aarch64-linux-gnu, qemu-user, gdb-multiarch)"
+                ),
+            );
+        }
+    }
+    if !Path::new("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists() {
+        return skip(
+            TEST,
+            "qemu-aarch64 is not registered with binfmt_misc (tests that run themselves again \
+             need it; .ci/run registers it from /usr/lib/binfmt.d/qemu-aarch64.conf)",
+        );
+    }
+    let mut c = debian_cargo(&target_dir("aarch64-qemu"));
+    c.args(["test", "--target", TRIPLE, "--all-features", "--lib"]);
+    for t in AARCH64_TESTS {
+        c.args(["--test", t]);
+    }
+    // No parallel test binaries: each runs its own threads under qemu, on two cores.
+    c.env(
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+        "aarch64-linux-gnu-gcc",
+    )
+    .env(
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER",
+        "qemu-aarch64",
+    )
+    .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc");
+    eprintln!("{TEST}: {c:?}");
+    let status = c.status().expect("run Debian's cargo");
+    assert!(
+        status.success(),
+        "the aarch64 tests failed under qemu-user: {status}"
+    );
+}
+
+#[test]
+fn other_targets_build() {
+    const TEST: &str = "other_targets_build";
+    if !Path::new(DEBIAN_CARGO).is_file() || !Path::new(DEBIAN_RUSTC).is_file() {
+        return skip(TEST, "Debian's rustc-web and cargo-web are not installed");
+    }
+    let mut failed = Vec::new();
+    for triple in [
+        "armv7-unknown-linux-gnueabihf",
+        "i686-unknown-linux-gnu",
+        "powerpc64le-unknown-linux-gnu",
+    ] {
+        if !has_std(triple) {
+            skip(
+                TEST,
+                &format!(
+                    "no std for {triple} (install libstd-rust-web-dev for its Debian architecture)"
+                ),
+            );
+            continue;
+        }
+        let status = debian_cargo(&target_dir("cross-check"))
+            .args([
+                "check",
+                "--target",
+                triple,
+                "--all-features",
+                "--lib",
+                "--bins",
+            ])
+            .status()
+            .expect("run Debian's cargo");
+        if !status.success() {
+            failed.push(triple);
+        }
+    }
+    // riscv64: Debian 12 has no riscv64 port, so no std package; the std is built from
+    // rust-web-src (a nightly-only cargo flag, allowed on this stable compiler by
+    // RUSTC_BOOTSTRAP).
+    let triple = "riscv64gc-unknown-linux-gnu";
+    let src = Path::new("/usr/lib/rustlib/src/rust/library/std");
+    if !src.is_dir() {
+        skip(
+            TEST,
+            &format!("no std source for {triple} (install rust-web-src)"),
+        );
+    } else {
+        let status = debian_cargo(&target_dir("cross-check"))
+            .env("RUSTC_BOOTSTRAP", "1")
+            .args([
+                "check",
+                "-Zbuild-std=std,panic_abort",
+                "--target",
+                triple,
+                "--all-features",
+                "--lib",
+                "--bins",
+            ])
+            .status()
+            .expect("run Debian's cargo");
+        if !status.success() {
+            failed.push(triple);
+        }
+    }
+    assert!(failed.is_empty(), "cargo check failed for {failed:?}");
+}
