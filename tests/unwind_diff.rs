@@ -84,6 +84,14 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 static ARMED: AtomicBool = AtomicBool::new(false);
 static TARGET_TID: AtomicI32 = AtomicI32::new(0);
 static UNW: OnceLock<Libunwind> = OnceLock::new();
+/// The pointer-authentication fixture's code: a sample with a frame in it is not walked by
+/// libunwind (libunwind 1.6 uses signed return addresses as they are, its issue #1055, and
+/// faults), and is checked against the functions known to be on the stack instead
+/// ([`pac_verdict`]).
+static PAC_LO: AtomicUsize = AtomicUsize::new(0);
+static PAC_HI: AtomicUsize = AtomicUsize::new(0);
+/// The name of that phase.
+const PAC_PHASE: &str = "C -mbranch-protection=standard (signed return addresses)";
 /// Lazy-binding samples where libunwind's stack passes the check selftrace's must pass.
 static LU_LAZY_OK: AtomicUsize = AtomicUsize::new(0);
 
@@ -101,10 +109,23 @@ extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
                 let slot = unsafe { &mut (*SLOTS.0.get())[i] };
                 // SAFETY: uc is the ucontext_t the kernel passed to this handler.
                 slot.st_n = unsafe { selftrace::capture_from_ucontext(uc.cast(), &mut slot.st) };
-                // SAFETY: as above.
-                let (n, end) = unsafe { unw.walk_ucontext(uc, &mut slot.lu) };
-                slot.lu_n = n;
-                slot.lu_end = end;
+                let (lo, hi) = (
+                    PAC_LO.load(Ordering::Relaxed),
+                    PAC_HI.load(Ordering::Relaxed),
+                );
+                if slot.st[..slot.st_n.min(DEPTH)]
+                    .iter()
+                    .any(|&a| lo <= a && a < hi)
+                {
+                    // Under the pointer-authentication fixture: see NO_PEER.
+                    slot.lu_n = 0;
+                    slot.lu_end = End::Error(0);
+                } else {
+                    // SAFETY: as above.
+                    let (n, end) = unsafe { unw.walk_ucontext(uc, &mut slot.lu) };
+                    slot.lu_n = n;
+                    slot.lu_end = end;
+                }
             }
         }
     }
@@ -413,6 +434,42 @@ fn phase_lazy_plt(libs: &Libs) -> (Vec<Sample>, Vec<(bool, bool)>, Vec<usize>) {
     (samples, checks, handles)
 }
 
+/// A sample of the pointer-authentication phase, checked without a peer: the fixture's frames
+/// each followed by its caller (`pac_work` by `pac_middle`, `pac_middle` by `pac_outer`, a PLT
+/// stub `f@plt` by the caller of `f`: their return addresses were signed), `pac_outer` by the
+/// phase's body in this test, none with a PAC, to the thread's root.
+fn pac_verdict(s: &Sample) -> Verdict {
+    let frames: Vec<(String, String)> =
+        s.st.iter()
+            .enumerate()
+            .map(|(i, &a)| name_of(if i == 0 { a } else { a.wrapping_sub(1) }))
+            .collect();
+    let caller_of = |f: &str| match f.trim_end_matches("@plt") {
+        "pac_work" => Some("pac_middle"),
+        "pac_middle" => Some("pac_outer"),
+        _ => None,
+    };
+    let lib = frames
+        .iter()
+        .take_while(|(_, obj)| obj == "libst_pac.so")
+        .count();
+    let chained = lib > 0
+        && (0..lib).all(|i| {
+            let (name, _) = &frames[i];
+            match (name.as_str(), frames.get(i + 1)) {
+                ("pac_outer", Some((_, obj))) => obj.starts_with("unwind_diff"),
+                (n, Some((next, _))) => caller_of(n) == Some(next.as_str()),
+                _ => false,
+            }
+        });
+    let clean = s.st.iter().all(|&a| a & !VA_MASK == 0);
+    if chained && clean && fixtures::ends_at_root(&s.st) {
+        Verdict::Identical
+    } else {
+        Verdict::SelftraceAtFault
+    }
+}
+
 /// selftrace's stack through lazy binding: (ld.so frames present: `_dl_fixup` under
 /// `_dl_runtime_resolve*` when ld.so has names (libc6-dbg), else two frames in ld.so; and the
 /// walk continues past them to `a_all` and this test).
@@ -626,9 +683,28 @@ fn worker(libs: &Libs) -> (Vec<PhaseResult>, Vec<(bool, bool)>, Vec<usize>) {
                 "clear: signing is off"
             }
         );
+        // Where the CPU authenticates pointers (HWCAP_PACA; qemu-user emulates it), the code
+        // must have signed its return addresses, or the phase tests nothing.
+        // SAFETY: getauxval has no preconditions.
+        let paca = unsafe { libc::getauxval(libc::AT_HWCAP) } & (1 << 30) != 0;
+        assert!(
+            !paca || raw & !VA_MASK != 0,
+            "pointer authentication is on, but the fixture's return address is not signed"
+        );
         let pbuf = buf(16 << 10);
+        let pac_lib = selftrace::symbolize(pac_outer as *const () as usize)
+            .and_then(|s| {
+                selftrace::modules::snapshot()
+                    .objects()
+                    .iter()
+                    .find(|o| o.path == s.path)
+                    .map(|o| o.range.clone())
+            })
+            .expect("the pac fixture is loaded");
+        PAC_LO.store(pac_lib.start, Ordering::SeqCst);
+        PAC_HI.store(pac_lib.end, Ordering::SeqCst);
         out.push(run_phase(
-            "C -mbranch-protection=standard (signed return addresses)",
+            PAC_PHASE,
             t,
             Box::new(|at| in_object(at, "libst_pac.so")),
             &mut || {
@@ -636,6 +712,7 @@ fn worker(libs: &Libs) -> (Vec<PhaseResult>, Vec<(bool, bool)>, Vec<usize>) {
                 black_box(unsafe { pac_outer(pbuf.as_ptr(), pbuf.len() as _, black_box(5)) });
             },
         ));
+        PAC_HI.store(0, Ordering::SeqCst);
     }
 
     let cbuf = buf(16 << 10);
@@ -694,6 +771,31 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
         Err(why) => return skip(TEST, &why),
     };
     selftrace::refresh();
+    // aarch64's libunwind reads memory it has not checked (under qemu-user it faults in the
+    // first phases): its walks run under a guard that ends them at a fault.
+    let mut unw = unw;
+    let mut guard_restore: Option<unsafe extern "C" fn() -> i32> = None;
+    if cfg!(target_arch = "aarch64") {
+        let g = match fixtures::build_lu_guard(&dir.0) {
+            Ok(g) => g,
+            Err(why) => return skip(TEST, &why),
+        };
+        let (_, f) = fixtures::open(
+            g.to_str().unwrap(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+            &["lu_guard_install", "lu_guard_walk", "lu_guard_restore"],
+        )
+        .expect("the libunwind guard");
+        // SAFETY: the guard's C functions, with these signatures.
+        unsafe {
+            let install = std::mem::transmute::<usize, unsafe extern "C" fn() -> i32>(f[0]);
+            assert_eq!(install(), 0, "install the guard's SIGSEGV/SIGBUS handler");
+            unw.guard_faults(std::mem::transmute::<usize, libunwind::GuardWalk>(f[1]));
+            guard_restore = Some(std::mem::transmute::<usize, unsafe extern "C" fn() -> i32>(
+                f[2],
+            ));
+        }
+    }
     let _ = UNW.set(unw);
 
     // SAFETY: a SA_SIGINFO handler for SIGPROF; it touches only atomics and preallocated slots.
@@ -715,6 +817,10 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
 
     // SAFETY: restores the default action; no timer or raise is left.
     unsafe { libc::signal(libc::SIGPROF, libc::SIG_DFL) };
+    if let Some(restore) = guard_restore {
+        // SAFETY: the guard's function; no walk runs any more.
+        unsafe { restore() };
+    }
 
     let mut rules = Rules::default();
     let mut failures = Vec::new();
@@ -743,7 +849,11 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
         let (mut hard0, mut hard_any) = (0, 0);
         let mut garbage_shared = 0;
         for (i, s) in p.samples.iter().enumerate() {
-            let v = classify(s);
+            let v = if p.name == PAC_PHASE && s.lu.is_empty() {
+                pac_verdict(s)
+            } else {
+                classify(s)
+            };
             *counts.entry(v).or_default() += 1;
             if v == Verdict::SelftraceGarbage && first_garbage(&s.lu) == first_garbage(&s.st) {
                 garbage_shared += 1;
@@ -764,9 +874,14 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
             }
         }
         let n = p.samples.len();
+        // On aarch64, libunwind 1.6 faults or goes astray in OpenSSL's assembly (no CFI there):
+        // a stack of selftrace's that is plausible to the thread's root where libunwind's is not
+        // counts too (unwind_gdb compares such a pc with gdb's bt).
+        let lu_astray_ok =
+            |v: Verdict| cfg!(target_arch = "aarch64") && v == Verdict::LibunwindAtFault;
         let ok: usize = counts
             .iter()
-            .filter(|(v, _)| agrees(**v))
+            .filter(|(v, _)| agrees(**v) || lu_astray_ok(**v))
             .map(|(_, c)| c)
             .sum();
         total += n;
@@ -833,6 +948,17 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
             ));
         }
     }
+    let lu_faults = phases
+        .iter()
+        .flat_map(|p| &p.samples)
+        .filter(|s| s.lu_end == End::Faulted)
+        .count();
+    if lu_faults != 0 {
+        eprintln!(
+            "libunwind faulted (read unmapped memory) in {lu_faults} walks; the guard ended them \
+             there, and selftrace's stacks were judged against the frames libunwind had"
+        );
+    }
     if cfg!(target_arch = "aarch64") {
         // selftrace's frames never carry a pointer authentication code.
         let signed = phases
@@ -843,18 +969,12 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
             .count();
         let lu_signed = LU_SIGNED.load(Ordering::Relaxed);
         eprintln!(
-            "pointer authentication: libunwind left a PAC in {lu_signed} frames (its issue \
-             #1055; stripped here before comparing), selftrace in {signed}"
+            "pointer authentication: libunwind left a PAC in {lu_signed} frames of the phases it \
+             walked (its issue #1055; stripped here before comparing; it does not walk the \
+             signed phase, where it faults), selftrace in {signed}"
         );
         if signed != 0 {
             failures.push(format!("{signed} of selftrace's frames carry a PAC"));
-        }
-        if lu_signed == 0 {
-            failures.push(
-                "no signed return address seen: the pointer authentication phase did not \
-                 exercise signed frames"
-                    .into(),
-            );
         }
     }
     eprintln!(

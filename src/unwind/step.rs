@@ -141,10 +141,13 @@ impl Walker<'_, '_> {
     /// Applies a compiled rule, in place.
     #[inline(always)]
     fn apply(&mut self, rule: &Rule, regs: &mut RegSet, out: &mut Outcome) -> Step {
-        let Some(base) = regs.get(rule.cfa_reg as u16) else {
-            return Step::Stop(StopReason::RegisterUnknown);
+        let cfa = match regs.get(rule.cfa_reg as u16) {
+            Some(base) => base.wrapping_add(rule.cfa_off as isize as usize),
+            None => match cfa_from_frame_record(rule, regs) {
+                Some(cfa) => cfa,
+                None => return Step::Stop(StopReason::RegisterUnknown),
+            },
         };
-        let cfa = base.wrapping_add(rule.cfa_off as isize as usize);
         if cfa <= regs.sp() {
             return Step::Stop(StopReason::NoProgress);
         }
@@ -259,6 +262,11 @@ impl Walker<'_, '_> {
         in_object: bool,
     ) -> Step {
         const W: usize = core::mem::size_of::<usize>();
+        if exact && in_object {
+            if let Some(step) = self.link_stub_step(regs, out) {
+                return step;
+            }
+        }
         if exact && out.frames == 1 && !in_object {
             let (ra, sp) = match (arch::BAD_PC_RETURN, arch::LR) {
                 (BadPcReturn::LinkRegister, Some(lr)) => match regs.get(lr) {
@@ -283,10 +291,47 @@ impl Walker<'_, '_> {
                 Ok(r) => r,
                 Err(step) => return step,
             };
+        // An interrupted pc on a machine with a link register: a function without a frame
+        // record of its own (a leaf) returns through the link register, and the record at the
+        // frame pointer is its caller's; one with a record has its return address there.
+        if let Some(lr) = arch::LR.filter(|_| exact) {
+            let x30 = regs.get(lr).map(arch::strip_ra);
+            if let Some(x30) = x30.filter(|&x| x != ra) {
+                match leaf_or_record(regs.pc(), x30, ra) {
+                    Some(true) => {
+                        if !self.plausible(x30, out) {
+                            return Step::Stop(StopReason::BadReturnAddress);
+                        }
+                        regs.keep_only(arch::CALLEE_SAVED);
+                        regs.set_return(x30);
+                        return Step::Caller { signal: false };
+                    }
+                    Some(false) => {}
+                    None => return Step::Stop(StopReason::AmbiguousReturn),
+                }
+            }
+        }
         if !self.plausible(ra, out) {
             return Step::Stop(StopReason::NoFramePointer);
         }
         Self::take_frame_record(regs, fp, next_fp, ra)
+    }
+
+    /// An exact pc in a PLT entry (aarch64's have no CFI): the caller's return address is still
+    /// in the link register, and the stack is untouched. The frame-pointer rule would take the
+    /// caller's own frame record and leave the caller out. `None` where the pc is not in one.
+    fn link_stub_step(&mut self, regs: &mut RegSet, out: &mut Outcome) -> Option<Step> {
+        let lr = arch::LR.filter(|_| in_link_stub(regs.pc()))?;
+        let Some(ra) = regs.get(lr) else {
+            return Some(Step::Stop(StopReason::RegisterUnknown));
+        };
+        let ra = arch::strip_ra(ra);
+        if !self.plausible(ra, out) {
+            return Some(Step::Stop(StopReason::BadReturnAddress));
+        }
+        regs.keep_only(arch::CALLEE_SAVED);
+        regs.set_return(ra);
+        Some(Step::Caller { signal: false })
     }
 
     /// Whether a return address lies in executable code of a loaded object, or is a signal
@@ -372,6 +417,11 @@ impl Walker<'_, '_> {
         if exact && out.frames == 1 && !matches!(sys::dl_find_object(pc), Ok(Some(_)) | Err(())) {
             return self.no_cfi_step(regs, exact, out, false);
         }
+        if exact {
+            if let Some(step) = self.link_stub_step(regs, out) {
+                return step;
+            }
+        }
         let (fp, next_fp, ra) = match self.frame_record(regs, Step::End) {
             Ok(r) => r,
             Err(step) => return step,
@@ -381,6 +431,115 @@ impl Walker<'_, '_> {
         }
         Self::take_frame_record(regs, fp, next_fp, ra)
     }
+}
+
+/// For an interrupted pc without CFI whose link register (`lr`) and frame record (`record`)
+/// hold different return addresses: `Some(true)` when the function is a leaf without a record
+/// of its own (it returns through the link register), `Some(false)` when the record is its own,
+/// `None` when nothing tells. Told by the calls before the two return addresses: a `bl` (or a
+/// `bl` to a PLT entry, followed through its GOT slot) whose target starts the function at `pc`
+/// (at or below it, within 64 KiB) entered it; one whose target lies elsewhere did not; an
+/// indirect call (`blr`) proves nothing. The nearest start wins where both entered one.
+fn leaf_or_record(pc: usize, lr: usize, record: usize) -> Option<bool> {
+    use Entered::*;
+    match (entered(lr, pc), entered(record, pc)) {
+        (Yes(l), Yes(r)) => Some(l > r),
+        (Yes(_), _) | (Unknown, No) => Some(true),
+        (_, Yes(_)) | (No, Unknown) => Some(false),
+        (No, No) | (Unknown, Unknown) => None,
+    }
+}
+
+/// Whether the call before a return address entered the function at a pc.
+enum Entered {
+    /// A call to this start, at or below the pc.
+    Yes(usize),
+    /// A direct call to somewhere else.
+    No,
+    /// An indirect call, or no call to decode.
+    Unknown,
+}
+
+/// What the call before return address `ret` says of the function at `pc` (aarch64 code, read
+/// through the kernel).
+fn entered(ret: usize, pc: usize) -> Entered {
+    let word = |at: usize| {
+        let mut b = [0u8; 4];
+        (sys::read_memory(at, &mut b) == 4).then(|| u32::from_le_bytes(b))
+    };
+    let Some(w) = ret.checked_sub(4).and_then(word) else {
+        return Entered::Unknown;
+    };
+    // bl imm26
+    if w & 0xfc00_0000 != 0x9400_0000 {
+        return Entered::Unknown;
+    }
+    let at = ret - 4;
+    let mut target = at.wrapping_add((((w << 6) as i32 >> 6) as isize * 4) as usize);
+    // A PLT entry: where its GOT slot points (the resolved function, or the lazy resolver).
+    let stub = arch::LINK_STUB;
+    if let (Some(adrp), Some(ldr)) = (word(target), word(target.wrapping_add(4))) {
+        if stub.len() >= 2 && adrp & stub[0].0 == stub[0].1 && ldr & stub[1].0 == stub[1].1 {
+            let imm = ((adrp >> 5) & 0x7ffff) << 2 | (adrp >> 29) & 3;
+            let pages = ((imm << 11) as i32 >> 11) as isize;
+            let page = (target & !0xfff).wrapping_add((pages << 12) as usize);
+            let slot = page.wrapping_add(((ldr >> 10) & 0xfff) as usize * 8);
+            let mut b = [0u8; 8];
+            if sys::read_memory(slot, &mut b) != 8 {
+                return Entered::Unknown;
+            }
+            target = usize::from_le_bytes(b);
+        }
+    }
+    if target <= pc && pc - target < 1 << 16 {
+        Entered::Yes(target)
+    } else {
+        Entered::No
+    }
+}
+
+/// Whether `pc` lies in a stub without CFI that returns through the link register
+/// ([`arch::LINK_STUB`]): the instructions around it (read through the kernel) are the stub's,
+/// `pc` on one of them.
+fn in_link_stub(pc: usize) -> bool {
+    let stub = arch::LINK_STUB;
+    if stub.is_empty() {
+        return false;
+    }
+    let n = stub.len();
+    let mut bytes = [0u8; 8 * 4];
+    let start = pc.wrapping_sub(4 * (n - 1));
+    let got = sys::read_memory(start, &mut bytes[..4 * (2 * n - 1)]);
+    let word = |i: usize| {
+        bytes
+            .get(4 * i..4 * i + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    // The stub starting at one of the n instruction slots up to pc.
+    (0..n).any(|first| {
+        (0..n).all(|k| {
+            let i = first + k;
+            4 * i + 4 <= got && word(i).is_some_and(|w| w & stub[k].0 == stub[k].1)
+        })
+    })
+}
+
+/// The CFA of a frame whose stack pointer is unknown (after a frame-record step on aarch64,
+/// where a record does not say where the caller's frame ends), from its frame pointer: when the
+/// frame's rule is sp-based and saves the frame pointer and, just above it, the return address
+/// (a frame record: `stp x29, x30`), the frame pointer holds the address of that record, as the
+/// frame-pointer rule that led here assumed of the frame below.
+fn cfa_from_frame_record(rule: &Rule, regs: &RegSet) -> Option<usize> {
+    if arch::RECORD_GIVES_SP || rule.cfa_reg as u16 != SP {
+        return None;
+    }
+    let fp_slot = rule.saved[arch::FP_LANE];
+    if fp_slot == SAME || fp_slot == UNDEF || rule.ra_off as i32 != fp_slot as i32 + 8 {
+        return None;
+    }
+    let fp = regs.fp()?;
+    // The record lies at or above the lower bound the record step left for sp.
+    (fp >= regs.sp()).then(|| fp.wrapping_sub(fp_slot as isize as usize))
 }
 
 /// Whether the code at `pc` is the signal-return trampoline. The bytes are copied by the

@@ -113,6 +113,11 @@ pub enum StopReason {
     ///
     /// [`MAX_DEPTH`]: crate::profile::MAX_DEPTH
     TooDeep,
+    /// An interrupted pc without CFI on a machine with a link register, where the link
+    /// register and the frame record hold different return addresses and the code around them
+    /// does not tell which is this frame's (a leaf without a record returns through the link
+    /// register; a function with one, through the record).
+    AmbiguousReturn,
     /// selftrace has no unwinder for this architecture (see the README's platform table): no
     /// frame was captured.
     Unsupported,
@@ -132,6 +137,7 @@ impl StopReason {
             StopReason::TooManySignalFrames => "too many nested signal frames",
             StopReason::Busy => "all unwinder slots busy",
             StopReason::TooDeep => "stack deeper than the profile keeps",
+            StopReason::AmbiguousReturn => "no unwind info; link register and frame record differ",
             StopReason::Unsupported => "no unwinder for this architecture",
         }
     }

@@ -47,7 +47,25 @@ pub enum End {
     Error(i32),
     /// The output buffer filled up.
     Full,
+    /// libunwind read memory that was not there (SIGSEGV or SIGBUS): the walk was cut off there
+    /// by the guard (see [`Libunwind::guard_faults`]).
+    Faulted,
 }
+
+/// `lu_guard_walk(init, step, get_reg, ip_reg, uc, out, n, &end, &err)` of the guard helper
+/// (`unwind_fixtures::LU_GUARD_C`): the walk of [`Libunwind::walk_ucontext`], in C under
+/// `sigsetjmp`, so that a fault inside libunwind returns the frames so far.
+pub type GuardWalk = unsafe extern "C" fn(
+    InitLocal2,
+    Step,
+    GetReg,
+    i32,
+    *mut c_void,
+    *mut usize,
+    i32,
+    *mut i32,
+    *mut i32,
+) -> i32;
 
 /// The three entry points, resolved once.
 #[derive(Clone, Copy)]
@@ -55,6 +73,7 @@ pub struct Libunwind {
     init_local2: InitLocal2,
     step: Step,
     get_reg: GetReg,
+    guard: Option<GuardWalk>,
 }
 
 impl Libunwind {
@@ -80,6 +99,7 @@ impl Libunwind {
                 init_local2: std::mem::transmute::<*mut c_void, InitLocal2>(init),
                 step: std::mem::transmute::<*mut c_void, Step>(step),
                 get_reg: std::mem::transmute::<*mut c_void, GetReg>(get),
+                guard: None,
             })
         }
     }
@@ -90,7 +110,40 @@ impl Libunwind {
     ///
     /// # Safety
     /// `uc` is the `ucontext_t` the kernel passed to the running signal handler.
+    /// Walks through the guard helper from now on: libunwind's local unwinder reads memory
+    /// without checking it (aarch64's does, under qemu-user, and faults), and a fault then
+    /// ends its walk ([`End::Faulted`]) instead of the test.
+    #[allow(dead_code)] // not by every includer (benches/unwind.rs)
+    pub fn guard_faults(&mut self, walk: GuardWalk) {
+        self.guard = Some(walk);
+    }
+
     pub unsafe fn walk_ucontext(&self, uc: *mut c_void, out: &mut [usize]) -> (usize, End) {
+        if let Some(guarded) = self.guard {
+            let (mut end, mut err) = (0i32, 0i32);
+            // SAFETY: the helper runs the same walk as below with these entry points, on the
+            // caller's ucontext_t, writing at most out.len() frames.
+            let n = unsafe {
+                guarded(
+                    self.init_local2,
+                    self.step,
+                    self.get_reg,
+                    UNW_REG_IP,
+                    uc,
+                    out.as_mut_ptr(),
+                    out.len() as i32,
+                    &mut end,
+                    &mut err,
+                )
+            };
+            let end = match end {
+                0 => End::Outermost,
+                1 => End::Full,
+                2 => End::Faulted,
+                _ => End::Error(err),
+            };
+            return (n.max(0) as usize, end);
+        }
         let mut cursor = [0u64; CURSOR_WORDS];
         // SAFETY: the cursor has room for libunwind's unw_cursor_t; uc is a live ucontext_t
         // (the caller's contract), which is libunwind's unw_context_t on x86-64 and aarch64.

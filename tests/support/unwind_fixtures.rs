@@ -131,6 +131,77 @@ pub fn build_pac(dir: &Path) -> Result<PathBuf, String> {
     Ok(out)
 }
 
+/// A guard for the peer: libunwind's walk in C under `sigsetjmp`, with a SIGSEGV/SIGBUS handler
+/// that jumps back while a walk is in progress on this thread (so the jump crosses only C and
+/// libunwind frames). `lu_guard_install` sets the handler; faults elsewhere go to the previous
+/// action.
+pub const LU_GUARD_C: &str = r#"
+#include <setjmp.h>
+#include <signal.h>
+#include <string.h>
+typedef int (*init_fn)(void *, void *, int);
+typedef int (*step_fn)(void *);
+typedef int (*reg_fn)(void *, int, unsigned long *);
+static __thread sigjmp_buf *guard;
+static struct sigaction old_segv, old_bus;
+static void on_fault(int sig, siginfo_t *si, void *uc) {
+    (void)si; (void)uc;
+    if (guard) siglongjmp(*guard, 1);
+    sigaction(sig, sig == SIGSEGV ? &old_segv : &old_bus, 0);
+}
+int lu_guard_install(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGSEGV, &sa, &old_segv) | sigaction(SIGBUS, &sa, &old_bus);
+}
+int lu_guard_restore(void) {
+    return sigaction(SIGSEGV, &old_segv, 0) | sigaction(SIGBUS, &old_bus, 0);
+}
+/* end: 0 outermost, 1 buffer full, 2 faulted, 3 error (in *err). */
+int lu_guard_walk(init_fn init, step_fn step, reg_fn get, int ip_reg, void *uc,
+                  unsigned long *out, int n, int *end, int *err) {
+    unsigned long cursor[256];
+    sigjmp_buf jb;
+    volatile int k = 0;
+    if (sigsetjmp(jb, 1)) { guard = 0; *end = 2; return k; }
+    guard = &jb;
+    int rc = init(cursor, uc, 1);
+    if (rc < 0) { guard = 0; *end = 3; *err = rc; return 0; }
+    for (;;) {
+        if (k == n) { *end = 1; break; }
+        unsigned long ip = 0;
+        rc = get(cursor, ip_reg, &ip);
+        if (rc < 0) { *end = 3; *err = rc; break; }
+        out[k] = ip;
+        k = k + 1;
+        rc = step(cursor);
+        if (rc == 0) { *end = 0; break; }
+        if (rc < 0) { *end = 3; *err = rc; break; }
+    }
+    guard = 0;
+    return k;
+}
+"#;
+
+/// Builds the libunwind guard into `dir`; returns its path.
+pub fn build_lu_guard(dir: &Path) -> Result<PathBuf, String> {
+    let src = dir.join("lu_guard.c");
+    std::fs::write(&src, LU_GUARD_C).map_err(|e| e.to_string())?;
+    let out = dir.join("libst_lu_guard.so");
+    cc(&[
+        "-O1",
+        "-shared",
+        "-fPIC",
+        "-o",
+        out.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ])?;
+    Ok(out)
+}
+
 /// IFUNCs in liblazy_b.so (one lazy binding each).
 pub const LAZY_FUNCS: usize = 256;
 

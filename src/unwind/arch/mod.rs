@@ -16,7 +16,9 @@
 //!   and the signal frame: `TRAMPOLINE` (the bytes of the signal-return trampoline) and
 //!   `UC_FROM_TRAMPOLINE_SP` (where the `ucontext_t` lies relative to the stack pointer when the
 //!   trampoline runs);
-//! * code: `CODE_ALIGN` (instruction alignment; a pc that breaks it is garbage), `strip_ra`
+//! * code: `CODE_ALIGN` (instruction alignment; a pc that breaks it is garbage), `LINK_STUB`
+//!   (the instructions of a stub without CFI that returns through the link register: aarch64's
+//!   PLT entry), `strip_ra`
 //!   (pointer authentication codes off a return address), `BAD_PC_RETURN` (where a call through a
 //!   bad function pointer left its return address), `RECORD_GIVES_SP` (whether a frame record
 //!   at the frame pointer also gives the caller's stack pointer);

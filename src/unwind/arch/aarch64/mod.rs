@@ -79,6 +79,16 @@ pub(crate) fn strip_ra(ra: usize) -> usize {
     out
 }
 
+/// A PLT entry (`adrp x16, page; ldr x17, [x16, #off]; add x16, x16, #off; br x17`), as mask
+/// and value of each instruction: the linker emits no CFI for it, and code there has neither
+/// touched the stack nor the link register, so a frame 0 inside one returns through x30.
+pub(crate) const LINK_STUB: &[(u32, u32)] = &[
+    (0x9f00_001f, 0x9000_0010),
+    (0xffc0_03ff, 0xf940_0211),
+    (0xffc0_03ff, 0x9100_0210),
+    (0xffff_ffff, 0xd61f_0220),
+];
+
 /// A `blr` through a bad pointer left the return address in x30 and the stack as it was.
 pub(crate) const BAD_PC_RETURN: BadPcReturn = BadPcReturn::LinkRegister;
 

@@ -61,6 +61,9 @@ pub(crate) fn strip_ra(ra: usize) -> usize {
     ra
 }
 
+/// No code without CFI returns through a register (x86-64's PLT entries have CFI).
+pub(crate) const LINK_STUB: &[(u32, u32)] = &[];
+
 /// A `call` through a bad pointer pushed the return address.
 pub(crate) const BAD_PC_RETURN: BadPcReturn = BadPcReturn::TopOfStack;
 
