@@ -4,7 +4,7 @@
 //! A worker thread runs one phase per leaf (libc qsort with a Rust comparator, memcpy, strtod;
 //! libm; zlib; libcrypto SHA-512 and AES-256-GCM; the vDSO; C built `-fomit-frame-pointer`;
 //! a Rust function with a 256 KiB frame; the first calls through lazy PLT entries into IFUNCs)
-//! under a per-thread CPU timer (`timer_create(CLOCK_THREAD_CPUTIME_ID)` with
+//! under a timer that signals the worker thread (`timer_create(CLOCK_MONOTONIC)` with
 //! `SIGEV_THREAD_ID`, 2 kHz, SIGPROF). In the handler, on the same `ucontext_t`,
 //! `selftrace::capture_from_ucontext` and libunwind (`unw_init_local2(..,
 //! UNW_INIT_SIGNAL_FRAME)` + `unw_step`) each write a stack into a preallocated slot.
@@ -48,7 +48,12 @@ const MAX_SAMPLES: usize = 1500;
 const TARGET_SAMPLES: usize = 1000;
 /// ...or this much CPU time of the worker.
 const PHASE_CPU: Duration = Duration::from_millis(1500);
-/// Timer period: 2 kHz of the worker's CPU time.
+/// Timer period: 2 kHz of real time. Not of the worker's CPU time: a CPU-time timer is checked
+/// at the kernel's ticks (HZ=100 to 1000), so a phase got 1.5 s x HZ samples at most (375 with
+/// HZ=250, 150 with HZ=100), and squeezed onto one CPU next to busy loops the kernel delivered
+/// only 2 to 48 signals per phase here (the other expirations became overruns), so the phases
+/// failed their 50-sample checks. A real-time timer's signal interrupts the worker when it
+/// expires if the worker runs, or is taken when it runs next.
 const PERIOD_NS: i64 = 500_000;
 
 #[derive(Clone, Copy)]
@@ -121,11 +126,11 @@ extern "C" fn raise_prof() {
     black_box(());
 }
 
-/// The worker's CPU-time timer.
+/// The worker's sampling timer.
 struct Timer(libc::timer_t);
 
 impl Timer {
-    /// A CLOCK_THREAD_CPUTIME_ID timer of the calling thread, delivering SIGPROF to it.
+    /// A CLOCK_MONOTONIC timer delivering SIGPROF to the calling thread.
     fn for_this_thread() -> Timer {
         // SAFETY: sigevent is plain data; timer_create writes the id.
         unsafe {
@@ -135,7 +140,7 @@ impl Timer {
             sev.sigev_notify_thread_id = libc::gettid();
             let mut id: libc::timer_t = std::mem::zeroed();
             assert_eq!(
-                libc::timer_create(libc::CLOCK_THREAD_CPUTIME_ID, &mut sev, &mut id),
+                libc::timer_create(libc::CLOCK_MONOTONIC, &mut sev, &mut id),
                 0,
                 "timer_create"
             );
