@@ -197,7 +197,7 @@ fn in_leaf(s: &Sample, leaf: &LeafFn, driver: (usize, usize)) -> bool {
         .enumerate()
         .map(|(i, &pc)| if i == 0 { pc } else { pc.wrapping_sub(1) })
         .take_while(|&at| !(at >= driver.0 && at < driver.1))
-        .any(|at| leaf(at))
+        .any(leaf)
 }
 
 struct PhaseResult {
