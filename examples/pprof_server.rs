@@ -14,15 +14,16 @@
 //! * `GET /debug/pprof/`: a short index.
 //!
 //! One profile at a time (the profiler is per process): a second request meanwhile gets
-//! `409 Conflict`. The server prints `listening on ADDR` once it accepts connections; port 0
-//! picks a free port. The program also runs a small CPU-bound workload (`serve_requests` →
-//! `parse_request`, `render_page`) so that profiles have something to show.
+//! `409 Conflict`. The server prints `listening on ADDR` once it accepts connections (port 0
+//! picks a free port), and a line for each profile it took. The program also runs a small
+//! CPU-bound workload (`serve_requests` → `parse_request`, `render_page`) so that profiles have
+//! something to show.
 
 use selftrace::profile::{self, Mode};
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn main() {
     let addr = std::env::args()
@@ -59,13 +60,28 @@ fn main() {
     }
 }
 
-/// The workload: two functions with a 1:3 split of the CPU time.
+/// The workload: two functions with a 1:3 split of the CPU time, in bursts of 100 ms of
+/// requests (calls of 0.05 to 0.3 ms, in random order), each followed by 50 ms idle. Not a short sleep after
+/// each request: CPU-time timers fire at the kernel's ticks, and on a loaded machine a thread
+/// that wakes is often run only at the next tick, so work that sleeps between requests starts
+/// in step with the ticks, and the ticks land in the same part of it each time (render_page
+/// showed 5 to 6 times parse_request, not 3).
 fn serve_requests() {
     let mut x = 0u64;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
     loop {
-        x ^= parse_request(x);
-        x ^= render_page(x);
-        std::thread::sleep(Duration::from_micros(200));
+        let burst = Instant::now();
+        while burst.elapsed() < Duration::from_millis(100) {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            x ^= if rng.is_multiple_of(2) {
+                parse_request(x)
+            } else {
+                render_page(x)
+            };
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -181,7 +197,16 @@ fn handle(mut conn: TcpStream) -> std::io::Result<()> {
         }
     };
     std::thread::sleep(Duration::from_secs(q.seconds));
+    let stats = profiler.stats();
     let p = profiler.stop();
+    println!(
+        "profiled {} s: {} samples ({} signals), {} dropped",
+        q.seconds,
+        p.total(),
+        stats.samples,
+        p.dropped
+    );
+    let _ = std::io::stdout().flush();
     if svg {
         let mut body = Vec::new();
         p.write_flamegraph(&mut body)?;

@@ -8,8 +8,11 @@ pub extern "C" fn selftrace_cdylib_add(a: i32, b: i32) -> i32 {
     a.wrapping_add(b)
 }
 
-/// Whether a tracer is attached to `selftrace_cdylib:add` in this library.
+/// Whether a tracer is attached to all three probes of this library (`add`, `inside`,
+/// `add__return`).
 #[no_mangle]
 pub extern "C" fn selftrace_cdylib_enabled() -> bool {
     selftrace::probe_enabled!(selftrace_cdylib, add)
+        && selftrace::probe_enabled!(selftrace_cdylib, inside)
+        && selftrace::probe_enabled!(selftrace_cdylib, add__return)
 }

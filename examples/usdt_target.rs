@@ -2,9 +2,10 @@
 //!
 //! `usdt_target values N`: fires `selftrace_test:values` (i8, u16, i32, i64, u64, pointer) and
 //! `selftrace_test:text` (&str, i) N times with fixed values, from two sites in two modules, then prints whether `probe_enabled!` saw a tracer and fires `selftrace_test:done`.
-//! `usdt_target wait N`: waits (up to 20 s) until a tracer raises the semaphore, then does the same.
-//! `usdt_target dlopen LIB N`: loads the cdylib LIB, waits (up to 20 s) until a tracer attaches
-//! to it, and calls its probed `selftrace_cdylib_add` N times.
+//! `usdt_target wait N`: waits (up to 60 s) until a tracer raises the semaphores of `values`,
+//! `text`, `lazy` and `done`, then does the same.
+//! `usdt_target dlopen LIB N`: loads the cdylib LIB, waits (up to 60 s) until a tracer attaches
+//! to its three probes, and calls its probed `selftrace_cdylib_add` N times.
 //! `usdt_target fns N`: calls `#[probe]` functions (free, method, generic) N times.
 
 use std::time::{Duration, Instant};
@@ -131,15 +132,24 @@ fn main() {
     match mode {
         "values" => fire_values(n),
         "wait" => {
+            // Every probe the tests' tracer attaches: a tracer such as bpftrace attaches its
+            // probes one after the other, and on a loaded machine the last can come much later
+            // than the first (a hit before then is lost, and a missed `done` keeps the tracer
+            // running).
             let start = Instant::now();
-            while !selftrace::probe_enabled!(selftrace_test, values) {
-                if start.elapsed() > Duration::from_secs(20) {
+            while !(selftrace::probe_enabled!(selftrace_test, values)
+                && selftrace::probe_enabled!(selftrace_test, text)
+                && selftrace::probe_enabled!(selftrace_test, lazy)
+                && selftrace::probe_enabled!(selftrace_test, done))
+            {
+                if start.elapsed() > Duration::from_secs(60) {
                     eprintln!("no tracer attached");
                     std::process::exit(2);
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            // Let the tracer finish attaching its other probes.
+            // The semaphore rises when the uprobe is registered, a little before the tracer
+            // attaches its program to it.
             std::thread::sleep(Duration::from_millis(500));
             fire_values(n);
         }
@@ -168,10 +178,11 @@ fn main() {
             assert!(!e.is_null(), "dlsym failed");
             // SAFETY: the cdylib defines it as extern "C" fn() -> bool.
             let enabled: extern "C" fn() -> bool = unsafe { std::mem::transmute(e) };
-            // Wait (up to 20 s) for a tracer to attach to the library's probe.
+            // Wait (up to 60 s) for a tracer to attach to the library's probes (all of them,
+            // as in `wait`).
             let start = Instant::now();
             while !enabled() {
-                if start.elapsed() > Duration::from_secs(20) {
+                if start.elapsed() > Duration::from_secs(60) {
                     eprintln!("no tracer attached");
                     std::process::exit(2);
                 }

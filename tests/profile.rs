@@ -73,24 +73,28 @@ fn spin_iterations(n: u64) -> u64 {
     x
 }
 
-/// `n` scaled by a random factor between 0.5 and 1.5: a loop of calls with fixed lengths
-/// can run in step with the kernel's tick (CPU-time timers are checked at ticks, every 4 ms at
-/// HZ=250), and then the ticks land in one function more often than its share of the time.
-fn jittered(n: u64) -> u64 {
+/// A per-thread random number (xorshift).
+fn random() -> u64 {
     thread_local! {
         static RNG: std::cell::Cell<u64> = std::cell::Cell::new(
             0x9e37_79b9_7f4a_7c15 ^ u64::from(selftrace::threads::current_tid() as u32),
         );
     }
-    let r = RNG.with(|c| {
+    RNG.with(|c| {
         let mut x = c.get();
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         c.set(x);
         x
-    });
-    (n * (500 + r % 1001)).div_ceil(1000)
+    })
+}
+
+/// `n` scaled by a random factor between 0.5 and 1.5: a loop of calls with fixed lengths
+/// can run in step with the kernel's tick (CPU-time timers are checked at ticks, every 4 ms at
+/// HZ=250), and then the ticks land in one function more often than its share of the time.
+fn jittered(n: u64) -> u64 {
+    (n * (500 + random() % 1001)).div_ceil(1000)
 }
 
 macro_rules! measured {
@@ -122,6 +126,19 @@ fn samples_of(p: &Profile, tids: &[i32], needle: &str) -> u64 {
         .sum()
 }
 
+/// A bound on waits for a count the machine reaches at its own pace: it only turns a hang into a
+/// failure. (The share test, the longest, took 6 s on an idle 2-CPU machine with HZ=250 and 44 s
+/// squeezed onto one CPU next to two busy loops; with HZ=100 it needs 2.5 times as long.)
+const HANG: Duration = Duration::from_secs(300);
+
+/// Signals the share test waits for. CPU-time timers fire at the kernel's ticks (HZ=100 to
+/// 1000), so the fixed 2.5 s the test used to run gave 2.5 s x HZ x 2 workers x (the share of
+/// a CPU each gets) signals: 500 on an idle machine with HZ=100, fewer on a loaded one. The
+/// shares' statistical error depends on the number of signals, not on the time: at 3,000 the
+/// standard error of a share is at most 0.009 (0.5 / sqrt(3000)), so 0.05 is 5.5 of them (the
+/// largest difference in 14 runs here, idle and loaded, was 0.025).
+const SHARE_SIGNALS: u64 = 3000;
+
 #[test]
 fn shares_and_sample_count_match_cpu_time() {
     let _g = serial();
@@ -131,26 +148,34 @@ fn shares_and_sample_count_match_cpu_time() {
     let total_cpu = Arc::new(AtomicU64::new(0));
     let go = Arc::new(Barrier::new(3));
     let done = Arc::new(Barrier::new(3));
+    let stop = Arc::new(AtomicBool::new(false));
     let tids = Arc::new(Mutex::new(Vec::new()));
     let workers: Vec<_> = (0..2)
         .map(|_| {
-            let (cpu, total_cpu, go, done, tids) = (
+            let (cpu, total_cpu, go, done, stop, tids) = (
                 cpu.clone(),
                 total_cpu.clone(),
                 go.clone(),
                 done.clone(),
+                stop.clone(),
                 tids.clone(),
             );
             std::thread::spawn(move || {
                 tids.lock().unwrap().push(tid());
                 go.wait();
                 let t0 = thread_cpu_ns();
-                let end = Instant::now() + Duration::from_millis(2500);
                 let mut x = 0;
-                while Instant::now() < end {
-                    x ^= share_one_part(&cpu[0]);
-                    x ^= share_two_parts(&cpu[1]);
-                    x ^= share_three_parts(&cpu[2]);
+                // The functions in random order, not in turn: a unit takes about 0.16 ms in a
+                // debug build, so a tick (4 ms at HZ=250) is only a few rounds of three after
+                // the one before, and in turn the function of one sample told much about the
+                // next one's (the shares spread 1.5 times as much as independent samples'
+                // would).
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= match random() % 3 {
+                        0 => share_one_part(&cpu[0]),
+                        1 => share_two_parts(&cpu[1]),
+                        _ => share_three_parts(&cpu[2]),
+                    };
                 }
                 total_cpu.fetch_add(thread_cpu_ns() - t0, Ordering::Relaxed);
                 black_box(x);
@@ -168,7 +193,19 @@ fn shares_and_sample_count_match_cpu_time() {
         .start()
         .unwrap();
     go.wait();
+    // Until the workers' timers fired SHARE_SIGNALS times (only they use CPU time).
+    let start = Instant::now();
+    while p.stats().samples < SHARE_SIGNALS {
+        assert!(
+            start.elapsed() < HANG,
+            "only {:?} in {HANG:?}: the timers hardly fire",
+            p.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
     done.wait();
+    let stats = p.stats();
     let profile = p.stop();
     for w in workers {
         w.join().unwrap();
@@ -186,11 +223,18 @@ fn shares_and_sample_count_match_cpu_time() {
     let measured_sum: f64 = measured.iter().sum();
     let counted: u64 = counts.iter().sum();
     let report = format!(
-        "counts {counts:?}, cpu ns {measured:?}, dropped {}, total {}",
+        "counts {counts:?}, cpu ns {measured:?}, dropped {}, total {}; {stats:?} in {:?}",
         profile.dropped,
-        profile.total()
+        profile.total(),
+        start.elapsed()
     );
     eprintln!("{report}");
+    // Each function's share of the samples is its share of the CPU time (1:2:3, jittered):
+    // catches samples attributed to the wrong code (a name lookup that gives a neighbour's
+    // name, a ring slot read while it is rewritten) or sampled in proportion to something else
+    // than CPU time. A sample counts for a function when any of its frames is in it (in a debug
+    // build `black_box` and the arithmetic are calls of their own, so frame 0 is often a
+    // callee).
     for i in 0..3 {
         let want = measured[i] / measured_sum;
         let got = counts[i] as f64 / counted as f64;
@@ -199,7 +243,9 @@ fn shares_and_sample_count_match_cpu_time() {
             "function {i}: profile share {got:.3}, CPU-time share {want:.3}; {report}"
         );
     }
-    // Every sample of the workers, against their CPU time x frequency.
+    // Every sample of the workers, against their CPU time x frequency: catches lost periods
+    // (overruns not counted, timers not re-armed). The kernel counts the periods exactly, so
+    // this holds whatever the tick and the load.
     let worker_samples: u64 = profile
         .samples
         .iter()
@@ -281,10 +327,16 @@ fn wall_mode_samples_blocked_threads() {
         .filter(|s| s.thread_id == wtid)
         .map(|s| s.count)
         .sum();
-    // 600 ms at 200 Hz: about 120 samples of a thread that used no CPU.
+    // One sample per 5 ms of the profile's real time (about 120 in 600 ms) of a thread that
+    // used no CPU: catches blocked threads not sampled, or sampled on CPU time, and overruns
+    // not counted. Against the profile's own duration, which the sleep can overrun on a loaded
+    // machine; the waiter's timer is armed a little after the start, and a signal still in
+    // flight at the stop is lost.
+    let expected = profile.duration.as_secs_f64() * 200.0;
     assert!(
-        (80..=160).contains(&mine),
-        "{mine} wall samples of the waiter"
+        (mine as f64) >= 0.8 * expected && (mine as f64) <= 1.1 * expected,
+        "{mine} wall samples of the waiter in {:?} ({expected:.0} periods)",
+        profile.duration
     );
     let in_wait = samples_of(&profile, &[wtid], "wait_on_lock");
     assert!(
@@ -313,10 +365,13 @@ fn threads_created_after_the_start_are_sampled() {
         .rescan_interval(Duration::from_millis(5))
         .start()
         .unwrap();
+    // 400 ms of the new thread's CPU time (200 periods at 500 Hz), however long that takes on
+    // a loaded machine.
     let t = std::thread::spawn(|| {
         let id = tid();
-        let end = Instant::now() + Duration::from_millis(400);
-        while Instant::now() < end {
+        let t0 = thread_cpu_ns();
+        let start = Instant::now();
+        while thread_cpu_ns() - t0 < 400_000_000 && start.elapsed() < HANG {
             black_box(late_thread_work());
         }
         id
@@ -325,6 +380,9 @@ fn threads_created_after_the_start_are_sampled() {
     let stats = p.stats();
     let profile = p.stop();
     assert!(stats.threads_seen >= 2, "{stats:?}");
+    // Catches a new thread that gets no timer (0 samples) or one much later than the next
+    // rescan (5 ms); half the periods leave room for a profiler thread that a loaded machine
+    // wakes late.
     let n = samples_of(&profile, &[late], "late_thread_work");
     assert!(n >= 100, "{n} samples of the late thread; {stats:?}");
 }
@@ -385,10 +443,13 @@ fn continuous_profiles_have_no_gaps() {
         .start()
         .unwrap();
     let t0 = thread_cpu_ns();
+    let start = Instant::now();
     let mut profiles = Vec::new();
     for _ in 0..6 {
-        let end = Instant::now() + Duration::from_millis(250);
-        while Instant::now() < end {
+        // 100 ms of this thread's CPU time per interval (100 periods), however long that
+        // takes on a loaded machine.
+        let t = thread_cpu_ns();
+        while thread_cpu_ns() - t < 100_000_000 && start.elapsed() < HANG {
             black_box(continuous_work());
         }
         profiles.push(p.take());
@@ -429,9 +490,12 @@ fn the_handler_does_not_allocate() {
         .unwrap();
     WATCHED.with(|w| w.set(true));
     let before = WATCHED_ALLOCS.load(Ordering::Relaxed);
-    let t0 = thread_cpu_ns();
+    // Until the handler ran 100 times in this thread (CPU-time timers fire at the kernel's
+    // ticks: 0.4 s of CPU time with HZ=250, 1 s with HZ=100), so that the check below covers
+    // many samples whatever the tick. Neither `stats` nor the clocks allocate.
+    let start = Instant::now();
     let mut x = 0;
-    while thread_cpu_ns() - t0 < 500_000_000 {
+    while p.stats().samples < 100 && start.elapsed() < HANG {
         x ^= spin(1);
     }
     let after = WATCHED_ALLOCS.load(Ordering::Relaxed);
@@ -439,8 +503,7 @@ fn the_handler_does_not_allocate() {
     black_box(x);
     let stats = p.stats();
     drop(p);
-    // CPU-time timers fire on scheduler ticks (CONFIG_HZ 250 here): ~125 signals in 0.5 s.
-    assert!(stats.samples >= 60, "{stats:?}");
+    assert!(stats.samples >= 100, "{stats:?} in {HANG:?}");
     assert_eq!(
         after - before,
         0,
@@ -530,7 +593,12 @@ fn a_name_prefix_selects_threads() {
         .threads(Threads::NamePrefix("alpha".into()))
         .start()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Until alpha's timer fired 50 times (however much CPU time the two get on a loaded
+    // machine, and at whatever tick): beta, as busy, would have been sampled as often.
+    let start = Instant::now();
+    while p.stats().samples < 50 && start.elapsed() < HANG {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let profile = p.stop();
     stop.store(true, Ordering::Relaxed);
     let (a, b) = (alpha.join().unwrap(), beta.join().unwrap());

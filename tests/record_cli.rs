@@ -368,7 +368,7 @@ fn probes_of_a_dlopened_library() {
         "3",
     ]);
     let err = stderr(&o);
-    // usdt_target exits with 2 unless the library's semaphore rises within 20 s.
+    // usdt_target exits with 2 unless the library's semaphores rise within 60 s.
     assert!(o.status.success(), "{err}");
     assert_clean(rec);
     let text = std::fs::read_to_string(&file).unwrap();

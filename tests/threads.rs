@@ -282,6 +282,24 @@ fn names(frames: &[usize]) -> Vec<String> {
         .collect()
 }
 
+/// Waits until each of `tids` sleeps (state S: blocked in a system call); fails after 60 s.
+fn until_sleeping(tids: &[i32]) {
+    let start = std::time::Instant::now();
+    for &tid in tids {
+        loop {
+            let state = threads::info(tid).map(|i| i.state as char);
+            if state == Some('S') {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "thread {tid} does not sleep: state {state:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 /// An in-memory file to dump into, read back as text.
 struct MemFile(i32);
 
@@ -340,20 +358,17 @@ fn scenario(name: &str) {
             let (hold_r, hold_w) = pipe();
             let (read_r, read_w) = pipe();
             let l1 = lock.clone();
-            spawn_named("holder", move || hold_lock(&l1, hold_r));
-            std::thread::sleep(Duration::from_millis(100));
+            let holder = spawn_named("holder", move || hold_lock(&l1, hold_r));
+            // The holder has the lock (it sleeps in `read` with it), then the waiter waits.
+            until_sleeping(&[holder]);
             let l2 = lock.clone();
             let waiter = spawn_named("waiter", move || wait_for_lock(&l2));
-            spawn_named("sleeper", || sleeper(3000));
-            spawn_named("reader", move || pipe_reader(read_r));
-            // Until the waiter sleeps in the futex and the others in their calls.
-            for _ in 0..500 {
-                if threads::info(waiter).is_some_and(|i| i.state == b'S') {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            std::thread::sleep(Duration::from_millis(200));
+            // The sleeper only has to outlive the dump (the scenario exits without it).
+            let sleeper_tid = spawn_named("sleeper", || sleeper(120_000));
+            let reader = spawn_named("reader", move || pipe_reader(read_r));
+            // Until each sleeps in its call, however long a loaded machine takes to get them
+            // there (fixed sleeps raced with it).
+            until_sleeping(&[waiter, sleeper_tid, reader]);
             let s = threads::dump_all(1);
             println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
             // The interrupted calls go on as the program expects.
@@ -397,13 +412,22 @@ fn scenario(name: &str) {
             let stop = Arc::new(AtomicBool::new(false));
             let ready = Arc::new(AtomicBool::new(false));
             let (s2, r2) = (stop.clone(), ready.clone());
-            spawn_named("leaver", move || blocked_spin(&s2, &r2));
+            let leaver = spawn_named("leaver", move || blocked_spin(&s2, &r2));
             while !ready.load(Ordering::SeqCst) {
                 std::thread::yield_now();
             }
             let s3 = stop.clone();
+            let sig = threads::signal().expect("installed");
             std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(300));
+                // Once the dump asked it (the request waits in its pending set), not after a
+                // fixed time: a dump that a loaded machine started late would not have listed
+                // it at all.
+                let start = std::time::Instant::now();
+                while pending(leaver) & (1 << (sig - 1)) == 0
+                    && start.elapsed() < Duration::from_secs(60)
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 s3.store(true, Ordering::SeqCst);
             });
             let s = threads::dump_all_with_timeout(1, Duration::from_secs(60));
@@ -462,9 +486,12 @@ fn scenario(name: &str) {
         }
         "concurrent" => {
             threads::set_timeout(Duration::from_secs(30));
-            for i in 0..4 {
-                spawn_named(&format!("sleepy{i}"), || sleeper(5000));
-            }
+            // Asleep in `sleeper` before the dumps start, and until they end (the scenario
+            // exits without them).
+            let sleepy: Vec<i32> = (0..4)
+                .map(|i| spawn_named(&format!("sleepy{i}"), || sleeper(120_000)))
+                .collect();
+            until_sleeping(&sleepy);
             let files = [MemFile::new(), MemFile::new()];
             let fds = [files[0].0, files[1].0];
             let start = Arc::new(Barrier::new(2));
@@ -497,8 +524,8 @@ fn scenario(name: &str) {
         }
         "sigquit" => {
             threads::install_dump_signal(libc::SIGQUIT).expect("dump signal");
-            spawn_named("quitworker", || sleeper(5000));
-            std::thread::sleep(Duration::from_millis(100));
+            let worker = spawn_named("quitworker", || sleeper(120_000));
+            until_sleeping(&[worker]);
             // SAFETY: a process-directed signal to ourselves.
             unsafe { libc::kill(libc::getpid(), libc::SIGQUIT) };
             std::thread::sleep(Duration::from_millis(500));
@@ -521,24 +548,24 @@ fn scenario(name: &str) {
                 }
                 caller_spin()
             });
-            spawn_named("sleeper", move || {
+            let sleeper_tid = spawn_named("sleeper", move || {
                 if count {
                     counting::start();
                 }
-                sleeper(10_000)
+                sleeper(120_000)
             });
             let lock = Arc::new(Mutex::new(0u32));
             let (hold_r, _hold_w) = pipe();
             let l1 = lock.clone();
-            spawn_named("holder", move || {
+            let holder = spawn_named("holder", move || {
                 if count {
                     counting::start();
                 }
                 hold_lock(&l1, hold_r)
             });
-            std::thread::sleep(Duration::from_millis(100));
+            until_sleeping(&[holder]);
             let l2 = lock.clone();
-            spawn_named("waiter", move || {
+            let waiter = spawn_named("waiter", move || {
                 if count {
                     counting::start();
                 }
@@ -551,7 +578,8 @@ fn scenario(name: &str) {
             while !ready.load(Ordering::SeqCst) || !spinner::SPINNING.load(Ordering::SeqCst) {
                 std::thread::yield_now();
             }
-            std::thread::sleep(Duration::from_millis(200));
+            // Every thread in the function the report must show.
+            until_sleeping(&[sleeper_tid, waiter]);
             if count {
                 BASELINE.store(counting::start(), Ordering::SeqCst);
             }

@@ -4,7 +4,7 @@
 //! A worker thread runs one phase per leaf (libc qsort with a Rust comparator, memcpy, strtod;
 //! libm; zlib; libcrypto SHA-512 and AES-256-GCM; the vDSO; C built `-fomit-frame-pointer`;
 //! a Rust function with a 256 KiB frame; the first calls through lazy PLT entries into IFUNCs)
-//! under a per-thread CPU timer (`timer_create(CLOCK_THREAD_CPUTIME_ID)` with
+//! under a timer that signals the worker thread (`timer_create(CLOCK_MONOTONIC)` with
 //! `SIGEV_THREAD_ID`, 2 kHz, SIGPROF). In the handler, on the same `ucontext_t`,
 //! `selftrace::capture_from_ucontext` and libunwind (`unw_init_local2(..,
 //! UNW_INIT_SIGNAL_FRAME)` + `unw_step`) each write a stack into a preallocated slot.
@@ -47,14 +47,16 @@ const DEPTH: usize = 96;
 /// Samples kept per phase.
 const MAX_SAMPLES: usize = 1500;
 /// A phase ends after this many samples...
-const TARGET_SAMPLES: usize = 400;
-/// ...or this much CPU time of the worker, a bound for a hang only: a CPU-time timer fires at a
-/// tick that finds the thread running, so on a loaded machine (the thread preempted within
-/// ticks) expirations merge into one signal and a CPU second gives 40 samples instead of 250
-/// (seen here next to two builds). Under qemu-user, signals arrive only between translated
-/// blocks, fewer again.
+const TARGET_SAMPLES: usize = 1000;
+/// ...or this much CPU time of the worker: a bound for a hang only (the phases reach their
+/// samples in about 0.5 s of CPU; under qemu-user, slower).
 const PHASE_CPU: Duration = Duration::from_secs(30);
-/// Timer period: 2 kHz of the worker's CPU time.
+/// Timer period: 2 kHz of real time. Not of the worker's CPU time: a CPU-time timer is checked
+/// at the kernel's ticks (HZ=100 to 1000), so a phase got 1.5 s x HZ samples at most (375 with
+/// HZ=250, 150 with HZ=100), and squeezed onto one CPU next to busy loops the kernel delivered
+/// only 2 to 48 signals per phase here (the other expirations became overruns), so the phases
+/// failed their 50-sample checks. A real-time timer's signal interrupts the worker when it
+/// expires if the worker runs, or is taken when it runs next.
 const PERIOD_NS: i64 = 500_000;
 
 #[derive(Clone, Copy)]
@@ -148,12 +150,21 @@ extern "C" fn raise_prof() {
     black_box(());
 }
 
-/// The worker's CPU-time timer.
+/// The worker's sampling timer.
 struct Timer(libc::timer_t);
 
 impl Timer {
-    /// A CLOCK_THREAD_CPUTIME_ID timer of the calling thread, delivering SIGPROF to it.
+    /// A CLOCK_MONOTONIC timer delivering SIGPROF to the calling thread. Under qemu-user, a
+    /// CLOCK_THREAD_CPUTIME_ID one: there a signal waits for the end of a translated block, and
+    /// a real-time timer's land mostly where the emulator spends its own time (the phase loop's
+    /// emulated system calls: 14 of 1,500 samples in libm), a CPU-time timer's where the thread
+    /// computes.
     fn for_this_thread() -> Timer {
+        let clock = if target::under_qemu() {
+            libc::CLOCK_THREAD_CPUTIME_ID
+        } else {
+            libc::CLOCK_MONOTONIC
+        };
         // SAFETY: sigevent is plain data; timer_create writes the id.
         unsafe {
             let mut sev: libc::sigevent = std::mem::zeroed();
@@ -162,7 +173,7 @@ impl Timer {
             sev.sigev_notify_thread_id = libc::gettid();
             let mut id: libc::timer_t = std::mem::zeroed();
             assert_eq!(
-                libc::timer_create(libc::CLOCK_THREAD_CPUTIME_ID, &mut sev, &mut id),
+                libc::timer_create(clock, &mut sev, &mut id),
                 0,
                 "timer_create"
             );

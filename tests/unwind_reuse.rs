@@ -20,8 +20,15 @@ fn oracle() -> &'static Oracle {
     })
 }
 
-/// Tests that turn reuse off take this, so they do not see each other's setting.
-static SETTING: Mutex<()> = Mutex::new(());
+/// The tests take turns. The reuse setting and the reuse counter are the process's: a test
+/// that counts the frames its captures reused must not run while another turns reuse off for
+/// a capture (its walks would then reuse nothing, and the count depended on how the test
+/// threads happened to be scheduled), and another's walks could evict its record.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn reused() -> u64 {
     unwind::stats().frames_reused
@@ -35,9 +42,9 @@ fn capture_vec() -> Vec<usize> {
     buf[..w.frames].to_vec()
 }
 
-/// The captures of `f`, with reuse on and then off (the walk in full), which must agree.
+/// The captures of `f`, with reuse on and then off (the walk in full), which must agree. The
+/// caller holds [`serial`].
 fn both(f: &mut dyn FnMut() -> Vec<usize>) -> Vec<usize> {
-    let _g = SETTING.lock().unwrap_or_else(|p| p.into_inner());
     // One call site for both walks, so that they see the same stack.
     let mut walks = Vec::new();
     for i in 0..black_box(3) {
@@ -69,6 +76,7 @@ fn deep(n: usize, f: &mut dyn FnMut()) {
 
 #[test]
 fn repeated_captures_take_the_outer_frames_from_the_previous_walk() {
+    let _s = serial();
     let o = oracle();
     let mut walks = Vec::new();
     let mut counts = Vec::new();
@@ -147,6 +155,7 @@ fn via_b(sp: &mut usize) -> Vec<usize> {
 
 #[test]
 fn a_return_address_that_changed_above_the_join_is_followed() {
+    let _s = serial();
     let o = oracle();
     // One call site, so that both paths reach `inner` at the same stack pointer: the second
     // capture joins the first at its first frame, and the word that differs (the return address
@@ -251,6 +260,7 @@ fn step_large(rng: &mut Rng, path: &mut Vec<u8>, depth: usize, f: &mut dyn FnMut
 
 #[test]
 fn random_stacks_on_four_threads_always_give_the_functions_on_the_stack() {
+    let _s = serial();
     let o = oracle();
     const CAPTURES: usize = 3000;
     let results: Vec<(u64, usize)> = std::thread::scope(|s| {

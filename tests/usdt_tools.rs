@@ -128,7 +128,17 @@ fn bpftrace_cdylib() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn target");
-    std::thread::sleep(Duration::from_millis(300));
+    // Until the library is mapped in the target (a fixed sleep raced with a slow start on a
+    // loaded machine); the target then waits for bpftrace.
+    let maps = format!("/proc/{}/maps", target.id());
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(&maps).is_ok_and(|m| m.contains(lib)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the target did not load {lib}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let script = format!(
         r#"usdt:{lib}:selftrace_cdylib:add {{ printf("A %d %d\n", arg0, arg1); }}
 usdt:{lib}:selftrace_cdylib:inside {{ printf("I %d %d\n", arg0, arg1); }}
