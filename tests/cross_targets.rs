@@ -37,6 +37,8 @@ const AARCH64_TESTS: &[&str] = &[
     "unwind_stress",
     "usdt_files",
     "usdt_notes",
+    "usdt_probes",
+    "usdt_tools",
     "watchdog",
     "profile_stress",
 ];

@@ -181,8 +181,9 @@ fn gdb_probes() {
         return;
     }
     let bin = target_bin("dev");
+    let gdb = if under_qemu() { "gdb-multiarch" } else { "gdb" };
     let out = run_with_timeout(
-        Command::new("gdb")
+        Command::new(gdb)
             .args(["-nx", "-batch", "-ex", "info probes"])
             .arg(&bin),
         Duration::from_secs(120),
@@ -210,23 +211,20 @@ fn gdb_probes() {
         );
     }
 
-    let mut cmd = Command::new("gdb");
-    cmd.args([
-        "-nx",
-        "-batch",
-        "-ex",
-        "break -probe-stap selftrace_test:values",
-        "-ex",
-        "run",
-    ]);
-    for i in 0..6 {
-        cmd.args(["-ex", &format!("printf \"ARG{i} %ld\\n\", $_probe_arg{i}")]);
-    }
-    cmd.args(["-ex", "printf \"ARGC %d\\n\", $_probe_argc"]);
-    cmd.args(["-ex", "kill", "--args"])
-        .arg(&bin)
-        .args(["values", "1"]);
-    let out = run_with_timeout(&mut cmd, Duration::from_secs(120));
+    let prints: Vec<String> = (0..6)
+        .map(|i| format!("printf \"ARG{i} %ld\\n\", $_probe_arg{i}"))
+        .chain([
+            "printf \"ARGC %d\\n\", $_probe_argc".to_string(),
+            "kill".into(),
+        ])
+        .collect();
+    let prints: Vec<&str> = prints.iter().map(String::as_str).collect();
+    let out = gdb_batch(
+        &bin,
+        &["values", "1"],
+        &["break -probe-stap selftrace_test:values"],
+        &prints,
+    );
     let (stdout, stderr) = text(&out);
     let want = [
         "ARG0 -5",
@@ -246,25 +244,15 @@ fn gdb_probes() {
     }
 
     // The &str probe: pointer and length read through memory operands.
-    let out = run_with_timeout(
-        Command::new("gdb")
-            .args([
-                "-nx",
-                "-batch",
-                "-ex",
-                "break -probe-stap selftrace_test:text",
-                "-ex",
-                "run",
-            ])
-            .args([
-                "-ex",
-                "printf \"L %ld I %ld\\n\", $_probe_arg1, $_probe_arg2",
-            ])
-            .args(["-ex", "x/s $_probe_arg0"])
-            .args(["-ex", "kill", "--args"])
-            .arg(&bin)
-            .args(["values", "1"]),
-        Duration::from_secs(120),
+    let out = gdb_batch(
+        &bin,
+        &["values", "1"],
+        &["break -probe-stap selftrace_test:text"],
+        &[
+            "printf \"L %ld I %ld\\n\", $_probe_arg1, $_probe_arg2",
+            "x/s $_probe_arg0",
+            "kill",
+        ],
     );
     let (stdout, stderr) = text(&out);
     assert!(

@@ -10,16 +10,24 @@ static BUILD: Mutex<()> = Mutex::new(());
 /// Runs `cargo build --quiet ARGS` (for example `--example x --features f`) with the target
 /// directory `target/SUBDIR`, so that fixtures built with other flags do not rebuild the
 /// test's own target directory; returns that target directory. One build at a time in this
-/// process. Fails the test with cargo's output when the build fails.
+/// process. Fails the test with cargo's output when the build fails. Built for the test's own
+/// architecture (the directory returned is then `target/SUBDIR/TRIPLE`).
 pub fn build(subdir: &str, args: &[&str]) -> PathBuf {
     let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let target = root.join("target").join(subdir);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(root)
-        .args(["build", "--quiet"])
-        .args(args)
+    // For the architecture of the test itself: aarch64 tests run under qemu-user on an x86-64
+    // machine, where cargo builds for the host unless told otherwise (the linker and runner
+    // come from the environment the tests were started with).
+    let triple = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    let cross = cfg!(not(target_arch = "x86_64"));
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root).args(["build", "--quiet"]).args(args);
+    if cross {
+        cmd.args(["--target", &triple]);
+    }
+    let out = cmd
         .env("CARGO_TARGET_DIR", &target)
         .stdin(Stdio::null())
         .output()
@@ -29,5 +37,9 @@ pub fn build(subdir: &str, args: &[&str]) -> PathBuf {
         "cargo build {args:?} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    target
+    if cross {
+        target.join(triple)
+    } else {
+        target
+    }
 }

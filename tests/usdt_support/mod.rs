@@ -50,6 +50,16 @@ fn required() -> bool {
 /// Whether a test that needs root and `tool` can run. Prints why not; panics instead when
 /// `SELFTRACE_REQUIRE_TRACEFS=1`.
 pub fn can_run(test: &str, tool: &str) -> bool {
+    // Under qemu-user (the aarch64 tests on an x86-64 machine) gdb is gdb-multiarch attached to
+    // qemu's stub (see `gdb_batch`); the uprobe-based tools would need an arm64 kernel.
+    if under_qemu() && tool != "gdb" {
+        eprintln!(
+            "skipping {test}: {tool} attaches uprobes, which need an arm64 kernel (this is \
+             qemu-user on another architecture)"
+        );
+        return false;
+    }
+    let tool = if under_qemu() { "gdb-multiarch" } else { tool };
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let found = Command::new("sh")
@@ -76,6 +86,60 @@ pub fn can_run(test: &str, tool: &str) -> bool {
 }
 
 /// Runs `cmd`, killing it after `limit`; returns its output.
+/// Whether this process runs under qemu-user (its own mappings show in
+/// `/proc/thread-self/maps`, the guest's in `/proc/self/maps`).
+pub fn under_qemu() -> bool {
+    std::fs::read_to_string("/proc/thread-self/maps").is_ok_and(|m| m.contains("/qemu-"))
+}
+
+/// gdb in batch mode on `bin` run with `args`: the `setup` commands, then the program runs, then
+/// the `after` commands. Natively gdb starts it (`run`); under qemu-user the program waits in
+/// `qemu-aarch64 -g PORT` and gdb-multiarch attaches (`target remote`, `continue`).
+pub fn gdb_batch(bin: &std::path::Path, args: &[&str], setup: &[&str], after: &[&str]) -> Output {
+    let limit = Duration::from_secs(120);
+    let ex = |cmd: &mut Command, list: &[&str]| {
+        for c in list {
+            cmd.args(["-ex", c]);
+        }
+    };
+    if !under_qemu() {
+        let mut cmd = Command::new("gdb");
+        cmd.args(["-nx", "-batch"]);
+        ex(&mut cmd, setup);
+        ex(&mut cmd, &["run"]);
+        ex(&mut cmd, after);
+        cmd.arg("--args").arg(bin).args(args);
+        return run_with_timeout(&mut cmd, limit);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut program = Command::new("qemu-aarch64")
+        .arg("-g")
+        .arg(port.to_string())
+        .arg(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn qemu-aarch64");
+    let mut cmd = Command::new("gdb-multiarch");
+    cmd.args(["-nx", "-batch", "-ex", "set sysroot /"])
+        .arg("-ex")
+        .arg(format!("file {}", bin.display()))
+        .arg("-ex")
+        .arg(format!("target remote 127.0.0.1:{port}"));
+    ex(&mut cmd, setup);
+    ex(&mut cmd, &["continue"]);
+    ex(&mut cmd, after);
+    let out = run_with_timeout(&mut cmd, limit);
+    let _ = program.kill();
+    let _ = program.wait();
+    out
+}
+
 pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
