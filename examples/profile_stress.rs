@@ -240,24 +240,25 @@ fn start(a: &Args) -> Running {
     }
 }
 
-/// CPU time the profiler's own thread (`selftrace-prof`) used so far, in milliseconds.
+/// CPU time the profiler's own threads (`selftrace-prof`, `selftrace-timer`) used so far, in
+/// milliseconds.
 fn profiler_thread_cpu_ms() -> u64 {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return 0;
     };
+    let mut ns = 0u64;
     for task in dir.flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() == "selftrace-prof" {
+        if matches!(comm.trim_end(), "selftrace-prof" | "selftrace-timer") {
             let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-            let ns: u64 = stat
+            ns += stat
                 .split_whitespace()
                 .next()
-                .and_then(|v| v.parse().ok())
+                .and_then(|v| v.parse::<u64>().ok())
                 .unwrap_or(0);
-            return ns / 1_000_000;
         }
     }
-    0
+    ns / 1_000_000
 }
 
 fn finish(r: Running, folded: Option<&str>) -> Outcome {

@@ -24,10 +24,12 @@
 //! * **Wall mode** ([`Mode::Wall`]): the same with `CLOCK_MONOTONIC` timers, so every thread is
 //!   sampled once per period whether it runs or waits: a thread blocked in a `futex` or a
 //!   `read` shows the wait's libc wrapper on top.
-//! * **Threads**: the profiler's own thread lists `/proc/self/task` at start and every
-//!   [`Builder::rescan_interval`] afterwards, arms a timer for each new thread that
-//!   [`Threads`] selects and deletes the timers of threads that exited. A thread that lives
-//!   shorter than the rescan interval can be missed. The profiler's own thread is not sampled.
+//! * **Threads**: the profiler's timer thread (`selftrace-timer`) lists `/proc/self/task` at
+//!   start and every [`Builder::rescan_interval`] afterwards, arms a timer for each new thread
+//!   that [`Threads`] selects and deletes the timers of threads that exited. A thread that lives
+//!   shorter than the rescan interval can be missed. Its other thread (`selftrace-prof`) drains
+//!   the ring and names the samples: a slow first symbolization of a large object does not delay
+//!   the timers of threads started meanwhile. Neither of the two is sampled.
 //! * **The handler** runs [`crate::capture_walk_from_ucontext`] (async-signal-safe: no
 //!   allocation, no lock, every memory read checked) straight into a slot of a fixed ring that
 //!   was allocated at start; taking a slot is one compare-and-swap. A full ring drops the sample

@@ -716,16 +716,82 @@ fn unpublish(shared: *mut Shared) {
     drop(unsafe { Box::from_raw(shared) });
 }
 
-/// The profiler's thread: arms timers for new threads, deletes those of exited threads,
-/// drains the ring.
+/// The profiler's thread: drains the ring (and so symbolizes). Timers for new threads are armed
+/// by a second thread, [`timer_thread`], so that a slow symbolization (the first address of a
+/// large object reads its DWARF) never delays sampling the threads started meanwhile.
 fn profiler_thread(
     inner: Arc<Inner>,
     b: Builder,
     ready: std::sync::mpsc::Sender<Result<(), Error>>,
 ) {
     let me = sys::gettid();
+    let rescan = b.rescan;
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let timer_inner = inner.clone();
+    let (timer_ready_tx, timer_ready_rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("selftrace-timer".into())
+        .spawn(move || timer_thread(&timer_inner, &b, me, timer_ready_tx, stop_rx));
+    let timers = match spawned {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = ready.send(Err(Error::Sys {
+                call: "pthread_create",
+                errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+            }));
+            return;
+        }
+    };
+    match timer_ready_rx.recv() {
+        Ok(Ok(())) => {
+            let _ = ready.send(Ok(()));
+        }
+        Ok(Err(e)) => {
+            let _ = timers.join();
+            let _ = ready.send(Err(e));
+            return;
+        }
+        Err(_) => {
+            let _ = timers.join();
+            let _ = ready.send(Err(Error::Sys {
+                call: "profiler timer thread",
+                errno: libc::EIO,
+            }));
+            return;
+        }
+    }
+    loop {
+        inner.lock().drain(inner.ring(), true);
+        if inner.stop.load(Ordering::Acquire) {
+            break;
+        }
+        sys::futex_wait(&DRAIN, 0, rescan.as_nanos() as u64);
+        DRAIN.store(0, Ordering::Release);
+        if inner.stop.load(Ordering::Acquire) {
+            break;
+        }
+    }
+    // The timer thread deletes its timers as it ends, which stops new samples; samples already
+    // in the ring are drained by stop.
+    drop(stop_tx);
+    let _ = timers.join();
+}
+
+/// Arms a timer for each thread that appears in `/proc/self/task` (every rescan interval), and
+/// forgets those of threads that exited; the profiler's two threads (`drainer` and this one)
+/// are not sampled. Reports the first scan's outcome on `ready`; ends, deleting its timers,
+/// when `stop` is dropped.
+fn timer_thread(
+    inner: &Inner,
+    b: &Builder,
+    drainer: i32,
+    ready: std::sync::mpsc::Sender<Result<(), Error>>,
+    stop: std::sync::mpsc::Receiver<()>,
+) {
+    let me = sys::gettid();
     let period_ns = 1_000_000_000 / u64::from(b.frequency_hz);
-    // SAFETY: the Shared outlives this thread (freed after it is joined).
+    // SAFETY: the Shared outlives this thread (freed after the profiler thread, which joins
+    // this one, is joined).
     let generation = unsafe { (*inner.shared).generation };
     let mut timers: HashMap<i32, Timer> = HashMap::new();
     // Threads seen and not sampled (filtered out), so that their names are read once.
@@ -743,7 +809,6 @@ fn profiler_thread(
     };
     let mut live = Vec::new();
     loop {
-        // Rescan.
         live.clear();
         let listed = sys::for_each_task_in(task_dir, |tid| live.push(tid));
         if let Err(errno) = listed {
@@ -761,7 +826,11 @@ fn profiler_thread(
             skipped.retain(|tid, _| live.contains(tid));
         }
         for &tid in &live {
-            if tid == me || timers.contains_key(&tid) || skipped.contains_key(&tid) {
+            if tid == me
+                || tid == drainer
+                || timers.contains_key(&tid)
+                || skipped.contains_key(&tid)
+            {
                 continue;
             }
             let wanted = match &b.threads {
@@ -798,18 +867,12 @@ fn profiler_thread(
             first = false;
             let _ = ready.send(Ok(()));
         }
-        inner.lock().drain(inner.ring(), true);
-        if inner.stop.load(Ordering::Acquire) {
-            break;
-        }
-        sys::futex_wait(&DRAIN, 0, b.rescan.as_nanos() as u64);
-        DRAIN.store(0, Ordering::Release);
-        if inner.stop.load(Ordering::Acquire) {
-            break;
+        match stop.recv_timeout(b.rescan) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => break,
         }
     }
     sys::close(task_dir);
-    // Deleting the timers stops new samples; samples already in the ring are drained by stop.
     drop(timers);
 }
 
