@@ -172,18 +172,7 @@ fn other_targets_build() {
             );
             continue;
         }
-        let status = debian_cargo(&target_dir("cross-check"))
-            .args([
-                "check",
-                "--target",
-                triple,
-                "--all-features",
-                "--lib",
-                "--bins",
-            ])
-            .status()
-            .expect("run Debian's cargo");
-        if !status.success() {
+        if !check(debian_cargo(&target_dir("cross-check")), &[], triple) {
             failed.push(triple);
         }
     }
@@ -198,22 +187,23 @@ fn other_targets_build() {
             &format!("no std source for {triple} (install rust-web-src)"),
         );
     } else {
-        let status = debian_cargo(&target_dir("cross-check"))
-            .env("RUSTC_BOOTSTRAP", "1")
-            .args([
-                "check",
-                "-Zbuild-std=std,panic_abort",
-                "--target",
-                triple,
-                "--all-features",
-                "--lib",
-                "--bins",
-            ])
-            .status()
-            .expect("run Debian's cargo");
-        if !status.success() {
+        let mut cargo = debian_cargo(&target_dir("cross-check"));
+        cargo.env("RUSTC_BOOTSTRAP", "1");
+        if !check(cargo, &["-Zbuild-std=std,panic_abort"], triple) {
             failed.push(triple);
         }
     }
     assert!(failed.is_empty(), "cargo check failed for {failed:?}");
+}
+
+/// `cargo check` (with `extra` flags) of the library and the CLI for `triple`, every feature
+/// on; whether it passed.
+fn check(mut cargo: Command, extra: &[&str], triple: &str) -> bool {
+    cargo
+        .arg("check")
+        .args(extra)
+        .args(["--target", triple, "--all-features", "--lib", "--bins"])
+        .status()
+        .expect("run Debian's cargo")
+        .success()
 }
