@@ -43,6 +43,42 @@ const AARCH64_TESTS: &[&str] = &[
     "profile_stress",
 ];
 
+/// The integration tests that do not run under qemu-user, and why (printed by the aarch64 run).
+const NOT_UNDER_QEMU: &[(&str, &str)] = &[
+    (
+        "cross_targets",
+        "this file: it drives the other targets from x86-64",
+    ),
+    ("markers", MARKERS),
+    ("markers_alloc", MARKERS),
+    ("markers_dropped", MARKERS),
+    ("markers_mountinfo", MARKERS),
+    ("markers_not_tracefs", MARKERS),
+    ("markers_off", MARKERS),
+    ("markers_tracing", MARKERS),
+    ("markers_unavailable", MARKERS),
+    ("profile", PROFILE_SHARES),
+    ("profile_http", PROFILE_SHARES),
+    (
+        "profile_output",
+        "checks the pprof encoding with go tool pprof: no architecture-specific code (the \
+         profiler itself runs under qemu in profile_stress)",
+    ),
+    ("record_cli", UPROBES),
+    ("record_hardening", UPROBES),
+    ("record_session", UPROBES),
+    ("record_signals", UPROBES),
+    ("usdt_ui", UPROBES),
+    ("usdt_uprobe", UPROBES),
+];
+const MARKERS: &str = "writes and reads tracefs: under qemu-user these are the x86-64 host \
+    kernel's files, through the same syscalls, so the run would repeat the native one";
+const PROFILE_SHARES: &str = "asserts shares of CPU-time samples between threads and functions, \
+    which emulation distorts (qemu delivers signals at translation-block boundaries and adds its \
+    own threads); the profiler's no-crash stress runs under qemu (profile_stress)";
+const UPROBES: &str = "attaches uprobes (tracefs, bpftrace, perf): the kernel that would trap \
+    the probe's instruction is the x86-64 host's and never runs the emulated aarch64 code";
+
 /// Debian's compiler and cargo (rustup's proxies come first in PATH and know x86-64 only).
 const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 const DEBIAN_CARGO: &str = "/usr/bin/cargo";
@@ -128,8 +164,19 @@ fn aarch64_tests_pass_under_qemu_user() {
              need it; .ci/run registers it from /usr/lib/binfmt.d/qemu-aarch64.conf)",
         );
     }
+    for (t, why) in NOT_UNDER_QEMU {
+        eprintln!("{TEST}: tests/{t}.rs is not run under qemu-user: {why}");
+    }
     let mut c = debian_cargo(&target_dir("aarch64-qemu"));
-    c.args(["test", "--target", TRIPLE, "--all-features", "--lib"]);
+    // Every test binary runs even after one failed, so a CI log shows all failures at once.
+    c.args([
+        "test",
+        "--no-fail-fast",
+        "--target",
+        TRIPLE,
+        "--all-features",
+        "--lib",
+    ]);
     for t in AARCH64_TESTS {
         c.args(["--test", t]);
     }
@@ -206,4 +253,31 @@ fn check(mut cargo: Command, extra: &[&str], triple: &str) -> bool {
         .status()
         .expect("run Debian's cargo")
         .success()
+}
+
+#[test]
+fn every_test_file_runs_under_qemu_or_says_why() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("read tests/")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            Some(name.strip_suffix(".rs")?.to_string())
+        })
+        .collect();
+    files.sort();
+    for f in &files {
+        let run = AARCH64_TESTS.contains(&f.as_str());
+        let out = NOT_UNDER_QEMU.iter().any(|(t, _)| t == f);
+        assert!(
+            run != out,
+            "tests/{f}.rs must be in exactly one of AARCH64_TESTS and NOT_UNDER_QEMU"
+        );
+    }
+    for t in AARCH64_TESTS
+        .iter()
+        .chain(NOT_UNDER_QEMU.iter().map(|(t, _)| t))
+    {
+        assert!(files.contains(&t.to_string()), "no tests/{t}.rs");
+    }
 }
