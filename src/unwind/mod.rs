@@ -49,7 +49,7 @@
 //! # Platform
 //! Linux on x86-64 and aarch64 (glibc; musl and older glibc work without `_dl_find_object`'s
 //! checks). The generic core (the walk, the rule cache, checked memory, walk reuse) reads what it
-//! needs of the machine from [`arch`]; on other targets there is no unwinder, and every capture
+//! needs of the machine from `arch`; on other targets there is no unwinder, and every capture
 //! returns no frames and [`StopReason::Unsupported`].
 
 /// Declares the items only where the unwinder has a port.

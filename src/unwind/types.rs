@@ -37,7 +37,7 @@ impl UnwindMode {
     }
 }
 
-/// What a capture returns with [`capture_walk`] and its siblings: how many frames it wrote and
+/// What a capture returns with [`capture_walk`](crate::capture_walk) and its siblings: how many frames it wrote and
 /// how the walk ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Walk {
@@ -168,7 +168,7 @@ pub struct UnwindStats {
     /// Walks repeated precisely because a frame needed a register the fast path had dropped.
     pub precise_walks: u64,
     /// Frames taken from the thread's previous walk, their stack words checked unchanged,
-    /// instead of stepped (see [`set_walk_reuse`]).
+    /// instead of stepped (see [`set_walk_reuse`](crate::unwind::set_walk_reuse)).
     pub frames_reused: u64,
 }
 
