@@ -116,19 +116,13 @@ __attribute__((noinline)) unsigned long pac_saved_lr(void) {
 
 /// Builds the pointer-authentication library into `dir` (aarch64 only).
 pub fn build_pac(dir: &Path) -> Result<PathBuf, String> {
-    let src = dir.join("pac.c");
-    std::fs::write(&src, PAC_C).map_err(|e| e.to_string())?;
-    let out = dir.join("libst_pac.so");
-    cc(&[
-        "-O2",
-        "-mbranch-protection=standard",
-        "-shared",
-        "-fPIC",
-        "-o",
-        out.to_str().unwrap(),
-        src.to_str().unwrap(),
-    ])?;
-    Ok(out)
+    build_shared(
+        dir,
+        "pac.c",
+        PAC_C,
+        "libst_pac.so",
+        &["-O2", "-mbranch-protection=standard"],
+    )
 }
 
 /// A guard for the peer: libunwind's walk in C under `sigsetjmp`, with a SIGSEGV/SIGBUS handler
@@ -188,18 +182,7 @@ int lu_guard_walk(init_fn init, step_fn step, reg_fn get, int ip_reg, void *uc,
 
 /// Builds the libunwind guard into `dir`; returns its path.
 pub fn build_lu_guard(dir: &Path) -> Result<PathBuf, String> {
-    let src = dir.join("lu_guard.c");
-    std::fs::write(&src, LU_GUARD_C).map_err(|e| e.to_string())?;
-    let out = dir.join("libst_lu_guard.so");
-    cc(&[
-        "-O1",
-        "-shared",
-        "-fPIC",
-        "-o",
-        out.to_str().unwrap(),
-        src.to_str().unwrap(),
-    ])?;
-    Ok(out)
+    build_shared(dir, "lu_guard.c", LU_GUARD_C, "libst_lu_guard.so", &["-O1"])
 }
 
 /// IFUNCs in liblazy_b.so (one lazy binding each).
@@ -242,6 +225,30 @@ fn lazy_a_source() -> String {
 }
 
 /// Runs `cc` with `args`; `Err` with its stderr when it fails or is missing.
+/// Writes `source` to `dir/c_name` and compiles it with `flags` into the shared library
+/// `dir/so_name`; returns its path.
+fn build_shared(
+    dir: &Path,
+    c_name: &str,
+    source: &str,
+    so_name: &str,
+    flags: &[&str],
+) -> Result<PathBuf, String> {
+    let src = dir.join(c_name);
+    std::fs::write(&src, source).map_err(|e| e.to_string())?;
+    let out = dir.join(so_name);
+    let mut args = flags.to_vec();
+    args.extend([
+        "-shared",
+        "-fPIC",
+        "-o",
+        out.to_str().unwrap(),
+        src.to_str().unwrap(),
+    ]);
+    cc(&args)?;
+    Ok(out)
+}
+
 fn cc(args: &[&str]) -> Result<(), String> {
     let out = std::process::Command::new(super::target::cc())
         .args(args)
@@ -278,19 +285,13 @@ impl Drop for FixtureDir {
 
 /// Builds the omit-frame-pointer library into `dir`.
 pub fn build_omit_fp(dir: &Path) -> Result<PathBuf, String> {
-    let src = dir.join("omitfp.c");
-    std::fs::write(&src, OMIT_FP_C).map_err(|e| e.to_string())?;
-    let out = dir.join("libst_omitfp.so");
-    cc(&[
-        "-O2",
-        "-fomit-frame-pointer",
-        "-shared",
-        "-fPIC",
-        "-o",
-        out.to_str().unwrap(),
-        src.to_str().unwrap(),
-    ])?;
-    Ok(out)
+    build_shared(
+        dir,
+        "omitfp.c",
+        OMIT_FP_C,
+        "libst_omitfp.so",
+        &["-O2", "-fomit-frame-pointer"],
+    )
 }
 
 /// Builds liblazy_b.so and `copies` distinct copies of liblazy_a.so (`-z lazy`, needing B by
