@@ -128,6 +128,7 @@ fn debian_cargo(target_dir: &Path) -> Command {
     c.current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("RUSTC", DEBIAN_RUSTC)
         .env("CARGO_TARGET_DIR", target_dir)
+        .env("CARGO_INCREMENTAL", "0")
         .env_remove("RUSTC_WRAPPER")
         .env_remove("RUSTFLAGS")
         .stdin(Stdio::null())

@@ -14,7 +14,7 @@ use std::time::Duration;
 /// Builds the example in a target directory of its own.
 fn server_binary() -> PathBuf {
     example_build::build(
-        "profile-fixtures",
+        example_build::FIXTURES,
         &[
             "--release",
             "--features",

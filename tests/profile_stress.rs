@@ -22,7 +22,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// tests/record_support's `record_target()`: both build examples of this package in the dev
 /// profile, so the dependencies are compiled once for both.
 fn profile_stress() -> PathBuf {
-    example_build::build("record-fixtures", &["--example", "profile_stress"])
+    example_build::build(example_build::FIXTURES, &["--example", "profile_stress"])
         .join("debug")
         .join("examples")
         .join("profile_stress")

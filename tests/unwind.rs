@@ -143,6 +143,7 @@ fn frame_pointer_mode_in_a_frame_pointer_build() {
     let status = build
         .env("RUSTFLAGS", "-C force-frame-pointers=yes")
         .env("CARGO_TARGET_DIR", target)
+        .env("CARGO_INCREMENTAL", "0")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .expect("run cargo");

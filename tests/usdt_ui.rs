@@ -48,8 +48,9 @@ fn type_dependent_errors() {
             .args(["build", "--quiet", "--bin", name])
             .env(
                 "CARGO_TARGET_DIR",
-                root.join("target").join("usdt-fixtures"),
+                root.join("target").join("fixtures"),
             )
+            .env("CARGO_INCREMENTAL", "0")
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

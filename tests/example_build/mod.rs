@@ -7,11 +7,19 @@ use std::sync::Mutex;
 
 static BUILD: Mutex<()> = Mutex::new(());
 
+/// The target directory (under `target/`) that the fixture programs are built in.
+pub const FIXTURES: &str = "fixtures";
+
 /// Runs `cargo build --quiet ARGS` (for example `--example x --features f`) with the target
 /// directory `target/SUBDIR`, so that fixtures built with other flags do not rebuild the
 /// test's own target directory; returns that target directory. One build at a time in this
 /// process. Fails the test with cargo's output when the build fails. Built for the test's own
 /// architecture (the directory returned is then `target/SUBDIR/TRIPLE`).
+///
+/// An example links every dev-dependency, so each target directory holds a build of all of
+/// them: the fixtures share one ([`FIXTURES`]) and are built without incremental state (they
+/// are never edited between builds), which keeps a fresh clone's test run within the disk a
+/// CI machine has.
 pub fn build(subdir: &str, args: &[&str]) -> PathBuf {
     let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -29,6 +37,7 @@ pub fn build(subdir: &str, args: &[&str]) -> PathBuf {
     }
     let out = cmd
         .env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_INCREMENTAL", "0")
         .stdin(Stdio::null())
         .output()
         .expect("run cargo");

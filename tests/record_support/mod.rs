@@ -27,7 +27,7 @@ pub fn usable(test: &str) -> bool {
 
 /// Builds `examples/record_target.rs` in a target directory of its own and returns its path.
 pub fn record_target() -> PathBuf {
-    example_build::build("record-fixtures", &["--example", "record_target"])
+    example_build::build(example_build::FIXTURES, &["--example", "record_target"])
         .join("debug")
         .join("examples")
         .join("record_target")

@@ -19,7 +19,7 @@ pub const TEXT: &str = "hello usdt";
 /// holding them.
 pub fn build_fixtures(profile: &str) -> PathBuf {
     let target = example_build::build(
-        "usdt-fixtures",
+        example_build::FIXTURES,
         &[
             "--example",
             "usdt_target",
