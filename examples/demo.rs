@@ -352,14 +352,14 @@ fn handle_request(id: u64, status: i32, path: &str) {
 fn probes() {
     for p in selftrace::usdt::probes() {
         let args: Vec<String> = p
-            .arguments
+            .arguments()
             .iter()
             .map(|a| format!("{}{}", if a.signed { "i" } else { "u" }, a.size * 8))
             .collect();
         println!(
             "  compiled in: {}:{}({})",
-            p.provider,
-            p.name,
+            p.provider(),
+            p.name(),
             args.join(", ")
         );
     }

@@ -24,16 +24,16 @@ fn main() {
     println!("pid {}; probes compiled in:", std::process::id());
     for p in selftrace::usdt::probes() {
         let args: Vec<String> = p
-            .arguments
+            .arguments()
             .iter()
             .map(|a| format!("{}{}", if a.signed { "i" } else { "u" }, a.size * 8))
             .collect();
         println!(
             "  {}:{} ({}) enabled={}",
-            p.provider,
-            p.name,
+            p.provider(),
+            p.name(),
             args.join(", "),
-            p.enabled
+            p.was_enabled()
         );
     }
     let start = Instant::now();

@@ -62,6 +62,11 @@
 //! a capture that meets an object loaded after the last snapshot refreshes it only when it can
 //! prove it is not running in a signal handler (see [`unwind`] and [`set_auto_refresh`]).
 #![warn(missing_docs)]
+// `unsafe` only in the modules that say `#![allow(unsafe_code)]` (system calls, signal handlers,
+// checked memory reads, the unwinder's entry and the lock-free tables), each block with its
+// `// SAFETY:` line.
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 // Lets `#[usdt::probe]` (which names `::selftrace`) work inside this crate's own tests.
 extern crate self as selftrace;

@@ -7,6 +7,7 @@
 //!
 //! The snapshot is immutable. [`with_current`] gives the last one published (by `init()` or a
 //! refresh); readers in signal handlers use it without locks.
+#![allow(unsafe_code)]
 
 use crate::published::Published;
 use crate::sys;

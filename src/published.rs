@@ -3,6 +3,7 @@
 //! Readers announce themselves on a counter, then load the pointer; a writer (normal context
 //! only) swaps in a new value and frees the old one once no reader is left. A reader never sees
 //! freed memory, never blocks and never allocates.
+#![allow(unsafe_code)]
 
 use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Mutex;

@@ -24,6 +24,15 @@ fn child_entry() {
         scenarios::install_crashing_user_handler();
     }
     if name == "panic" {
+        // A hook of the program's own, chained to std's: both must still run.
+        let std_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            eprintln!(
+                "user panic hook: {}",
+                info.payload_as_str().unwrap_or("(not a string)")
+            );
+            std_hook(info);
+        }));
         selftrace::crash::builder()
             .panic_hook(true)
             .install()
@@ -196,6 +205,19 @@ fn the_panic_hook_prints_panics_in_the_same_format() {
     );
     assert!(o.report.contains("crash_panic"), "{}", o.report);
     assert!(o.report.contains("caller_panic"), "{}", o.report);
+    // The hooks installed before still ran: the program's own, and std's default message.
+    assert!(
+        o.report.contains("user panic hook: boom 42"),
+        "{}",
+        o.report
+    );
+    assert!(
+        o.report.contains(&format!(
+            "panicked at tests/support/crash_scenarios.rs:{line}:"
+        )),
+        "{}",
+        o.report
+    );
 }
 
 #[test]

@@ -46,10 +46,7 @@ fn type_dependent_errors() {
         let out = std::process::Command::new(&cargo)
             .current_dir(&dir)
             .args(["build", "--quiet", "--bin", name])
-            .env(
-                "CARGO_TARGET_DIR",
-                root.join("target").join("fixtures"),
-            )
+            .env("CARGO_TARGET_DIR", root.join("target").join("fixtures"))
             .env("CARGO_INCREMENTAL", "0")
             .output()
             .unwrap();

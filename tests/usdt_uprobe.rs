@@ -130,9 +130,9 @@ fn own_uprobe_raises_own_semaphore() {
     assert!(selftrace::probe_enabled!(selftrace_self, ping));
     let listed = selftrace::usdt::probes()
         .into_iter()
-        .find(|p| p.provider == "selftrace_self" && p.name == "ping")
+        .find(|p| p.provider() == "selftrace_self" && p.name() == "ping")
         .unwrap();
-    assert!(listed.enabled);
+    assert!(listed.was_enabled());
     for i in 0..4 {
         ping(i);
     }

@@ -33,6 +33,7 @@
 //! most 3 seconds for the answers. Without it (disabled, dead, slow, or for objects loaded
 //! after install), frames keep their async-signal-safe names and `[object+offset]`, which
 //! `addr2line -f -C -i -e OBJECT OFFSET` resolves offline with the listed build-ids.
+#![allow(unsafe_code)]
 
 mod arch;
 mod names;
@@ -119,8 +120,11 @@ impl Builder {
         self
     }
 
-    /// Also print panics in the report's format (file:line included), then run the previous
-    /// panic hook's default behaviour of unwinding or aborting unchanged.
+    /// Also print panics in the report's format (file:line included). The panic hook installed
+    /// before (std's default hook, with its `thread '...' panicked at` message, or the
+    /// program's own) still runs after the report, and unwinding or aborting is unchanged.
+    /// Install the program's own hook first if it should be chained; a hook set later with
+    /// [`std::panic::set_hook`] replaces this one.
     pub fn panic_hook(mut self, enabled: bool) -> Builder {
         self.panic_hook = enabled;
         self
@@ -276,8 +280,9 @@ const MAX_CRASH_FRAMES: usize = 16 * 1024;
 
 struct Shared<T>(UnsafeCell<T>);
 // SAFETY: access is serialised by the report lock (or, for PREV, by writing before the handler
-// is installed and only reading afterwards).
-unsafe impl<T> Sync for Shared<T> {}
+// is installed and only reading afterwards), so a value is used by one thread at a time; that
+// moves it between threads, hence `T: Send`.
+unsafe impl<T: Send> Sync for Shared<T> {}
 
 static CRASH_FRAMES: Shared<[usize; MAX_CRASH_FRAMES]> =
     Shared(UnsafeCell::new([0; MAX_CRASH_FRAMES]));
@@ -525,80 +530,96 @@ fn die(sig: i32) {
     }
 }
 
+/// Whether [`install_panic_hook`] ran (a second install must not chain the report twice).
+static PANIC_HOOK: AtomicBool = AtomicBool::new(false);
+
+/// Puts the report's panic hook in front of the hook installed before it (std's default hook,
+/// which prints `thread '...' panicked at ...`, or the program's own), which then runs as it
+/// would have.
 fn install_panic_hook() {
-    std::panic::set_hook(Box::new(|info| {
-        let mut frames = [0usize; 256];
-        let walk = crate::capture_walk(&mut frames);
-        let n = walk.frames;
-        let frames = &frames[..n];
-        // Resolve in normal context (file:line included), then skip the panic machinery.
-        let resolved: Vec<_> = (0..n)
-            .map(|i| {
-                let kind = symbolize::frame_kind(frames, i, false);
-                symbolize::BacktraceFrame::resolve(frames[i], kind)
-            })
-            .collect();
-        // The first run of panic machinery frames ends where the panicking code begins.
-        let machinery = |f: &symbolize::BacktraceFrame| {
-            f.symbols.iter().any(|s| {
-                s.name.as_deref().is_some_and(|n| {
-                    n.starts_with("core::panicking::")
-                        || n.starts_with("std::panicking::")
-                        || n.starts_with("std::sys::backtrace::__rust_end_short_backtrace")
-                        || n.ends_with("rust_begin_unwind")
-                })
-            })
-        };
-        let skip = match resolved.iter().position(machinery) {
-            Some(first) => {
-                first
-                    + resolved[first..]
-                        .iter()
-                        .take_while(|f| machinery(f))
-                        .count()
-            }
-            None => 0,
-        };
-        let frames = &frames[skip..];
-        let mut text = Vec::new();
-        let mut spans = Vec::new();
-        for f in &resolved[skip..] {
-            let t = symbolizer::describe(f);
-            spans.push((text.len() as u32, t.len() as u32));
-            text.extend_from_slice(t.as_bytes());
-        }
-        let indices: Vec<usize> = (0..frames.len()).collect();
-        let msg = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "Box<dyn Any>".to_string());
-        let out = Out {
-            fd: OUT_FD.load(Ordering::Relaxed),
-        };
-        let _lock = ReportLock::acquire();
-        out.line(|w| w.push_bytes(b"------------[ selftrace: panic ]------------"));
-        out.line(|w| {
-            w.push_bytes(b"panic: ");
-            w.push_str(&msg);
-            if let Some(l) = info.location() {
-                w.push_bytes(b" at ");
-                w.push_str(l.file());
-                w.push_bytes(b":");
-                w.push_dec(l.line() as u64);
-                w.push_bytes(b":");
-                w.push_dec(l.column() as u64);
-            }
-        });
-        report::who(out);
-        let lines = report::Lines {
-            text: &text,
-            indices: &indices,
-            spans: &spans,
-        };
-        report::call_trace_with_lines(out, frames, false, walk.end, lines);
-        report::objects(out, frames);
-        out.line(|w| w.push_bytes(b"---[ end of report ]---"));
+    if PANIC_HOOK.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report_panic(info);
+        previous(info);
     }));
+}
+
+/// Prints the `selftrace: panic` report of a panic (normal context: allocates).
+fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let mut frames = [0usize; 256];
+    let walk = crate::capture_walk(&mut frames);
+    let n = walk.frames;
+    let frames = &frames[..n];
+    // Resolve in normal context (file:line included), then skip the panic machinery.
+    let resolved: Vec<_> = (0..n)
+        .map(|i| {
+            let kind = symbolize::frame_kind(frames, i, false);
+            symbolize::BacktraceFrame::resolve(frames[i], kind)
+        })
+        .collect();
+    // The first run of panic machinery frames ends where the panicking code begins.
+    let machinery = |f: &symbolize::BacktraceFrame| {
+        f.symbols.iter().any(|s| {
+            s.name.as_deref().is_some_and(|n| {
+                n.starts_with("core::panicking::")
+                    || n.starts_with("std::panicking::")
+                    || n.starts_with("std::sys::backtrace::__rust_end_short_backtrace")
+                    || n.ends_with("rust_begin_unwind")
+            })
+        })
+    };
+    let skip = match resolved.iter().position(machinery) {
+        Some(first) => {
+            first
+                + resolved[first..]
+                    .iter()
+                    .take_while(|f| machinery(f))
+                    .count()
+        }
+        None => 0,
+    };
+    let frames = &frames[skip..];
+    let mut text = Vec::new();
+    let mut spans = Vec::new();
+    for f in &resolved[skip..] {
+        let t = symbolizer::describe(f);
+        spans.push((text.len() as u32, t.len() as u32));
+        text.extend_from_slice(t.as_bytes());
+    }
+    let indices: Vec<usize> = (0..frames.len()).collect();
+    let msg = info
+        .payload()
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| info.payload().downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "Box<dyn Any>".to_string());
+    let out = Out {
+        fd: OUT_FD.load(Ordering::Relaxed),
+    };
+    let _lock = ReportLock::acquire();
+    out.line(|w| w.push_bytes(b"------------[ selftrace: panic ]------------"));
+    out.line(|w| {
+        w.push_bytes(b"panic: ");
+        w.push_str(&msg);
+        if let Some(l) = info.location() {
+            w.push_bytes(b" at ");
+            w.push_str(l.file());
+            w.push_bytes(b":");
+            w.push_dec(l.line() as u64);
+            w.push_bytes(b":");
+            w.push_dec(l.column() as u64);
+        }
+    });
+    report::who(out);
+    let lines = report::Lines {
+        text: &text,
+        indices: &indices,
+        spans: &spans,
+    };
+    report::call_trace_with_lines(out, frames, false, walk.end, lines);
+    report::objects(out, frames);
+    out.line(|w| w.push_bytes(b"---[ end of report ]---"));
 }

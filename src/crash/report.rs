@@ -18,6 +18,7 @@
 //!
 //! # Signal Safe Methods
 //! Everything here is async-signal-safe: fixed buffers, `write(2)`, lock-free lookups.
+#![allow(unsafe_code)]
 
 use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
 use crate::sys;

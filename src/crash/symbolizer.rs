@@ -12,6 +12,7 @@
 //! run early, before threads hold locks (the child only uses the allocator, addr2line and
 //! `write(2)`); the child dies with the thread that installed (`PR_SET_PDEATHSIG`) and when the
 //! parent's end of the pipe closes.
+#![allow(unsafe_code)]
 
 use crate::symbolize::{BacktraceFrame, FrameKind};
 use crate::sys;

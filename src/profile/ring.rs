@@ -7,6 +7,7 @@
 //! position `p` when it is `p + 1`, and is handed back for position `p + capacity` by the
 //! consumer. A producer that finds the slot of the next position still unread drops its
 //! sample and counts it.
+#![allow(unsafe_code)]
 
 use super::MAX_DEPTH;
 use crate::WalkEnd;

@@ -1,5 +1,6 @@
 //! The sampling machinery: the signal handler, the per-thread timers, the profiler's thread
 //! and the aggregation of samples into a [`Profile`].
+#![allow(unsafe_code)]
 
 use super::data::{Line, Location, Mapping, Mode, Profile, Sample};
 use super::ring::{Record, Ring};

@@ -28,6 +28,7 @@
 //! Tables are never freed: a table is built once per distinct object (path + build-id) and
 //! leaked, with its file mapping, so that a [`Symbol`](super::Symbol) can hold `'static`
 //! references. dlopen/dlclose cycles of the same library reuse its table.
+#![allow(unsafe_code)]
 
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, Rela as _, SectionHeader, Sym as _};

@@ -6,6 +6,7 @@
 //! `.gnu_debuglink`), parsed lazily by addr2line and cached per object for the life of the
 //! process: the first lookup in an object pays for parsing its unit ranges, later ones cost
 //! a few hundred nanoseconds.
+#![allow(unsafe_code)]
 
 use super::format::{FixedBuf, FrameKind};
 use super::index::ObjectSymbols;

@@ -1,4 +1,5 @@
 //! Reading memory that may vanish, and learning a thread's stack without asking glibc.
+#![allow(unsafe_code)]
 
 use super::arch::thread_pointer;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};

@@ -1,5 +1,6 @@
 //! The only place for raw libc calls. Every wrapper here is async-signal-safe unless its docs say
 //! otherwise.
+#![allow(unsafe_code)]
 // Some wrappers serve only some features (crash reports, markers).
 #![allow(dead_code)]
 

@@ -1,6 +1,7 @@
 //! System calls about threads (tasks): signalling one thread, listing `/proc/self/task`,
 //! futexes, clocks and signal actions. Every wrapper is async-signal-safe (raw system calls,
 //! no allocation, no lock).
+#![allow(unsafe_code)]
 
 use core::sync::atomic::AtomicU32;
 

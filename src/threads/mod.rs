@@ -47,6 +47,7 @@
 //! assert!(summary.stacks >= 2);
 //! worker.join().unwrap();
 //! ```
+#![allow(unsafe_code)]
 
 pub(crate) mod dump;
 pub(crate) mod lock;

@@ -25,6 +25,7 @@
 //! # Signal Safe Methods
 //! Everything here is async-signal-safe: atomics, `tgkill`, `futex`, `clock_gettime`,
 //! `capture_from_ucontext`.
+#![allow(unsafe_code)]
 
 use crate::sys;
 use core::cell::UnsafeCell;

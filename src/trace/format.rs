@@ -3,6 +3,7 @@
 //! A line is `K|pid[|track][|name][|int]`. The prefix and the trailing integer (cookie or counter
 //! value) are always kept whole; the user strings (track, name) are sanitised and, when the line
 //! would exceed [`MAX_EVENT`] bytes, truncated at a UTF-8 character boundary.
+#![allow(unsafe_code)]
 
 use core::fmt;
 use core::mem::MaybeUninit;

@@ -3,6 +3,7 @@
 //! All state is in atomics. The hot path is: one relaxed load of [`MASK`] (the enabled tags,
 //! zero when no marker file is open), then one relaxed load of [`FD`], the cached pid, the
 //! line formatted in a stack buffer, and one `write(2)`.
+#![allow(unsafe_code)]
 
 use core::ffi::CStr;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering::*};

@@ -1,4 +1,5 @@
 //! A private tracing instance: `instances/NAME` under the tracefs root, removed on drop.
+#![allow(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

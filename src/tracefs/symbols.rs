@@ -116,6 +116,7 @@ pub fn function_offset(path: impl AsRef<Path>, name: &str) -> Result<u64, Error>
 }
 
 #[cfg(test)]
+#[allow(unsafe_code)]
 mod tests {
     use super::*;
 

@@ -1,6 +1,7 @@
 //! The entry of every `capture*` function: a naked trampoline (its instructions come from
 //! [`super::arch`]) that saves the caller's registers exactly as they are at the call, and the
 //! function it calls.
+#![allow(unsafe_code)]
 
 use super::arch::{self, ENTRY_REGS};
 use super::outcome::Start;

@@ -2,6 +2,7 @@
 //! fall on the walking thread's own stack, stepped with a few loads each, and the reuse of the
 //! thread's previous walk (join the record, replay its frames while the stack holds the words
 //! they were read from). Anything else goes back to the general step ([`super::step`]).
+#![allow(unsafe_code)]
 
 use super::arch::{self, FP, PC, SP};
 use super::objects::{LoadedCheck, State};
@@ -108,7 +109,7 @@ pub(crate) fn fast_frames<const PRECISE: bool>(
     };
     let words = span / W;
     let ok = |a: usize| readable_word(a, stack.start, words);
-    // SAFETY (for every `load` below): `ok` held for the address: aligned and on this thread's
+    // SAFETY: (for every `load` below) `ok` held for the address: aligned and on this thread's
     // own live stack, between the walk's stack pointer and the stack's high end.
     let load = |a: usize| unsafe { core::ptr::read_volatile(a as *const usize) };
     let cache = &state.cache;
@@ -485,6 +486,7 @@ fn replay(
                 == caller.pc
             && e.rbp_at().is_none_or(|rbp_at| {
                 ok(rbp_at)
+                    // SAFETY: `ok(rbp_at)` held (see above).
                     && unsafe { core::ptr::read_volatile(rbp_at as *const usize) } == caller.bp
             });
         if !same {

@@ -1,5 +1,6 @@
 //! The hot loop of frame-pointer mode: the chain of frame records on the walking thread's own
 //! stack, one comparison per return address against the code of the current object.
+#![allow(unsafe_code)]
 
 use super::arch;
 use super::fast::{readable_word, Fast};

@@ -1,5 +1,6 @@
 //! Checked memory reads for the walkers: a read either returns the word or fails, it never
 //! faults (see [`CheckedMemory`]).
+#![allow(unsafe_code)]
 
 use crate::sys;
 use core::cell::Cell;

@@ -51,6 +51,7 @@
 //! checks). The generic core (the walk, the rule cache, checked memory, walk reuse) reads what it
 //! needs of the machine from `arch`; on other targets there is no unwinder, and every capture
 //! returns no frames and [`StopReason::Unsupported`].
+#![allow(unsafe_code)]
 
 /// Declares the items only where the unwinder has a port.
 macro_rules! ported {

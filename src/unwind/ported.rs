@@ -1,4 +1,5 @@
 //! The entry points of [`super`] on a target with an unwinder port.
+#![allow(unsafe_code)]
 
 use super::outcome::Start;
 use super::regs::RegSet;
@@ -39,8 +40,8 @@ pub(crate) unsafe fn capture_from_ucontext(uc: *const libc::ucontext_t, buf: &mu
         return none;
     }
     let base = uc as usize;
-    // SAFETY: the caller guarantees a readable ucontext_t; the offsets lie inside it.
     let r = RegSet::from_ucontext(|off| {
+        // SAFETY: the caller guarantees a readable ucontext_t; the offsets lie inside it.
         Some(unsafe { core::ptr::read_unaligned((base + off) as *const usize) })
     });
     let Some(r) = r else {

@@ -1,6 +1,7 @@
 //! What the unwinder does in normal context: learning the thread's stack and glibc's layout,
 //! building the published state, and the automatic refresh of a capture that met an object
 //! loaded after the snapshot (only when it can prove it runs in normal context).
+#![allow(unsafe_code)]
 
 use super::memory;
 use super::outcome::{Outcome, Start};

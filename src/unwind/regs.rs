@@ -1,5 +1,6 @@
 //! Register state: what a walk tracks from frame to frame ([`RegSet`]: every register slot of
 //! [`super::arch`], each known or not), built from what it starts from.
+#![allow(unsafe_code)]
 
 use super::arch::{self, COUNT, FP, PC, SP};
 use super::types::Regs;

@@ -19,6 +19,7 @@
 //! Records are kept per thread stack (its high end) in a fixed table of static memory, claimed
 //! with one compare-and-swap per walk, so nested walks (a signal handler's) and other threads
 //! that hash to the same record walk without it. Nothing allocates.
+#![allow(unsafe_code)]
 
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -1,5 +1,6 @@
 //! The pool of walk slots: scratch space (gimli's unwind context, a window for copied memory)
 //! and a private stack for each walk that needs the CFI, claimed with one compare-and-swap.
+#![allow(unsafe_code)]
 
 use super::cfi::{self, Ctx};
 use crate::sys;

@@ -2,6 +2,7 @@
 //! for objects that are never unloaded, else a private copy taken when the unwinder was built,
 //! so that a rule derived while another thread `dlclose`s the object reads memory selftrace
 //! owns.
+#![allow(unsafe_code)]
 
 use crate::modules::Object;
 use crate::sys;

@@ -1,5 +1,6 @@
 //! The entry points of [`super`] on a target without an unwinder port: every capture returns no
 //! frames and [`StopReason::Unsupported`]; nothing else of the crate depends on a capture.
+#![allow(unsafe_code)]
 
 use super::types::{Regs, StopReason, Truncation, UnwindMode, UnwindStats, Walk, WalkEnd};
 

@@ -19,6 +19,7 @@
 //! [`super::fast_fp`]); if a frame needs more, it claims a slot ([`super::slots`]) and goes on
 //! on the slot's private stack, alternating the general step ([`super::step`]) and the hot
 //! loops.
+#![allow(unsafe_code)]
 
 use super::fast::{fast_frames, Fast};
 use super::fast_fp::fast_fp_frames;

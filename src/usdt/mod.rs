@@ -68,6 +68,7 @@
 //! arguments of `probe!` are still type-checked and evaluated (so a program behaves the same on
 //! every target), but no note, `nop` or semaphore is emitted, `probe_enabled!` and
 //! `probe_lazy!`'s condition are `false`, and [`probes()`] lists none.
+#![allow(unsafe_code)]
 
 mod arg;
 pub(crate) mod notes;
@@ -173,30 +174,59 @@ pub mod __private {
 }
 
 /// A probe compiled into the running program, as [`probes()`] lists it.
+///
+/// Only [`probes()`] makes one (its fields are private): [`Probe::is_enabled`] reads the
+/// semaphore at the address it holds, which must be a probe's own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probe {
-    /// The provider.
-    pub provider: &'static str,
-    /// The probe's name.
-    pub name: &'static str,
-    /// The address of its semaphore in memory.
-    pub semaphore: usize,
-    /// Whether a tracer was attached (the semaphore was non-zero) when [`probes()`] ran.
-    pub enabled: bool,
-    /// How many sites registered it (`probe!`, `probe_lazy!`, `probe_enabled!` uses and
-    /// `#[probe]` functions; a site in a generic function counts once).
-    pub sites: usize,
-    /// The argument types of its first site as the note records them (`-4@%rdi`: a signed
-    /// 4-byte value in `rdi`), read from the object's file; empty for a probe known only from
-    /// `probe_enabled!`, or when the file could not be read.
-    pub arguments: Vec<ArgSpec>,
+    provider: &'static str,
+    name: &'static str,
+    semaphore: usize,
+    enabled: bool,
+    sites: usize,
+    arguments: Vec<ArgSpec>,
 }
 
 impl Probe {
+    /// The provider.
+    pub fn provider(&self) -> &'static str {
+        self.provider
+    }
+
+    /// The probe's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The address of its semaphore in memory.
+    pub fn semaphore(&self) -> usize {
+        self.semaphore
+    }
+
+    /// Whether a tracer was attached (the semaphore was non-zero) when [`probes()`] ran; see
+    /// [`Probe::is_enabled`] for now.
+    pub fn was_enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// How many sites registered it (`probe!`, `probe_lazy!`, `probe_enabled!` uses and
+    /// `#[probe]` functions; a site in a generic function counts once).
+    pub fn sites(&self) -> usize {
+        self.sites
+    }
+
+    /// The argument types of its first site as the note records them (`-4@%rdi`: a signed
+    /// 4-byte value in `rdi`), read from the object's file; empty for a probe known only from
+    /// `probe_enabled!`, or when the file could not be read.
+    pub fn arguments(&self) -> &[ArgSpec] {
+        &self.arguments
+    }
+
     /// Whether a tracer is attached now.
     pub fn is_enabled(&self) -> bool {
-        // SAFETY: `semaphore` is the address of a live, aligned u16 static of this program
-        // (registered by the probe's own site); volatile because tracers write it from outside.
+        // SAFETY: `semaphore` is the address of a live, aligned u16 static of this program:
+        // only `probes()` builds a `Probe` (the fields are private), from the address the
+        // probe's own site registered; volatile because tracers write it from outside.
         unsafe { core::ptr::read_volatile(self.semaphore as *const u16) != 0 }
     }
 }

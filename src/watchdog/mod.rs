@@ -41,6 +41,7 @@
 //! }
 //! drop(w); // stops watching this thread
 //! ```
+#![allow(unsafe_code)]
 
 use crate::sys;
 use crate::threads;

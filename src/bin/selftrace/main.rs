@@ -10,6 +10,9 @@
 //!
 //! See `selftrace help` and the README's "Recording a program" section.
 
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod analyze;
 mod chrome;
 mod output;

@@ -7,6 +7,7 @@
 //! (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0644). `commit` writes the contents into that file and
 //! `rename`s it over the path: a symbolic link planted meanwhile is replaced, never followed.
 //! An output that is not committed removes its temporary file.
+#![allow(unsafe_code)]
 
 use std::fs::File;
 use std::io::Write;

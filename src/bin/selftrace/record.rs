@@ -7,6 +7,7 @@
 //! sends the first on to the command and kills the command's whole tree on the second (see
 //! supervise.rs); the recorder waits for the command to end, and then cleans up and writes what
 //! was recorded. The output files are created before anything is recorded (output.rs).
+#![allow(unsafe_code)]
 
 use crate::analyze;
 use crate::chrome;

@@ -16,6 +16,7 @@
 //! * should the helper itself be killed, the command gets SIGKILL (`PR_SET_PDEATHSIG`).
 //!
 //! It writes the command's pid (or `-errno` if it could not be started) as 4 bytes on PID_FD.
+#![allow(unsafe_code)]
 
 use std::ffi::OsString;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};

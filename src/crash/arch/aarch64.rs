@@ -1,5 +1,6 @@
 //! aarch64: pc, lr, sp, pstate and x0-x29 of `uc_mcontext`, the fault address, and the
 //! exception syndrome (ESR) when the kernel saved one, as the arm64 kernel's oops prints them.
+#![allow(unsafe_code)]
 
 use super::super::report::{push_hex16, Out, FRAME_OPTS};
 use crate::symbolize::{self, FixedBuf, FrameKind};

@@ -1,5 +1,6 @@
 //! Architectures without a register decoder: the report says so (the signal, its code and the
 //! fault address come from `siginfo_t` and are printed on every architecture).
+#![allow(unsafe_code)]
 
 use super::super::report::Out;
 

@@ -1,4 +1,5 @@
 //! x86-64: the general registers of `uc_mcontext.gregs`, as the kernel's oops prints them.
+#![allow(unsafe_code)]
 
 use super::super::report::{push_hex16, Out, FRAME_OPTS};
 use crate::symbolize::{self, FrameKind};

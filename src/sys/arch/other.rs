@@ -1,4 +1,5 @@
 //! Architectures without a port of the unwinder: no stack switching, no thread pointer.
+#![allow(unsafe_code)]
 
 /// Calls `f(arg)` on the current stack: there is no stack switch without a port (the crash
 /// report then runs on the signal's stack, as it does when the report stack is missing).

@@ -1,4 +1,5 @@
 //! x86-64.
+#![allow(unsafe_code)]
 
 /// Calls `f(arg)` with the stack pointer switched to `top` (the high end of a stack the caller
 /// owns), and switches back when it returns. Async-signal-safe.

@@ -1,6 +1,7 @@
 //! aarch64: DWARF register numbers ("DWARF for the Arm 64-bit Architecture": x0-x30 are 0-30,
 //! sp 31), the `ucontext_t` layout, the kernel's signal trampoline, pointer authentication, and
 //! the capture entry.
+#![allow(unsafe_code)]
 
 mod entry;
 pub(crate) use entry::{entry_asm, ENTRY_REGS};
