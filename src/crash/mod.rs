@@ -60,6 +60,7 @@ pub const DEFAULT_SIGNALS: [i32; 6] = [
 ];
 
 /// Options for [`install`]. Create with [`builder`].
+#[must_use = "a builder does nothing until `install` is called"]
 #[derive(Clone, Debug)]
 pub struct Builder {
     signals: Vec<i32>,

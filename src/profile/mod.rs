@@ -99,6 +99,7 @@ pub const MAX_FREQUENCY_HZ: u32 = 10_000;
 pub const MAX_DEPTH: usize = 256;
 
 /// Settings of a profiler; [`builder`] gives the defaults.
+#[must_use = "a builder does nothing until `start` is called"]
 #[derive(Clone, Debug)]
 pub struct Builder {
     pub(crate) frequency_hz: u32,
@@ -221,6 +222,7 @@ pub struct Stats {
 
 /// A running profiler. Dropping it stops it (and discards what it sampled since the last
 /// [`take`](Profiler::take)).
+#[must_use = "the profiler stops when this is dropped"]
 pub struct Profiler {
     inner: Option<sampler::Running>,
 }

@@ -306,6 +306,7 @@ fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
 /// A held view of the symbol index for many lookups: [`symbolize`] pins the index with two
 /// atomic read-modify-writes per call; a `Symbolizer` pins it once for all the frames of a
 /// stack, and every lookup sees the same index. Obtained from [`with_symbolizer`].
+#[must_use]
 pub struct Symbolizer<'a> {
     index: Option<&'a Index>,
 }

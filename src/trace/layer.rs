@@ -58,6 +58,7 @@ pub enum SpanMode {
 /// let _s = tracing::info_span!("frame", n = 1).entered(); // B|pid|frame n=1
 /// tracing::info!(bytes = 10, "sent");                     // I|pid|sent bytes=10
 /// ```
+#[must_use = "the layer does nothing until it is added to a subscriber"]
 #[derive(Clone, Copy, Debug)]
 pub struct MarkerLayer {
     tracer: Tracer,

@@ -21,6 +21,7 @@ use crate::Error;
 /// The creating process holds an exclusive `flock` on the instance's directory for as long as
 /// the `Instance` lives: tracefs is one filesystem for every mount and PID namespace, so any
 /// process can tell a live instance from one whose owner died.
+#[must_use = "the instance is removed when this is dropped"]
 #[derive(Debug)]
 pub struct Instance {
     name: String,

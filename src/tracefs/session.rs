@@ -207,6 +207,7 @@ fn split_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
 /// disables and removes every event, then the instance, also while a panic unwinds: the
 /// instance's lock (see [`Instance`]) is held until the events are gone, so
 /// [`remove_stale_sessions`] can prove a session dead from any namespace.
+#[must_use = "the session stops and removes its events when this is dropped"]
 #[derive(Debug)]
 pub struct Session {
     // Field order is drop order, after `Drop::drop` disabled and removed the events: the

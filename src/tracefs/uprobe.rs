@@ -26,6 +26,7 @@ use std::path::Path;
 /// A uprobe event `GROUP/EVENT`, registered in `uprobe_events` and removed on drop (also while
 /// a panic unwinds). It must be disabled everywhere before removal; dropping the
 /// [`Instance`](super::Instance) that enabled it does that, so drop the instance first.
+#[must_use = "the event is removed when this is dropped"]
 #[derive(Debug)]
 pub struct UprobeEvent {
     group: String,

@@ -139,6 +139,7 @@ thread_local! {
 
 /// A registered thread. Pet it with [`Watch::pet`]; dropping it stops the watch. Not `Send`:
 /// it watches the thread that created it.
+#[must_use = "the thread is no longer watched when this is dropped"]
 pub struct Watch {
     slot: Arc<Slot>,
     _not_send: PhantomData<*const ()>,
