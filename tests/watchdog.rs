@@ -29,6 +29,37 @@ fn blocked_stall(d: Duration) {
     black_box(());
 }
 
+/// Blocks in `poll` for `d` without petting; when a signal interrupts the wait (`poll` is never
+/// restarted: `EINTR`), works for 300 ms before it waits again, as a program that does its
+/// housekeeping on `EINTR` would. So the stack request of the watchdog wakes it into a busy
+/// spell.
+#[inline(never)]
+fn blocked_in_poll(d: Duration) {
+    let mut fds = [0; 2];
+    // SAFETY: a valid array of two fds.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let end = Instant::now() + d;
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        let mut p = libc::pollfd {
+            fd: fds[0],
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, left.as_millis() as i32) };
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            busy_stall(Duration::from_millis(300));
+        } else if r >= 0 {
+            break;
+        }
+    }
+    // SAFETY: the two fds opened above.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
 /// Pets for `d`.
 fn healthy(w: &watchdog::Watch, d: Duration) {
     let start = Instant::now();
@@ -99,6 +130,11 @@ fn scenario(name: &str) {
             for l in seen.lock().unwrap().iter() {
                 println!("{l}");
             }
+        }
+        "blocked-eintr" => {
+            worker("sleepy", blocked_in_poll, Duration::from_millis(1500))
+                .join()
+                .unwrap();
         }
         "abort" => {
             selftrace::crash::builder()
@@ -282,6 +318,21 @@ fn a_blocked_thread_is_a_hung_task_reported_once_then_recovers() {
     if let Some(m) = &o.markers {
         assert!(m.contains("|watchdog: blocked sleepy:"), "{m}");
     }
+}
+
+#[test]
+fn a_blocked_thread_is_reported_in_the_state_it_was_found_in() {
+    let o = run("blocked-eintr");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let e = &o.stderr;
+    assert_eq!(e.matches("watchdog: INFO: task sleepy:").count(), 1, "{e}");
+    // The thread line of the report: the state read when the stall was found (sleeping in
+    // poll), not after the stack request woke the thread into its busy spell.
+    let line = e
+        .lines()
+        .find(|l| l.starts_with("thread \"sleepy\""))
+        .unwrap_or_else(|| panic!("no thread line:\n{e}"));
+    assert!(line.contains("state S (sleeping)"), "{line}\n{e}");
 }
 
 #[test]

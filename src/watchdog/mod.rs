@@ -101,6 +101,10 @@ pub struct Stall {
     pub stack: Result<Vec<usize>, Error>,
     /// How the walk of [`Stall::stack`] ended (complete, or truncated and why).
     pub stack_end: Option<crate::WalkEnd>,
+    /// The thread's name, state and CPU time as `/proc` gave them when the stall was found,
+    /// before its stack was captured (the stack request wakes a blocked thread, which then
+    /// reads as running for a while); `None` if the thread was gone.
+    pub thread: Option<threads::ThreadInfo>,
 }
 
 /// One watched thread.
@@ -327,7 +331,10 @@ fn check(slot: &Slot, now: u64) {
     // A blocked thread uses next to no CPU and sleeps (S, D); a spinning one is runnable (R)
     // but may get much less than a core on a loaded machine: so a tenth of the window, or the
     // runnable state, counts as busy.
-    let running = threads::info(slot.tid).is_some_and(|i| i.state == b'R');
+    // Read before the stack request wakes the thread: the state printed is the one the verdict
+    // was made on.
+    let thread = threads::info(slot.tid);
+    let running = thread.is_some_and(|i| i.state == b'R');
     let busy = running || cpu.saturating_mul(10) >= observed_ms * 1_000_000;
     drop(st);
     let mut frames = vec![0usize; 256];
@@ -347,6 +354,7 @@ fn check(slot: &Slot, now: u64) {
         busy,
         stack,
         stack_end,
+        thread,
     };
     report(&stall);
     let action = ACTION
@@ -416,12 +424,11 @@ fn report(s: &Stall) {
     ));
     let _lock = threads::lock::OutputLock::acquire();
     let _ = sys::write_all(fd, text.as_bytes());
-    let info = threads::info(s.tid);
     let stack = match &s.stack {
         Ok(f) => Ok((&f[..], s.stack_end.unwrap_or(crate::WalkEnd::Complete))),
         Err(e) => Err(*e),
     };
-    threads::write_thread(fd, s.tid, info.as_ref(), stack);
+    threads::write_thread(fd, s.tid, s.thread.as_ref(), stack);
     let _ = sys::write_all(fd, b"---[ end of watchdog report ]---\n");
 }
 
