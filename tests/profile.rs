@@ -674,3 +674,90 @@ fn a_small_ring_accounts_for_every_period() {
     );
     assert_eq!(profile.dropped, stats.dropped);
 }
+
+#[inline(never)]
+fn hog_work(stop: &AtomicBool) -> u64 {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n = black_box(n.wrapping_add(spin(1000)));
+    }
+    n
+}
+
+/// In a child process (`SELFTRACE_FIRST_PROFILE` = `wall` or `cpu`): the process's first
+/// profile, taken while four threads spin (more than this machine's cores, or as many), with
+/// nothing symbolized before it: the profiler reads this binary's DWARF while samples arrive.
+/// Prints `dropped=D total=T hog=H`.
+#[test]
+fn first_profile_child() {
+    let Ok(mode) = std::env::var("SELFTRACE_FIRST_PROFILE") else {
+        return;
+    };
+    selftrace::init().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let hogs: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || hog_work(&stop))
+        })
+        .collect();
+    let p = profile::builder()
+        .frequency(250)
+        .mode(if mode == "wall" {
+            Mode::Wall
+        } else {
+            Mode::Cpu
+        })
+        .start()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let profile = p.stop();
+    stop.store(true, Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    let hog: u64 = profile
+        .samples
+        .iter()
+        .filter(|s| profile.function_names(s).any(|n| n.contains("hog_work")))
+        .map(|s| s.count)
+        .sum();
+    println!(
+        "dropped={} total={} hog={hog}",
+        profile.dropped,
+        profile.total()
+    );
+    std::process::exit(0);
+}
+
+#[test]
+fn the_first_profile_under_load_drops_nothing() {
+    for mode in ["wall", "cpu"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "first_profile_child", "--nocapture"])
+            .env("SELFTRACE_FIRST_PROFILE", mode)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("dropped="))
+            .unwrap_or_else(|| panic!("{mode}: no result line:\n{stdout}"));
+        let field = |name: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+                .unwrap_or_else(|| panic!("{mode}: no {name} in {line}"))
+        };
+        // The profile covered the hogs, named from the DWARF read meanwhile: most samples (in
+        // wall mode the main thread's sleep is the rest), and at least 0.4 s of their time
+        // whatever else the machine runs (4 x 1.5 s of spinning, 250 Hz).
+        assert!(field("hog") >= 100, "{mode}: {line}");
+        assert!(field("hog") * 2 >= field("total"), "{mode}: {line}");
+        assert_eq!(field("dropped"), 0, "{mode}: {line}");
+    }
+}

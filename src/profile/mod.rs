@@ -27,17 +27,20 @@
 //! * **Threads**: the profiler's timer thread (`selftrace-timer`) lists `/proc/self/task` at
 //!   start and every [`Builder::rescan_interval`] afterwards, arms a timer for each new thread
 //!   that [`Threads`] selects and deletes the timers of threads that exited. A thread that lives
-//!   shorter than the rescan interval can be missed. Its other thread (`selftrace-prof`) drains
-//!   the ring and names the samples: a slow first symbolization of a large object does not delay
-//!   the timers of threads started meanwhile. Neither of the two is sampled.
+//!   shorter than the rescan interval can be missed. The same thread empties the ring (when the
+//!   handler finds it half full, and every rescan interval) into a queue, and the profiler's
+//!   other thread (`selftrace-prof`) names the queued samples: a slow first symbolization of a
+//!   large object (its DWARF is read) neither delays the timers of threads started meanwhile
+//!   nor lets the ring fill up. Neither of the two is sampled.
 //! * **The handler** runs [`crate::capture_walk_from_ucontext`] (async-signal-safe: no
 //!   allocation, no lock, every memory read checked) straight into a slot of a fixed ring that
 //!   was allocated at start; taking a slot is one compare-and-swap. A full ring drops the sample
 //!   and counts the periods it stood for ([`Profile::dropped`]). Nothing in the handler can block on a lock another
 //!   thread holds (unlike libgcc's `_Unwind_Backtrace`, which pprof-rs calls from its handler),
 //!   so a sample landing in `malloc`, in the loader, or in a panic's unwinding is harmless.
-//! * **Aggregation** happens on the profiler's thread, in normal context: it drains the ring
-//!   every few milliseconds (at once when the ring is half full), symbolizes each new address
+//! * **Aggregation** happens on the profiler's thread, in normal context: it takes the samples
+//!   that the timer thread pulled out of the ring (every rescan interval, at once when the ring
+//!   is half full), symbolizes each new address
 //!   while the object it is in is still loaded, and counts distinct stacks. An address whose
 //!   object was unloaded or replaced before it could be resolved is kept as a bare address
 //!   rather than named after whatever is loaded there now.
@@ -155,7 +158,8 @@ impl Builder {
     }
 
     /// How many samples the ring holds between two drains (16 to 1,048,576; each takes about
-    /// 2 KiB). The profiler's thread drains it every rescan interval and when it is half full.
+    /// 2 KiB). The profiler's timer thread empties it every rescan interval and when it is half
+    /// full, whatever the symbolizer is doing.
     pub fn ring_capacity(mut self, samples: usize) -> Self {
         self.ring_capacity = samples;
         self

@@ -227,8 +227,6 @@ struct Aggregator {
     interval_instant: Instant,
     dropped_before: u64,
     scratch: Vec<u32>,
-    /// Samples taken out of the ring during the last drain, for the next one.
-    queued: Vec<Raw>,
     /// Whether an address is a signal trampoline's (the frame after it is an exact pc): the
     /// check reads code through the kernel, so each address is checked once.
     trampolines: HashMap<usize, bool>,
@@ -251,7 +249,6 @@ impl Aggregator {
             interval_instant: Instant::now(),
             dropped_before: 0,
             scratch: Vec::new(),
-            queued: Vec::new(),
             trampolines: HashMap::new(),
         };
         a.counters = sys::dl_load_counters();
@@ -259,15 +256,17 @@ impl Aggregator {
         a
     }
 
-    /// Moves the ring's samples into the interval's stacks.
+    /// Moves the samples pulled out of the ring (and those still in it) into the interval's
+    /// stacks, naming their addresses.
     ///
-    /// Resolving an address of an object for the first time can take long (its DWARF is read),
-    /// so while it works through the samples it empties the ring every few samples into a
-    /// queue that the next drain handles (after checking the loader again): the ring does not
-    /// fill up behind a slow symbolization. `take` drains with `pull_meanwhile` false, so that
-    /// an interval ends at a definite point.
-    fn drain(&mut self, ring: &Ring, pull_meanwhile: bool) {
-        if ring.fill() == 0 && self.queued.is_empty() {
+    /// Resolving an address of an object for the first time can take long (its DWARF is read,
+    /// hundreds of milliseconds for a large program), so the ring is not emptied here but by
+    /// the timer thread ([`Inner::pull`]), which never waits for this: the ring does not fill
+    /// up behind a slow symbolization. `take` passes `pull_meanwhile` false (the interval ends
+    /// at a definite point, and the refresh below is not deferred).
+    fn drain(&mut self, inner: &Inner, pull_meanwhile: bool) {
+        let mut batch = inner.take_pulled();
+        if batch.is_empty() {
             return;
         }
         // Objects loaded or unloaded since the last refresh: the unwinder and symbolizer learn
@@ -292,13 +291,8 @@ impl Aggregator {
                 view = View::Changing;
             }
         }
-        let mut batch = std::mem::take(&mut self.queued);
-        pull(ring, &mut batch);
         let mut scratch = std::mem::take(&mut self.scratch);
-        for (n, rec) in batch.iter().enumerate() {
-            if pull_meanwhile && n % 8 == 7 {
-                pull(ring, &mut self.queued);
-            }
+        for rec in batch.drain(..) {
             scratch.clear();
             let frames = &rec.frames[..];
             for i in 0..frames.len() {
@@ -329,6 +323,7 @@ impl Aggregator {
             *self.stacks.entry(key).or_insert(0) += u64::from(rec.weight);
         }
         self.scratch = scratch;
+        inner.recycle(batch);
     }
 
     /// Forgets what is cached about addresses in objects of `before` that are gone (or moved):
@@ -592,6 +587,11 @@ fn thread_name(tid: i32) -> Arc<str> {
 /// State shared by the [`super::Profiler`] handle and its thread.
 struct Inner {
     agg: Mutex<Aggregator>,
+    /// Samples pulled out of the ring and not yet aggregated. Every pull from the ring happens
+    /// under this lock (the ring has one consumer at a time); taken after `agg` when both are.
+    pulled: Mutex<Vec<Raw>>,
+    /// Tells the profiler's thread that samples were pulled.
+    pulled_cv: std::sync::Condvar,
     shared: *const Shared,
     stop: AtomicBool,
     threads: AtomicUsize,
@@ -614,6 +614,33 @@ impl Inner {
 
     fn lock(&self) -> MutexGuard<'_, Aggregator> {
         self.agg.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_pulled(&self) -> MutexGuard<'_, Vec<Raw>> {
+        self.pulled.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Empties the ring into the pulled samples (fast: copies only); returns how many.
+    fn pull(&self) -> usize {
+        let mut pulled = self.lock_pulled();
+        let before = pulled.len();
+        pull(self.ring(), &mut pulled);
+        pulled.len() - before
+    }
+
+    /// The pulled samples, with the ring emptied into them first.
+    fn take_pulled(&self) -> Vec<Raw> {
+        let mut pulled = self.lock_pulled();
+        pull(self.ring(), &mut pulled);
+        std::mem::take(&mut *pulled)
+    }
+
+    /// Gives an emptied batch's allocation back for the next pulls.
+    fn recycle(&self, batch: Vec<Raw>) {
+        let mut pulled = self.lock_pulled();
+        if pulled.is_empty() && pulled.capacity() < batch.capacity() {
+            *pulled = batch;
+        }
     }
 }
 
@@ -656,6 +683,8 @@ fn start_locked(b: Builder) -> Result<Running, Error> {
     }));
     let inner = Arc::new(Inner {
         agg: Mutex::new(Aggregator::new()),
+        pulled: Mutex::new(Vec::new()),
+        pulled_cv: std::sync::Condvar::new(),
         shared,
         stop: AtomicBool::new(false),
         threads: AtomicUsize::new(0),
@@ -717,9 +746,10 @@ fn unpublish(shared: *mut Shared) {
     drop(unsafe { Box::from_raw(shared) });
 }
 
-/// The profiler's thread: drains the ring (and so symbolizes). Timers for new threads are armed
-/// by a second thread, [`timer_thread`], so that a slow symbolization (the first address of a
-/// large object reads its DWARF) never delays sampling the threads started meanwhile.
+/// The profiler's thread: aggregates and names the samples that the second thread,
+/// [`timer_thread`], pulls out of the ring. That thread also arms the timers of new threads, so
+/// that a slow symbolization here (the first address of a large object reads its DWARF) never
+/// delays sampling threads started meanwhile nor lets the ring fill up.
 fn profiler_thread(
     inner: Arc<Inner>,
     b: Builder,
@@ -762,14 +792,13 @@ fn profiler_thread(
         }
     }
     loop {
-        inner.lock().drain(inner.ring(), true);
+        inner.lock().drain(&inner, true);
         if inner.stop.load(Ordering::Acquire) {
             break;
         }
-        sys::futex_wait(&DRAIN, 0, rescan.as_nanos() as u64);
-        DRAIN.store(0, Ordering::Release);
-        if inner.stop.load(Ordering::Acquire) {
-            break;
+        let pulled = inner.lock_pulled();
+        if pulled.is_empty() {
+            let _ = inner.pulled_cv.wait_timeout(pulled, rescan);
         }
     }
     // The timer thread deletes its timers as it ends, which stops new samples; samples already
@@ -780,8 +809,9 @@ fn profiler_thread(
 
 /// Arms a timer for each thread that appears in `/proc/self/task` (every rescan interval), and
 /// forgets those of threads that exited; the profiler's two threads (`drainer` and this one)
-/// are not sampled. Reports the first scan's outcome on `ready`; ends, deleting its timers,
-/// when `stop` is dropped.
+/// are not sampled. In between, pulls the ring's samples out whenever the handler says the
+/// ring is half full, and at least every rescan interval, for the drainer to name. Reports the
+/// first scan's outcome on `ready`; ends, deleting its timers, when `stop` is dropped.
 fn timer_thread(
     inner: &Inner,
     b: &Builder,
@@ -868,9 +898,28 @@ fn timer_thread(
             first = false;
             let _ = ready.send(Ok(()));
         }
-        match stop.recv_timeout(b.rescan) {
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            _ => break,
+        // Until the next rescan: pull whenever the handler asks (the ring is half full).
+        let next_scan = Instant::now() + b.rescan;
+        let mut stopped = false;
+        loop {
+            if inner.pull() > 0 {
+                inner.pulled_cv.notify_one();
+            }
+            match stop.try_recv() {
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                _ => stopped = true,
+            }
+            let Some(left) = next_scan.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            if stopped || inner.stop.load(Ordering::Acquire) {
+                break;
+            }
+            sys::futex_wait(&DRAIN, 0, left.as_nanos() as u64);
+            DRAIN.store(0, Ordering::Release);
+        }
+        if stopped || inner.stop.load(Ordering::Acquire) {
+            break;
         }
     }
     sys::close(task_dir);
@@ -880,7 +929,7 @@ fn timer_thread(
 impl Running {
     pub(crate) fn take(&self) -> Profile {
         let mut agg = self.inner.lock();
-        agg.drain(self.inner.ring(), false);
+        agg.drain(&self.inner, false);
         let dropped = self.inner.ring().dropped.load(Ordering::Relaxed);
         agg.finish(self.inner.mode, self.inner.frequency_hz, dropped)
     }
@@ -899,6 +948,7 @@ impl Running {
         if DRAIN.swap(1, Ordering::AcqRel) == 0 {
             sys::futex_wake(&DRAIN, 1);
         }
+        self.inner.pulled_cv.notify_all();
         if let Some(t) = thread {
             let _ = t.join();
         }
