@@ -153,12 +153,11 @@ fn dump_all(c: &mut Criterion) {
     selftrace::init().expect("init");
     let (_tids, stop, handles) = spawn(100, parked);
     let devnull = std::fs::File::create("/dev/null").unwrap();
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&devnull);
     let mut g = c.benchmark_group("dump_all_100_threads");
     g.measurement_time(Duration::from_secs(5)).sample_size(10);
     g.bench_function("selftrace dump_all to /dev/null", |b| {
         b.iter(|| {
-            let s = threads::dump_all(fd);
+            let s = threads::dump_all(&devnull);
             assert!(s.stacks >= 100);
             s
         })

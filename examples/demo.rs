@@ -313,7 +313,7 @@ fn other_threads() {
     std::thread::sleep(Duration::from_millis(100));
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let summary = threads::dump_all(1);
+    let summary = threads::dump_all(std::io::stdout());
     println!("({summary:?})");
     release.store(true, Ordering::SeqCst);
     holder.join().unwrap();
@@ -323,7 +323,11 @@ fn other_threads() {
     println!("\nthe watchdog (timeout 300 ms, checks every 50 ms):");
     let _ = std::io::stdout().flush();
     watchdog::set_period(Duration::from_millis(50));
-    watchdog::set_fd(1);
+    watchdog::set_fd(
+        std::os::fd::AsFd::as_fd(&std::io::stdout())
+            .try_clone_to_owned()
+            .expect("dup stdout"),
+    );
     let worker = std::thread::Builder::new()
         .name("indexer".into())
         .spawn(|| {

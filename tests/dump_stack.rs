@@ -31,7 +31,7 @@ fn read_all(w: i32, mut r: std::fs::File) -> String {
 
 #[inline(never)]
 fn dumping_function(fd: i32) {
-    selftrace::crash::dump_stack_to(fd);
+    selftrace::crash::dump_stack_to(borrowed(fd));
     std::hint::black_box(());
 }
 
@@ -62,7 +62,7 @@ static HANDLER_ALLOCS: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 extern "C" fn on_signal(_: i32) {
     let ((), calls) =
-        counting::counting(|| selftrace::crash::dump_stack_to(FD.load(Ordering::SeqCst)));
+        counting::counting(|| selftrace::crash::dump_stack_to(borrowed(FD.load(Ordering::SeqCst))));
     HANDLER_ALLOCS.store(calls, Ordering::SeqCst);
     spinner::STOP.store(true, Ordering::SeqCst);
 }
@@ -109,4 +109,10 @@ fn dump_stack_in_a_signal_handler_allocates_nothing_and_shows_the_interrupted_co
         matches!((handler, spinner), (Some(h), Some(s)) if h < s),
         "the handler, then (through the signal frame) the interrupted function:\n{text}"
     );
+}
+
+/// A raw fd of this test's (or 1, stdout), borrowed for one call.
+fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the tests pass fds they opened and close only after the call returned.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }

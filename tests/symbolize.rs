@@ -275,7 +275,7 @@ fn backtrace_symbols_matches_glibc_byte_for_byte() {
         theirs[0]
     );
     assert!(theirs[1].contains("(st_alpha+0x1) ["), "{}", theirs[1]);
-    let ours_fd = capture_fd(|fd| selftrace::backtrace_symbols_fd(&exported, fd));
+    let ours_fd = capture_fd(|fd| selftrace::backtrace_symbols_fd(&exported, borrowed(fd)));
     assert_eq!(
         String::from_utf8_lossy(&ours_fd),
         String::from_utf8_lossy(&glibc_fd(&exported))
@@ -317,7 +317,7 @@ fn backtrace_symbols_matches_glibc_byte_for_byte() {
     assert_eq!(ours.len(), theirs.len());
     assert!(theirs.iter().any(|l| l == "[(nil)]"));
     assert!(theirs[0].contains("(+0x"), "{}", theirs[0]);
-    let ours_fd = capture_fd(|fd| symbolize::backtrace_symbols_fd_with(&all, fd, glibc));
+    let ours_fd = capture_fd(|fd| symbolize::backtrace_symbols_fd_with(&all, borrowed(fd), glibc));
     assert_eq!(
         String::from_utf8_lossy(&ours_fd),
         String::from_utf8_lossy(&glibc_fd(&all))
@@ -601,4 +601,10 @@ fn second_backtrace_reuses_parsed_dwarf() {
             .collect::<Vec<_>>()
     };
     assert_eq!(names(&a), names(&b));
+}
+
+/// A raw fd of this test's (or 1, stdout), borrowed for one call.
+fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the tests pass fds they opened and close only after the call returned.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }

@@ -54,7 +54,7 @@ extern "C" fn on_usr1(_: libc::c_int) {
             let _ = s.demangle_into(&mut name);
         }
     }
-    symbolize::backtrace_symbols_fd(&frames[..n], 1);
+    symbolize::backtrace_symbols_fd(&frames[..n], borrowed(1));
     HANDLER_FRAMES.store(n, Ordering::SeqCst);
 }
 
@@ -451,4 +451,10 @@ fn signal_trampoline_is_restore_rt_and_versions_are_dropped() {
     assert_eq!(s.name_str(), Some("__restore_rt"));
     let b = selftrace::Backtrace::from_addresses(&frames, false);
     assert_eq!(b.frames()[i].name(), Some("__restore_rt"), "{b:#}");
+}
+
+/// A raw fd of this test's (or 1, stdout), borrowed for one call.
+fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the tests pass fds they opened and close only after the call returned.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }

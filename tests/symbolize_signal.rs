@@ -65,11 +65,11 @@ extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void)
         BATCH_AGREES.store(1, Ordering::SeqCst);
     }
     write_fd(fd, b"--\n");
-    selftrace::backtrace_symbols_fd(frames, fd);
+    selftrace::backtrace_symbols_fd(frames, borrowed(fd));
     write_fd(fd, b"--\n");
     symbolize::backtrace_symbols_fd_with(
         frames,
-        fd,
+        borrowed(fd),
         SymbolsOptions {
             demangle: true,
             exported_only: false,
@@ -164,4 +164,10 @@ fn symbolize_and_backtrace_symbols_fd_do_not_allocate_in_a_signal_handler() {
         "{}",
         parts[2]
     );
+}
+
+/// A raw fd of this test's (or 1, stdout), borrowed for one call.
+fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the tests pass fds they opened and close only after the call returned.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }

@@ -351,7 +351,7 @@ fn scenario(name: &str) {
             for name in names(&frames[..n]) {
                 println!("self {name}");
             }
-            threads::dump_all(1);
+            threads::dump_all(borrowed(1));
             spinner::STOP.store(true, Ordering::SeqCst);
         }
         "syscalls" => {
@@ -371,7 +371,7 @@ fn scenario(name: &str) {
             // Until each sleeps in its call, however long a loaded machine takes to get them
             // there (fixed sleeps raced with it).
             until_sleeping(&[waiter, sleeper_tid, reader]);
-            let s = threads::dump_all(1);
+            let s = threads::dump_all(borrowed(1));
             println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
             // The interrupted calls go on as the program expects.
             write_byte(read_w);
@@ -391,7 +391,7 @@ fn scenario(name: &str) {
             let mut frames = [0usize; 64];
             let r = threads::capture_thread(tid, &mut frames, Duration::from_millis(300));
             println!("capture {r:?}");
-            let s = threads::dump_all_with_timeout(1, Duration::from_millis(300));
+            let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_millis(300));
             println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
             stop.store(true, Ordering::SeqCst);
         }
@@ -432,7 +432,7 @@ fn scenario(name: &str) {
                 }
                 s3.store(true, Ordering::SeqCst);
             });
-            let s = threads::dump_all_with_timeout(1, Duration::from_secs(60));
+            let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_secs(60));
             println!(
                 "summary {} {} {} {}",
                 s.threads, s.stacks, s.timeouts, s.gone
@@ -459,7 +459,7 @@ fn scenario(name: &str) {
                 Duration::from_secs(2)
             };
             for _ in 0..50 {
-                gone += threads::dump_all_with_timeout(fd, wait).gone;
+                gone += threads::dump_all_with_timeout(borrowed(fd), wait).gone;
             }
             stop.store(true, Ordering::SeqCst);
             let spawned = churn.join().unwrap();
@@ -482,7 +482,7 @@ fn scenario(name: &str) {
             }
             b.wait();
             std::thread::sleep(Duration::from_millis(100));
-            let s = threads::dump_all(1);
+            let s = threads::dump_all(borrowed(1));
             println!(
                 "summary {} {} {} {}",
                 s.threads, s.stacks, s.timeouts, s.gone
@@ -515,7 +515,7 @@ fn scenario(name: &str) {
                         .name(format!("dumper{i}"))
                         .spawn(move || {
                             start.wait();
-                            let s = threads::dump_all(fd);
+                            let s = threads::dump_all(borrowed(fd));
                             end.wait();
                             s
                         })
@@ -639,8 +639,7 @@ fn scenario(name: &str) {
             println!("requester allocations {requester}");
             // The dump-on-signal handler, run in this (counting) thread, dumping every thread.
             let devnull = std::fs::File::create("/dev/null").unwrap();
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&devnull);
-            threads::install_dump_signal_to(libc::SIGQUIT, fd).expect("dump signal");
+            threads::install_dump_signal_to(libc::SIGQUIT, devnull).expect("dump signal");
             let t = counting::start();
             // SAFETY: a signal to this thread; its handler runs before tgkill returns.
             unsafe {
@@ -711,7 +710,7 @@ fn scenario(name: &str) {
                 "stopped capture {r:?} after {} ms",
                 start.elapsed().as_millis()
             );
-            let s = threads::dump_all_with_timeout(1, Duration::from_millis(300));
+            let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_millis(300));
             println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
             let state = threads::info(tid).map(|i| i.state as char);
             println!("still stopped {state:?}");
@@ -752,7 +751,7 @@ fn scenario(name: &str) {
                 "vfork capture {res:?} after {} ms",
                 start.elapsed().as_millis()
             );
-            let s = threads::dump_all_with_timeout(1, Duration::from_millis(300));
+            let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_millis(300));
             println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
             let state = threads::info(tid).map(|i| i.state as char);
             println!("still in vfork {state:?}");
@@ -1387,4 +1386,10 @@ fn the_request_signal_is_configurable() {
         "{}",
         o.stdout
     );
+}
+
+/// A raw fd of this test's (or 1, stdout), borrowed for one call.
+fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the tests pass fds they opened and close only after the call returned.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }

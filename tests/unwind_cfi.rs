@@ -663,7 +663,7 @@ fn dump_stack_prints_the_truncation() {
 static DUMP_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 extern "C" fn dump_callback() {
-    selftrace::crash::dump_stack_to(DUMP_FD.load(std::sync::atomic::Ordering::Relaxed));
+    selftrace::crash::dump_stack_to(borrowed(DUMP_FD.load(std::sync::atomic::Ordering::Relaxed)));
     black_box(());
 }
 
@@ -706,7 +706,7 @@ fn another_threads_truncated_stack_is_reported() {
     assert_eq!(name.as_deref(), Some("st_bad_cfi"));
     let path = std::env::temp_dir().join(format!("selftrace-cfi-dump-{}", std::process::id()));
     let f = std::fs::File::create(&path).expect("dump file");
-    selftrace::threads::dump_all(std::os::fd::AsRawFd::as_raw_fd(&f));
+    selftrace::threads::dump_all(&f);
     drop(f);
     let text = std::fs::read_to_string(&path).expect("read dump");
     let _ = std::fs::remove_file(&path);
@@ -716,4 +716,10 @@ fn another_threads_truncated_stack_is_reported() {
         text.contains("stack truncated: no unwind rule at 0x"),
         "{text}"
     );
+}
+
+/// A raw fd of this test's (or 1, stdout), borrowed for one call.
+fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the tests pass fds they opened and close only after the call returned.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }

@@ -46,8 +46,9 @@ use crate::Error;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use report::Out;
-use std::os::fd::{IntoRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The signals handled by default.
 pub const DEFAULT_SIGNALS: [i32; 6] = [
@@ -64,7 +65,7 @@ pub const DEFAULT_SIGNALS: [i32; 6] = [
 #[derive(Clone, Debug)]
 pub struct Builder {
     signals: Vec<i32>,
-    fd: Option<RawFd>,
+    fd: Option<Arc<OwnedFd>>,
     path: Option<PathBuf>,
     alt_stack_size: usize,
     panic_hook: bool,
@@ -100,9 +101,12 @@ impl Builder {
         self
     }
 
-    /// Write reports to this file descriptor (default: 2, stderr). It must stay open.
-    pub fn fd(mut self, fd: RawFd) -> Builder {
-        self.fd = Some(fd);
+    /// Write reports to this file descriptor (default: stderr), for example a [`std::fs::File`]
+    /// or a pipe's write end. [`Builder::install`] keeps it open for the rest of the process
+    /// (a handler may write to it at any time), also if the handler is installed again with
+    /// another fd.
+    pub fn fd(mut self, fd: impl Into<OwnedFd>) -> Builder {
+        self.fd = Some(Arc::new(fd.into()));
         self.path = None;
         self
     }
@@ -175,7 +179,12 @@ impl Builder {
                     errno: e.raw_os_error().unwrap_or(libc::EIO),
                 })?
                 .into_raw_fd(),
-            (None, Some(fd)) => fd,
+            // Never closed: a handler may write to it at any time from now on.
+            (None, Some(fd)) => {
+                let raw = fd.as_raw_fd();
+                core::mem::forget(fd);
+                raw
+            }
             (None, None) => 2,
         };
         OUT_FD.store(fd, Ordering::Relaxed);
@@ -243,12 +252,18 @@ pub fn install_thread() -> Result<(), Error> {
 #[inline(never)]
 pub fn dump_stack() {
     let fd = OUT_FD.load(Ordering::Relaxed);
-    dump_stack_to(fd);
+    dump_stack_to_raw(fd);
 }
 
-/// [`dump_stack`] to a given file descriptor. Async-signal-safe.
+/// [`dump_stack`] to a given file descriptor (a [`std::fs::File`], [`std::io::stderr`], or in a
+/// signal handler a [`std::os::fd::BorrowedFd`]). Async-signal-safe.
 #[inline(never)]
-pub fn dump_stack_to(fd: RawFd) {
+pub fn dump_stack_to(fd: impl AsFd) {
+    dump_stack_to_raw(fd.as_fd().as_raw_fd());
+}
+
+#[inline(never)]
+fn dump_stack_to_raw(fd: i32) {
     let mut frames = [0usize; 128];
     let walk = crate::capture_walk(&mut frames);
     let n = walk.frames;

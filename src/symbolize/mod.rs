@@ -451,13 +451,21 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
 /// Async-signal-safe: formats each line into a 1 KiB stack buffer and writes it with one
 /// `write(2)` (a longer line is cut, and still ends with a newline); no allocation, no lock, no
 /// panic. Write errors are ignored, as in glibc.
-pub fn backtrace_symbols_fd(addrs: &[usize], fd: i32) {
+///
+/// In a signal handler, where the fd is an `int`, pass
+/// `unsafe { BorrowedFd::borrow_raw(fd) }` ([`std::os::fd::BorrowedFd`]).
+pub fn backtrace_symbols_fd(addrs: &[usize], fd: impl std::os::fd::AsFd) {
     backtrace_symbols_fd_with(addrs, fd, SymbolsOptions::default())
 }
 
 /// [`backtrace_symbols_fd`] with options (demangling Rust names, or glibc's exact naming).
 /// Async-signal-safe (C++ names stay mangled).
-pub fn backtrace_symbols_fd_with(addrs: &[usize], fd: i32, opts: SymbolsOptions) {
+pub fn backtrace_symbols_fd_with(
+    addrs: &[usize],
+    fd: impl std::os::fd::AsFd,
+    opts: SymbolsOptions,
+) {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&fd.as_fd());
     let line = GlibcLine::Fd { space: fd_space() };
     let mut buf = [0u8; 1024];
     for &a in addrs {

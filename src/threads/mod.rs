@@ -43,7 +43,7 @@
 //! ```
 //! selftrace::init().expect("init");
 //! let worker = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(200)));
-//! let summary = selftrace::threads::dump_all(2);
+//! let summary = selftrace::threads::dump_all(std::io::stderr());
 //! assert!(summary.stacks >= 2);
 //! worker.join().unwrap();
 //! ```
@@ -61,6 +61,7 @@ use crate::sys;
 use crate::Error;
 use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use core::time::Duration;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 /// The default time a thread has to answer: 1 s.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -247,27 +248,44 @@ pub fn list(buf: &mut [i32]) -> Result<usize, Error> {
 /// waiting up to [`timeout`] for each thread. Returns what the dump saw.
 ///
 /// Async-signal-safe.
-pub fn dump_all(fd: i32) -> DumpSummary {
+pub fn dump_all(fd: impl AsFd) -> DumpSummary {
     dump_all_with_timeout(fd, timeout())
 }
 
 /// [`dump_all`] with an explicit per-thread timeout. Async-signal-safe.
-pub fn dump_all_with_timeout(fd: i32, timeout: Duration) -> DumpSummary {
+pub fn dump_all_with_timeout(fd: impl AsFd, timeout: Duration) -> DumpSummary {
     if install().is_err() {
         // Without the handler every thread would time out; still list them.
     }
-    dump::dump_all(fd, duration_ns(timeout))
+    dump::dump_all(fd.as_fd().as_raw_fd(), duration_ns(timeout))
+}
+
+/// [`dump_all`] to a raw fd (the watchdog's and the crash handler's configured fds).
+pub(crate) fn dump_all_raw(fd: i32) -> DumpSummary {
+    let _ = install();
+    dump::dump_all(fd, duration_ns(timeout()))
 }
 
 /// Installs a handler for `sig` (typically `SIGQUIT`) that writes [`dump_all`] to stderr and
 /// lets the program continue, like the JVM's `kill -3`. See [`install_dump_signal_to`].
 pub fn install_dump_signal(sig: i32) -> Result<(), Error> {
-    install_dump_signal_to(sig, 2)
+    install_dump_signal_fd(sig, 2)
 }
 
-/// Like [`install_dump_signal`], writing the dump to `fd` (which must stay open). The handler
-/// is installed with `SA_RESTART`; it replaces the signal's previous action.
-pub fn install_dump_signal_to(sig: i32, fd: i32) -> Result<(), Error> {
+/// Like [`install_dump_signal`], writing the dump to `fd` (a [`std::fs::File`], a pipe's write
+/// end), which is kept open for the rest of the process (the signal may come at any time), also
+/// if the signal is installed again with another fd. The handler is installed with
+/// `SA_RESTART`; it replaces the signal's previous action.
+pub fn install_dump_signal_to(sig: i32, fd: impl Into<OwnedFd>) -> Result<(), Error> {
+    let fd: OwnedFd = fd.into();
+    let raw = fd.as_raw_fd();
+    install_dump_signal_fd(sig, raw)?;
+    // Never closed: the handler writes to it from now on.
+    core::mem::forget(fd);
+    Ok(())
+}
+
+fn install_dump_signal_fd(sig: i32, fd: i32) -> Result<(), Error> {
     if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
         return Err(Error::InvalidInput("signal cannot be handled"));
     }

@@ -262,9 +262,13 @@ pub fn set_action(action: Action) {
     }
 }
 
-/// Where reports go (default 2, stderr). The fd must stay open.
-pub fn set_fd(fd: i32) {
-    FD.store(fd, Ordering::Relaxed);
+/// Where reports go (default: stderr), for example a [`std::fs::File`]. The fd is kept open
+/// for the rest of the process (a report may be being written), also after another `set_fd`.
+pub fn set_fd(fd: impl Into<std::os::fd::OwnedFd>) {
+    let fd = fd.into();
+    FD.store(std::os::fd::AsRawFd::as_raw_fd(&fd), Ordering::Relaxed);
+    // Never closed: see above.
+    core::mem::forget(fd);
 }
 
 fn now_ms() -> u64 {
@@ -369,7 +373,7 @@ fn check(slot: &Slot, now: u64) {
             let fd = FD.load(Ordering::Relaxed);
             let _ = sys::write_all(fd, b"watchdog: aborting (Action::Abort)\n");
             if !crate::crash::all_threads_enabled() {
-                threads::dump_all(fd);
+                threads::dump_all_raw(fd);
             }
             sys::abort();
         }
