@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One loaded object.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Object {
     /// File path as the loader knows it; the main program's is resolved through
     /// `/proc/self/exe`, the vDSO's is `[vdso]`.

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 /// What a profiler samples.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Mode {
     /// CPU time: each thread is sampled when it has used another period of CPU time (a
     /// per-thread `CLOCK_THREAD_CPUTIME_ID` timer). A sleeping thread gives no samples.

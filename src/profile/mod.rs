@@ -79,6 +79,7 @@ use std::time::Duration;
 
 /// Which threads a profiler samples.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Threads {
     /// Every thread of the process, including threads created after the start (except the
     /// profiler's own).
@@ -213,6 +214,7 @@ impl Builder {
 
 /// Counters of a running profiler.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Signals handled that produced a sample.
     pub samples: u64,

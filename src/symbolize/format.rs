@@ -352,6 +352,7 @@ impl Default for KernelOptions {
 
 /// How an address of a captured stack is looked up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FrameKind {
     /// An exact pc: the first frame of a ucontext capture, or the frame after a signal
     /// trampoline. Looked up as is.

@@ -199,6 +199,7 @@ impl Table {
 
 /// Where an object's full symbol table came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SymbolSource {
     /// The object's own `.symtab`.
     Symtab,

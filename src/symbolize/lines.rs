@@ -113,6 +113,7 @@ fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Option<&Context>)
 /// the file name point into never-freed memory (the mapped object or debug file, or the
 /// cached DWARF context).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BacktraceSymbol {
     /// Demangled name (Rust without hash, C++), if known.
     pub name: Option<String>,
@@ -137,6 +138,7 @@ fn demangle_owned(name: &str) -> String {
 
 /// One frame of a [`Backtrace`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BacktraceFrame {
     /// The captured address (a return address unless `kind` is [`FrameKind::Exact`]).
     pub addr: usize,

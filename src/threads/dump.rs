@@ -34,6 +34,7 @@ const WINDOW: usize = 16;
 
 /// What one dump saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DumpSummary {
     /// Threads listed.
     pub threads: usize,

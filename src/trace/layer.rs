@@ -15,6 +15,7 @@ use crate::sys;
 
 /// How the [`MarkerLayer`] writes spans; see its docs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SpanMode {
     /// Thread spans when first entered on their creating thread, async spans otherwise.
     #[default]

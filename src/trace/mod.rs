@@ -245,6 +245,7 @@ impl fmt::Display for Status {
 
 /// Counters of what went wrong while writing (since the start of the process).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Writes that failed with `EBADF` (tracing off, or buffer full in no-overwrite mode).
     pub ebadf: u64,

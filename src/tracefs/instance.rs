@@ -275,6 +275,7 @@ fn read_lossy(path: &Path) -> Result<String, Error> {
 
 /// An owned copy of a [`parse::Record`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OwnedRecord {
     /// See [`parse::Record::task`].
     pub task: String,

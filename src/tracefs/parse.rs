@@ -126,6 +126,7 @@ pub fn records(text: &str) -> impl Iterator<Item = Record<'_>> {
 
 /// The kind of a trace-marker line, named after its first letter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum MarkerKind {
     /// `B|pid|name`: a section begins on the writing thread.
     Begin,
@@ -182,6 +183,7 @@ impl MarkerKind {
 
 /// A trace-marker line read back from the kernel, with the record's context.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MarkerEvent {
     /// Timestamp, as in [`Record::timestamp_ns`].
     pub timestamp_ns: u64,

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 /// What a session's event attaches to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum EventKind {
     /// A USDT probe site (its semaphore is the reference counter).
     Probe,
@@ -57,6 +58,7 @@ pub struct EventInfo {
 
 /// One hit of a session's event, parsed from the `trace` file.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Hit {
     /// Timestamp in nanoseconds of the trace clock.
     pub timestamp_ns: u64,

@@ -24,6 +24,7 @@ pub(crate) fn offset_in_code(path: &Path, offset: u64) -> Result<bool, Error> {
 
 /// A function symbol of an ELF file, with the file offset a uprobe attaches to.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FunctionSymbol {
     /// The symbol's name as stored (mangled for Rust and C++).
     pub name: String,

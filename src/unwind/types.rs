@@ -8,6 +8,7 @@ pub const MAX_SIGNAL_FRAMES: usize = 16;
 
 /// How a capture finds each caller.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum UnwindMode {
     /// DWARF CFI with a per-frame frame-pointer fallback (the default).
     #[default]
@@ -40,6 +41,7 @@ impl UnwindMode {
 /// What a capture returns with [`capture_walk`](crate::capture_walk) and its siblings: how many frames it wrote and
 /// how the walk ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Walk {
     /// Frames written into the buffer.
     pub frames: usize,
@@ -65,6 +67,7 @@ impl Walk {
 
 /// How a walk ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum WalkEnd {
     /// It reached the outermost frame: every frame of the stack is in the buffer.
     Complete,
@@ -85,6 +88,7 @@ pub struct Truncation {
 
 /// Why a walk stopped before the outermost frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StopReason {
     /// The pc has CFI, but it is malformed or uses something the evaluator does not support.
     NoUnwindRule,
@@ -159,6 +163,7 @@ impl core::fmt::Display for Truncation {
 /// atomic; `frames_reused` is bumped by walks that reuse frames, the others only on the slow
 /// paths (never by a walk that the rule cache serves).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnwindStats {
     /// Windows of memory copied with `process_vm_readv` (reads off the walking thread's own
     /// stack): each is one system call.

@@ -9,6 +9,7 @@ use std::path::Path;
 
 /// One probe site as its note describes it, with the addresses a tracer needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProbeNote {
     /// The provider, e.g. `myapp`.
     pub provider: String,
@@ -37,6 +38,7 @@ pub struct ProbeNote {
 
 /// One argument of a probe: `[-]SIZE@LOCATION`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArgSpec {
     /// Size in bytes: 1, 2, 4 or 8.
     pub size: u8,

@@ -55,6 +55,7 @@ use std::sync::{Arc, Mutex, Once};
 
 /// What the watchdog does on a stall, after writing its report.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub enum Action {
     /// Only the report (and the trace marker instant).
     #[default]
@@ -79,6 +80,7 @@ impl fmt::Debug for Action {
 
 /// A stall as the monitor saw it.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Stall {
     /// The name given to [`watch`].
     pub name: String,

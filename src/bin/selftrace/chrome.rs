@@ -132,6 +132,8 @@ pub fn chrome_json(text: &str, events: &[EventInfo]) -> String {
                     head("C", &m.name),
                     m.value.unwrap_or(0)
                 ),
+                // A kind added after this converter was written: left out of the JSON.
+                _ => continue,
             };
             push(&mut out, ev);
         } else if let Some(info) = by_event.get(r.event) {
