@@ -20,6 +20,9 @@ static NAMED: AtomicUsize = AtomicUsize::new(0);
 static DEMANGLED_TEST_FN: AtomicUsize = AtomicUsize::new(0);
 static EXACT_AFTER_TRAMPOLINE: AtomicUsize = AtomicUsize::new(0);
 static BATCH_AGREES: AtomicUsize = AtomicUsize::new(0);
+/// `Display` of the `Symbol` of `raise_here`'s frame, and of the walk's end, into a fixed
+/// buffer: both as expected.
+static DISPLAY_OK: AtomicUsize = AtomicUsize::new(0);
 
 fn write_fd(fd: c_int, b: &[u8]) {
     // SAFETY: writing a valid buffer to a pipe we own.
@@ -39,11 +42,30 @@ extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void)
     for (i, &a) in frames.iter().enumerate() {
         let kind = frame_kind(frames, i, true);
         if let Some(s) = selftrace::symbolize(kind.lookup_address(a)) {
+            let mut is_raise_here = false;
             if let Some(d) = s.demangle_into(&mut name) {
                 NAMED.fetch_add(1, Ordering::SeqCst);
                 if d == "symbolize_signal::raise_here" {
                     DEMANGLED_TEST_FN.fetch_add(1, Ordering::SeqCst);
+                    is_raise_here = true;
                 }
+            }
+            if is_raise_here {
+                use std::fmt::Write as _;
+                let mut text = [0u8; 512];
+                let mut w = symbolize::FixedBuf::new(&mut text);
+                let _ = write!(w, "{s}");
+                let shown = w.as_str();
+                if shown.starts_with("symbolize_signal::raise_here+0x")
+                    && shown.contains("/0x")
+                    && shown.ends_with(']')
+                    && shown.contains(" [symbolize_signal-")
+                {
+                    DISPLAY_OK.fetch_add(1, Ordering::SeqCst);
+                }
+                write_fd(fd, b"display: ");
+                write_fd(fd, shown.as_bytes());
+                write_fd(fd, b"\n");
             }
         }
         let opts = KernelOptions {
@@ -138,6 +160,7 @@ fn symbolize_and_backtrace_symbols_fd_do_not_allocate_in_a_signal_handler() {
     assert_eq!(DEMANGLED_TEST_FN.load(Ordering::SeqCst), 1);
     assert!(EXACT_AFTER_TRAMPOLINE.load(Ordering::SeqCst) >= 1);
     assert_eq!(BATCH_AGREES.load(Ordering::SeqCst), 1);
+    assert_eq!(DISPLAY_OK.load(Ordering::SeqCst), 1, "{text}");
     let parts: Vec<&str> = text.split("--\n").collect();
     assert_eq!(parts.len(), 3, "{text}");
     // Kernel format, demangled, with object offset and build-id.

@@ -365,3 +365,19 @@ fn random_registers_and_stacks_never_crash_and_always_terminate() {
     assert!(total_frames >= 6000);
     std::hint::black_box(&stack);
 }
+
+#[test]
+fn walk_ends_display_as_the_reports_print_them() {
+    use selftrace::unwind::{StopReason, Truncation, WalkEnd};
+    assert_eq!(WalkEnd::Complete.to_string(), "complete");
+    assert_eq!(WalkEnd::BufferFull.to_string(), "buffer full");
+    let t = Truncation {
+        pc: 0x1234,
+        reason: StopReason::NoUnwindRule,
+    };
+    assert_eq!(
+        WalkEnd::Truncated(t).to_string(),
+        "truncated: no unwind rule at 0x1234"
+    );
+    assert_eq!(selftrace::profile::Mode::Wall.to_string(), "wall");
+}

@@ -20,6 +20,13 @@ pub enum Mode {
     Wall,
 }
 
+/// `cpu` or `wall` ([`Mode::as_str`]).
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Mode {
     /// The pprof name of the time this mode measures: `cpu` or `wall`.
     pub fn as_str(self) -> &'static str {

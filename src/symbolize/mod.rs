@@ -98,6 +98,27 @@ pub struct Symbol {
     pub source: SymbolSource,
 }
 
+/// `name+0x1d/0x80 [libfoo.so]` as the kernel writes a frame, the name demangled (Rust legacy
+/// and v0; other names as they are); `[libfoo.so+0x2e40]` without a symbol. Async-signal-safe
+/// when the formatter's writer is: the name is demangled into a 1 KiB stack buffer (a longer
+/// name is cut).
+impl core::fmt::Display for Symbol {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mut buf = [0u8; 1024];
+        match self.demangle_into(&mut buf) {
+            Some(name) => {
+                f.write_str(name)?;
+                write!(f, "+{:#x}", self.offset())?;
+                if self.size != 0 {
+                    write!(f, "/{:#x}", self.size)?;
+                }
+                write!(f, " [{}]", self.object_name())
+            }
+            None => write!(f, "[{}+{:#x}]", self.object_name(), self.object_offset()),
+        }
+    }
+}
+
 impl Symbol {
     /// `addr - start`: the offset into the symbol (0 when there is no symbol).
     pub fn offset(&self) -> usize {

@@ -153,6 +153,18 @@ impl core::fmt::Display for StopReason {
     }
 }
 
+/// `complete`, `buffer full`, or `truncated: no unwind rule at 0x7f3a2c1d2e40`.
+/// Async-signal-safe when the formatter's writer is (no allocation here).
+impl core::fmt::Display for WalkEnd {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            WalkEnd::Complete => f.write_str("complete"),
+            WalkEnd::BufferFull => f.write_str("buffer full"),
+            WalkEnd::Truncated(t) => write!(f, "truncated: {t}"),
+        }
+    }
+}
+
 impl core::fmt::Display for Truncation {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "{} at {:#x}", self.reason, self.pc)

@@ -382,6 +382,13 @@ fn check(slot: &Slot, now: u64) {
     }
 }
 
+/// The report's first line ([`Stall::headline`]).
+impl std::fmt::Display for Stall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.headline())
+    }
+}
+
 impl Stall {
     /// The report's first line, in the kernel's words: `BUG: soft lockup - thread
     /// worker:4243 stuck for 1.200s! (timeout 1.000s)` or `INFO: task worker:4243 blocked for
