@@ -23,6 +23,7 @@ const AARCH64_TESTS: &[&str] = &[
     "crash",
     "dlopen",
     "dump_stack",
+    "hostile",
     "symbolize",
     "symbolize_files",
     "symbolize_signal",

@@ -132,17 +132,21 @@ pub struct Profile {
 
 impl Profile {
     /// The total count of all samples (periods), overruns included.
+    /// (Saturating: a hand-built profile's counts may add up past `u64::MAX`.)
     pub fn total(&self) -> u64 {
-        self.samples.iter().map(|s| s.count).sum()
+        self.samples
+            .iter()
+            .fold(0u64, |total, s| total.saturating_add(s.count))
     }
 
     /// The function names of a sample's stack, innermost first, inlined functions expanded
-    /// (`??` for an unknown frame).
+    /// (`??` for an unknown frame, and for an index past [`Profile::locations`] in a profile
+    /// built by hand).
     pub fn function_names<'a>(&'a self, sample: &'a Sample) -> impl Iterator<Item = &'a str> + 'a {
         sample.locations.iter().flat_map(move |&l| {
-            let loc = &self.locations[l];
-            let unknown = loc.lines.is_empty().then_some("??");
-            loc.lines.iter().map(|line| &*line.function).chain(unknown)
+            let lines = self.locations.get(l).map_or(&[][..], |loc| &loc.lines[..]);
+            let unknown = lines.is_empty().then_some("??");
+            lines.iter().map(|line| &*line.function).chain(unknown)
         })
     }
 
@@ -157,8 +161,7 @@ impl Profile {
             .samples
             .iter()
             .filter(|s| self.function_names(s).any(|f| f.contains(needle)))
-            .map(|s| s.count)
-            .sum();
+            .fold(0u64, |hit, s| hit.saturating_add(s.count));
         hit as f64 / total as f64
     }
 
@@ -173,7 +176,11 @@ impl Profile {
             out.push(format!("[truncated: {}]", t.reason.as_str()));
         }
         for &l in sample.locations.iter().rev() {
-            let loc = &self.locations[l];
+            // An index past the locations (a profile built by hand): an unknown frame.
+            let Some(loc) = self.locations.get(l) else {
+                out.push("??".to_owned());
+                continue;
+            };
             if loc.lines.is_empty() {
                 // `obj+0x...` with the address in the file's terms (what addr2line takes).
                 let in_file = loc
@@ -214,7 +221,7 @@ impl Profile {
             let mut count = lines[i].1;
             let mut j = i + 1;
             while j < lines.len() && lines[j].0 == lines[i].0 {
-                count += lines[j].1;
+                count = count.saturating_add(lines[j].1);
                 j += 1;
             }
             let _ = writeln!(out, "{} {count}", lines[i].0);

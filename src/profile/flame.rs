@@ -13,9 +13,21 @@ impl Profile {
     ///
     /// A profile without samples gives a small valid SVG that says "no samples".
     ///
-    /// Errors: those of `w`.
+    /// Errors: those of `w`; `InvalidData` when the counts add up to more than `u64::MAX`.
     pub fn write_flamegraph(&self, mut w: impl Write) -> io::Result<()> {
         let title = self.flamegraph_title();
+        // Counts that add up past u64::MAX (a profile built by hand) cannot be drawn.
+        if self
+            .samples
+            .iter()
+            .try_fold(0u64, |t, s| t.checked_add(s.count))
+            .is_none()
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the sample counts add up to more than u64::MAX",
+            ));
+        }
         let total = self.total();
         if total == 0 {
             return w.write_all(message_svg(&title, "no samples").as_bytes());

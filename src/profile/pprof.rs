@@ -377,11 +377,33 @@ impl Profile {
         let mut truncated: HashMap<&'static str, u64> = HashMap::new();
         let thread_key = strings.id("thread");
         let thread_id_key = strings.id("thread_id");
+        // A location index past `locations` (a profile built by hand) refers to one location
+        // without address or lines: an unknown frame, as pprof shows one.
+        let known = self.locations.len();
+        let mut unknown_id = None;
         let sample = self
             .samples
             .iter()
             .map(|s: &Sample| {
-                let mut location_id: Vec<u64> = s.locations.iter().map(|&l| l as u64 + 1).collect();
+                let mut location_id: Vec<u64> = Vec::with_capacity(s.locations.len() + 1);
+                for &l in &s.locations {
+                    if l < known {
+                        location_id.push(l as u64 + 1);
+                        continue;
+                    }
+                    let id = *unknown_id.get_or_insert_with(|| {
+                        let id = location.len() as u64 + 1;
+                        location.push(proto::Location {
+                            id,
+                            mapping_id: 0,
+                            address: 0,
+                            line: Vec::new(),
+                            is_folded: false,
+                        });
+                        id
+                    });
+                    location_id.push(id);
+                }
                 if let Some(t) = s.truncation {
                     let reason = t.reason.as_str();
                     let id = *truncated.entry(reason).or_insert_with(|| {

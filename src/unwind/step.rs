@@ -376,7 +376,11 @@ impl Walker<'_, '_> {
         if !fp.is_multiple_of(W) || fp < regs.sp() {
             return Err(Step::Stop(StopReason::NoFramePointer));
         }
-        let (Some(next_fp), Some(ra)) = (self.mem.read_word(fp), self.mem.read_word(fp + W)) else {
+        let ra_at = fp.checked_add(W);
+        let (Some(next_fp), Some(ra)) = (
+            self.mem.read_word(fp),
+            ra_at.and_then(|a| self.mem.read_word(a)),
+        ) else {
             return Err(Step::Stop(StopReason::UnreadableMemory));
         };
         let ra = arch::strip_ra(ra);
