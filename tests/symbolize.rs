@@ -594,9 +594,11 @@ fn second_backtrace_reuses_parsed_dwarf() {
     assert_eq!(a.frames().len(), b.frames().len());
     // Same stack below this function: the same names, lines included.
     let names = |bt: &Backtrace| {
+        // selftrace's own frames, then this function (at two different lines).
         bt.frames()
             .iter()
-            .skip(2)
+            .skip_while(|f| f.name().is_some_and(|n| n.starts_with("selftrace::")))
+            .skip(1)
             .map(|f| f.symbols().to_vec())
             .collect::<Vec<_>>()
     };
@@ -607,4 +609,42 @@ fn second_backtrace_reuses_parsed_dwarf() {
 fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
     // SAFETY: the tests pass fds they opened and close only after the call returned.
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}
+
+#[inline(never)]
+fn deep_recursion(n: usize) -> selftrace::Backtrace {
+    if n == 0 {
+        return selftrace::Backtrace::new_unresolved();
+    }
+    let bt = deep_recursion(n - 1);
+    std::hint::black_box(&bt);
+    bt
+}
+
+#[test]
+fn an_unresolved_backtrace_keeps_a_deep_stack_whole_and_resolves_on_display() {
+    prepare();
+    // 600 frames of recursion: more than the 256 a backtrace used to keep.
+    let handle = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(|| deep_recursion(600))
+        .unwrap();
+    let bt = handle.join().unwrap();
+    assert!(bt.addresses().len() > 600, "{}", bt.addresses().len());
+    // Not cut for lack of room; a walk that stopped early (on any machine) says so at the end.
+    let end = bt
+        .walk_end()
+        .expect("a captured backtrace knows how its walk ended");
+    assert_ne!(end, selftrace::WalkEnd::BufferFull);
+    let text = format!("{bt:#}");
+    assert_eq!(
+        text.matches("symbolize::deep_recursion").count(),
+        601,
+        "{text}"
+    );
+    assert_eq!(
+        text.contains("(stack truncated: "),
+        matches!(end, selftrace::WalkEnd::Truncated(_)),
+        "{text}"
+    );
 }

@@ -11,6 +11,7 @@
 use super::format::{FixedBuf, FrameKind};
 use super::index::ObjectSymbols;
 use super::{frame_kind, lookup, Mode};
+use crate::unwind::WalkEnd;
 use addr2line::gimli;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -301,7 +302,14 @@ impl BacktraceFrame {
     }
 }
 
-/// An owned, symbolized stack: names, file:line:column, inlined frames.
+/// An owned stack, symbolized on first use: names, file:line:column, inlined frames.
+///
+/// [`Backtrace::capture`] walks and resolves at once; [`Backtrace::new_unresolved`] only walks
+/// (cheap: no symbol or DWARF lookup), and the frames are resolved when they are first asked
+/// for ([`Backtrace::frames`], `Display`) or by [`Backtrace::resolve`], as the `backtrace`
+/// crate's `Backtrace::new_unresolved` does. The whole stack is kept, up to
+/// [`crate::unwind::MAX_FRAMES`] frames; a walk that stopped early is said at the end of the
+/// `Display` output ([`Backtrace::walk_end`]).
 ///
 /// `Display` prints the short form (selftrace's own frames and the runtime's start-up frames
 /// hidden, as Rust's panic backtraces do); the alternate form `{:#}` prints every frame with
@@ -311,57 +319,121 @@ impl BacktraceFrame {
 /// use [`crate::capture`] and [`crate::symbolize::write_kernel_frame`] instead.
 #[derive(Clone, Debug)]
 pub struct Backtrace {
-    frames: Vec<BacktraceFrame>,
+    addrs: Vec<usize>,
+    first_exact: bool,
+    /// How the walk ended (`None` for addresses given by the caller).
+    end: Option<WalkEnd>,
     /// Leading frames that belong to selftrace (hidden in the short form).
     own: usize,
+    frames: std::sync::OnceLock<Vec<BacktraceFrame>>,
 }
 
 impl Backtrace {
     /// Captures and symbolizes the current stack. Frame 0 of [`Backtrace::frames`] is inside
-    /// this function (hidden in the short form); then the caller.
+    /// selftrace (hidden in the short form); then the caller.
     #[inline(never)]
     pub fn capture() -> Backtrace {
-        let mut buf = [0usize; 256];
-        let n = crate::capture(&mut buf);
-        let addrs = buf.get(..n).unwrap_or(&[]);
-        let mut bt = Backtrace::from_addresses(addrs, false);
-        let me = Backtrace::capture as fn() -> Backtrace as usize;
-        bt.own = bt
-            .frames
-            .iter()
-            .take_while(|f| {
-                lookup(f.kind.lookup_address(f.addr), Mode::All).is_some_and(|s| s.start == me)
+        let bt = Backtrace::walk_here();
+        bt.resolve_now();
+        bt
+    }
+
+    /// Captures the current stack's addresses only; names and lines are looked up on first
+    /// use.
+    #[inline(never)]
+    pub fn new_unresolved() -> Backtrace {
+        Backtrace::walk_here()
+    }
+
+    /// Looks up every frame's names and lines now (a no-op once done).
+    pub fn resolve(&mut self) {
+        self.resolve_now();
+    }
+
+    fn resolve_now(&self) -> &[BacktraceFrame] {
+        self.frames.get_or_init(|| {
+            super::ensure_covers(&self.addrs);
+            (0..self.addrs.len())
+                .map(|i| {
+                    BacktraceFrame::resolve(
+                        self.addrs[i],
+                        frame_kind(&self.addrs, i, self.first_exact),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    /// Walks the stack into a buffer that grows until the walk ends (or reaches
+    /// [`crate::unwind::MAX_FRAMES`]).
+    #[inline(never)]
+    fn walk_here() -> Backtrace {
+        let mut addrs = vec![0usize; 256];
+        let walk = loop {
+            let walk = crate::capture_walk(&mut addrs);
+            if walk.end != WalkEnd::BufferFull || addrs.len() >= crate::unwind::MAX_FRAMES {
+                break walk;
+            }
+            let grown = (addrs.len() * 4).min(crate::unwind::MAX_FRAMES);
+            addrs = vec![0usize; grown];
+        };
+        addrs.truncate(walk.frames);
+        let mine = [
+            Backtrace::walk_here as fn() -> Backtrace as usize,
+            Backtrace::capture as fn() -> Backtrace as usize,
+            Backtrace::new_unresolved as fn() -> Backtrace as usize,
+        ];
+        let own = (0..addrs.len())
+            .take_while(|&i| {
+                let kind = frame_kind(&addrs, i, false);
+                lookup(kind.lookup_address(addrs[i]), Mode::All)
+                    .is_some_and(|s| mine.contains(&s.start))
             })
             .count();
-        bt
+        Backtrace {
+            addrs,
+            first_exact: false,
+            end: Some(walk.end),
+            own,
+            frames: std::sync::OnceLock::new(),
+        }
     }
 
     /// Symbolizes captured addresses: `first_exact` when frame 0 is an exact pc (a capture
     /// from a `ucontext_t`); frames after a signal trampoline are recognized as exact.
     pub fn from_addresses(addrs: &[usize], first_exact: bool) -> Backtrace {
-        super::ensure_covers(addrs);
-        let frames = (0..addrs.len())
-            .filter_map(|i| {
-                let a = *addrs.get(i)?;
-                Some(BacktraceFrame::resolve(
-                    a,
-                    frame_kind(addrs, i, first_exact),
-                ))
-            })
-            .collect();
-        Backtrace { frames, own: 0 }
+        let bt = Backtrace {
+            addrs: addrs.to_vec(),
+            first_exact,
+            end: None,
+            own: 0,
+            frames: std::sync::OnceLock::new(),
+        };
+        bt.resolve_now();
+        bt
     }
 
-    /// Every frame, innermost first.
+    /// The captured addresses, innermost first (return addresses, frame 0 and the frames after
+    /// a signal trampoline exact).
+    pub fn addresses(&self) -> &[usize] {
+        &self.addrs
+    }
+
+    /// How the walk of a captured backtrace ended; `None` for [`Backtrace::from_addresses`].
+    pub fn walk_end(&self) -> Option<WalkEnd> {
+        self.end
+    }
+
+    /// Every frame, innermost first (resolved now if they were not).
     pub fn frames(&self) -> &[BacktraceFrame] {
-        &self.frames
+        self.resolve_now()
     }
 
     /// The frames of the short form: without selftrace's leading frames, and ending before the
     /// runtime's start-up code (`__rust_begin_short_backtrace`, `std::rt::lang_start`, libc's
     /// `__libc_start_main`, `_start`, thread start routines).
     pub fn short_frames(&self) -> &[BacktraceFrame] {
-        let rest = self.frames.get(self.own..).unwrap_or(&[]);
+        let rest = self.resolve_now().get(self.own..).unwrap_or(&[]);
         let mut end = rest.len();
         for (i, f) in rest.iter().enumerate() {
             // Raw names: plain C names, or Rust ones that contain these words when mangled.
@@ -401,7 +473,7 @@ impl fmt::Display for Backtrace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let full = f.alternate();
         let frames = if full {
-            &self.frames[..]
+            self.frames()
         } else {
             self.short_frames()
         };
@@ -452,6 +524,15 @@ impl fmt::Display for Backtrace {
                     writeln!(f)?;
                 }
             }
+        }
+        match self.end {
+            Some(WalkEnd::Truncated(t)) => writeln!(f, "      (stack truncated: {t})")?,
+            Some(WalkEnd::BufferFull) => writeln!(
+                f,
+                "      (stack truncated: deeper than {} frames)",
+                crate::unwind::MAX_FRAMES
+            )?,
+            _ => {}
         }
         Ok(())
     }
