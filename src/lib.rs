@@ -62,6 +62,8 @@
 //! a capture that meets an object loaded after the last snapshot refreshes it only when it can
 //! prove it is not running in a signal handler (see [`unwind`] and [`set_auto_refresh`]).
 #![warn(missing_docs)]
+// docs.rs (nightly, `--cfg docsrs`): each item says which cargo feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // `unsafe` only in the modules that say `#![allow(unsafe_code)]` (system calls, signal handlers,
 // checked memory reads, the unwinder's entry and the lock-free tables), each block with its
 // `// SAFETY:` line.
