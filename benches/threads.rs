@@ -171,7 +171,8 @@ fn dump_all(c: &mut Criterion) {
 }
 
 fn pet(c: &mut Criterion) {
-    let w = selftrace::watchdog::watch_with_timeout("bench", Duration::from_secs(3600));
+    let w =
+        selftrace::watchdog::watch_with_timeout("bench", Duration::from_secs(3600)).expect("watch");
     let mut g = c.benchmark_group("pet");
     g.measurement_time(Duration::from_secs(1)).sample_size(30);
     g.bench_function("selftrace Watch::pet", |b| b.iter(|| black_box(&w).pet()));

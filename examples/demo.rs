@@ -331,7 +331,8 @@ fn other_threads() {
     let worker = std::thread::Builder::new()
         .name("indexer".into())
         .spawn(|| {
-            let w = watchdog::watch_with_timeout("indexer", Duration::from_millis(300));
+            let w = watchdog::watch_with_timeout("indexer", Duration::from_millis(300))
+                .expect("watch the indexer");
             for round in 0..60 {
                 w.pet();
                 if round == 20 {

@@ -58,6 +58,24 @@
 //! handler of [`crash::install`], also with [`crash::Builder::all_threads`], and the sampling
 //! handler of [`profile`].
 //!
+//! # Signals
+//!
+//! selftrace takes a signal only when a call that needs it is made; nothing is installed by
+//! linking it or by [`init`].
+//!
+//! | signal | taken by | when | a handler already there | afterwards |
+//! |---|---|---|---|---|
+//! | `SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`, `SIGABRT`, `SIGTRAP` ([`crash::DEFAULT_SIGNALS`], or [`crash::Builder::signals`]) | [`crash::Builder::install`] | at the call | kept and called after the report (std's stack-overflow handler excepted: selftrace reports overflows itself) | stays installed: the process is about to die by the signal anyway |
+//! | `SIGRTMIN + 4` ([`threads::default_signal`], or [`threads::install_with_signal`]) | [`threads::install`]; also, at their first call, [`threads::capture_thread`], [`threads::dump_all`], [`crash::Builder::all_threads`], [`watchdog::watch`] | at the call | refused with [`Error::AlreadyExists`] (the watchdog's `watch` returns it) | stays installed: a late request signal of an abandoned capture must not meet the default action (which kills) |
+//! | the dump signal you choose (`SIGQUIT` is usual) | [`threads::install_dump_signal`] | at the call | replaced | stays installed |
+//! | `SIGPROF` ([`profile::Builder::signal`]) | [`profile::Builder::start`] | at the call | refused with an error | stays installed, ignoring the signal once the profiler stops: a late timer signal must not kill the process |
+//!
+//! Besides signals, two `.init_array` constructors run before `main` in normal context: the
+//! unwinder records the objects loaded at start-up (and the page size, and whether glibc has
+//! `_dl_find_object`), and the trace markers read `SELFTRACE_TAGS` and register a
+//! `pthread_atfork` child handler (see [`trace`]). Neither installs a signal handler or starts
+//! a thread.
+//!
 //! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context:
 //! a capture that meets an object loaded after the last snapshot refreshes it only when it can
 //! prove it is not running in a signal handler (see [`unwind`] and [`set_auto_refresh`]).

@@ -77,7 +77,7 @@ fn worker(
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            let w = watchdog::watch_with_timeout(name, Duration::from_millis(300));
+            let w = watchdog::watch_with_timeout(name, Duration::from_millis(300)).expect("watch");
             healthy(&w, Duration::from_millis(200));
             stall(stall_for);
             healthy(&w, Duration::from_millis(400));

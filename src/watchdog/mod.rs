@@ -34,12 +34,13 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! let w = selftrace::watchdog::watch_with_timeout("worker", Duration::from_secs(5));
+//! let w = selftrace::watchdog::watch_with_timeout("worker", Duration::from_secs(5))?;
 //! for _ in 0..1000 {
 //!     w.pet();
 //!     // ... one unit of work ...
 //! }
 //! drop(w); // stops watching this thread
+//! # Ok::<(), selftrace::Error>(())
 //! ```
 #![allow(unsafe_code)]
 
@@ -204,18 +205,26 @@ pub fn pet() {
 }
 
 /// Watches the calling thread as `name` with the default timeout ([`set_default_timeout`],
-/// 2 s unless changed). Starts the monitor thread on first use. Normal context.
-pub fn watch(name: &str) -> Watch {
+/// 2 s unless changed). Starts the monitor thread on first use, and installs the
+/// stack-request handler of [`crate::threads`] (the report shows the stalled thread's stack).
+/// Normal context.
+///
+/// # Errors
+/// Those of [`crate::threads::install`]: the stack-request signal has another handler.
+pub fn watch(name: &str) -> Result<Watch, Error> {
     watch_with_timeout(
         name,
         Duration::from_millis(DEFAULT_TIMEOUT_MS.load(Ordering::Relaxed)),
     )
 }
 
-/// Watches the calling thread as `name`: it must pet at least every `timeout`.
-pub fn watch_with_timeout(name: &str, timeout: Duration) -> Watch {
+/// Watches the calling thread as `name`: it must pet at least every `timeout`. See [`watch`].
+///
+/// # Errors
+/// Those of [`crate::threads::install`].
+pub fn watch_with_timeout(name: &str, timeout: Duration) -> Result<Watch, Error> {
+    threads::install()?;
     start_monitor();
-    let _ = threads::install();
     let now = TICK.load(Ordering::Relaxed);
     let tid = sys::gettid();
     let slot = Arc::new(Slot {
@@ -236,10 +245,10 @@ pub fn watch_with_timeout(name: &str, timeout: Duration) -> Watch {
         r.push(slot.clone());
     }
     let _ = CURRENT.try_with(|c| c.set(Arc::as_ptr(&slot)));
-    Watch {
+    Ok(Watch {
         slot,
         _not_send: PhantomData,
-    }
+    })
 }
 
 /// How often the monitor checks (default 100 ms; at least 1 ms). Stall durations are measured
