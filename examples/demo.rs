@@ -322,12 +322,13 @@ fn other_threads() {
     // A worker that checks in every few milliseconds, then gets stuck for 0.8 s.
     println!("\nthe watchdog (timeout 300 ms, checks every 50 ms):");
     let _ = std::io::stdout().flush();
-    watchdog::set_period(Duration::from_millis(50));
-    watchdog::set_fd(
-        std::os::fd::AsFd::as_fd(&std::io::stdout())
+    watchdog::builder()
+        .period(Duration::from_millis(50))
+        .fd(std::os::fd::AsFd::as_fd(&std::io::stdout())
             .try_clone_to_owned()
-            .expect("dup stdout"),
-    );
+            .expect("dup stdout"))
+        .install()
+        .expect("the watchdog");
     let worker = std::thread::Builder::new()
         .name("indexer".into())
         .spawn(|| {

@@ -88,7 +88,8 @@ fn worker(
 fn scenario(name: &str) {
     println!();
     selftrace::init().expect("init");
-    watchdog::set_period(Duration::from_millis(20));
+    let settings = watchdog::builder().period(Duration::from_millis(20));
+    settings.clone().install().expect("watchdog");
     if let Ok(path) = std::env::var("MARKER_FILE") {
         selftrace::trace::set_marker_path(path).expect("the instance's trace_marker");
     }
@@ -96,7 +97,7 @@ fn scenario(name: &str) {
         "busy" | "blocked" => {
             let seen: Arc<Mutex<Vec<String>>> = Arc::default();
             let s2 = seen.clone();
-            watchdog::set_action(Action::Callback(Arc::new(move |s| {
+            let callback = Action::Callback(Arc::new(move |s| {
                 let names: Vec<String> = s
                     .stack
                     .as_ref()
@@ -118,7 +119,12 @@ fn scenario(name: &str) {
                     s.busy,
                     names.iter().any(|n| n.contains("_stall"))
                 ));
-            })));
+            }));
+            settings
+                .clone()
+                .action(callback)
+                .install()
+                .expect("watchdog");
             let w = if name == "busy" {
                 worker("cruncher", busy_stall, Duration::from_millis(1500))
             } else {
@@ -142,7 +148,11 @@ fn scenario(name: &str) {
                 .install()
                 .expect("install");
             selftrace::threads::set_timeout(Duration::from_secs(3));
-            watchdog::set_action(Action::Abort);
+            settings
+                .clone()
+                .action(Action::Abort)
+                .install()
+                .expect("watchdog");
             // Stuck for longer than the abort takes (the crash report waits for the symbolizer
             // and for each thread): the crash report must still see it stuck.
             let w = worker("stuck", blocked_stall, Duration::from_secs(100));

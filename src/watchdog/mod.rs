@@ -3,7 +3,7 @@
 //! A thread registers with [`watch`] (`watch("worker")`) and calls [`Watch::pet`] (or the free
 //! [`pet`]) in its loop: one relaxed load of the monitor's clock and one relaxed store, about a
 //! nanosecond. The monitor thread (named `watchdog`, started by the first [`watch`]) wakes every
-//! [`set_period`] (default 100 ms) and checks each watched thread's last pet against its
+//! [`Builder::period`] (default 100 ms) and checks each watched thread's last pet against its
 //! timeout. A thread that misses its deadline gets **one** report, not one per tick:
 //!
 //! ```text
@@ -204,8 +204,8 @@ pub fn pet() {
     });
 }
 
-/// Watches the calling thread as `name` with the default timeout ([`set_default_timeout`],
-/// 2 s unless changed). Starts the monitor thread on first use, and installs the
+/// Watches the calling thread as `name` with the default timeout
+/// ([`Builder::default_timeout`], 2 s unless changed). Starts the monitor thread on first use, and installs the
 /// stack-request handler of [`crate::threads`] (the report shows the stalled thread's stack).
 /// Normal context.
 ///
@@ -251,35 +251,95 @@ pub fn watch_with_timeout(name: &str, timeout: Duration) -> Result<Watch, Error>
     })
 }
 
-/// How often the monitor checks (default 100 ms; at least 1 ms). Stall durations are measured
-/// in these steps.
-pub fn set_period(period: Duration) {
-    let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
-    PERIOD_MS.store(ms, Ordering::Relaxed);
+/// Settings of the watchdog; [`builder`] gives the defaults. [`Builder::install`] applies them
+/// (the watchdog is one per process: a later `install` replaces the settings).
+#[must_use = "a builder does nothing until `install` is called"]
+#[derive(Clone)]
+pub struct Builder {
+    period: Duration,
+    default_timeout: Duration,
+    action: Action,
+    fd: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
-/// The timeout of [`watch`] (default 2 s).
-pub fn set_default_timeout(timeout: Duration) {
-    let ms = u64::try_from(timeout.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
-    DEFAULT_TIMEOUT_MS.store(ms, Ordering::Relaxed);
-}
-
-/// What to do on a stall besides the report (default [`Action::Report`]).
-pub fn set_action(action: Action) {
-    if let Ok(mut a) = ACTION.lock() {
-        *a = Some(action);
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("period", &self.period)
+            .field("default_timeout", &self.default_timeout)
+            .field("action", &self.action)
+            .field("fd", &self.fd)
+            .finish()
     }
 }
 
-/// Where reports go (default: stderr), for example a [`std::fs::File`]. The fd is kept open
-/// for the rest of the process (a report may be being written), also after another `set_fd`.
-pub fn set_fd(fd: impl Into<std::os::fd::OwnedFd>) {
-    let fd = fd.into();
-    FD.store(std::os::fd::AsRawFd::as_raw_fd(&fd), Ordering::Relaxed);
-    // Never closed: see above.
-    core::mem::forget(fd);
+impl Default for Builder {
+    fn default() -> Builder {
+        Builder {
+            period: Duration::from_millis(100),
+            default_timeout: Duration::from_secs(2),
+            action: Action::Report,
+            fd: None,
+        }
+    }
+}
+
+/// The defaults: a check every 100 ms, a 2 s timeout for [`watch`], [`Action::Report`], reports
+/// to stderr.
+pub fn builder() -> Builder {
+    Builder::default()
+}
+
+impl Builder {
+    /// How often the monitor checks (default 100 ms; at least 1 ms). Stall durations are
+    /// measured in these steps.
+    pub fn period(mut self, period: Duration) -> Builder {
+        self.period = period;
+        self
+    }
+
+    /// The timeout of [`watch`] (default 2 s; at least 1 ms).
+    pub fn default_timeout(mut self, timeout: Duration) -> Builder {
+        self.default_timeout = timeout;
+        self
+    }
+
+    /// What to do on a stall besides the report (default [`Action::Report`]).
+    pub fn action(mut self, action: Action) -> Builder {
+        self.action = action;
+        self
+    }
+
+    /// Where reports go (default: stderr), for example a [`std::fs::File`]. [`Builder::install`]
+    /// keeps it open for the rest of the process (a report may be being written at any time),
+    /// also if the watchdog is installed again with another fd.
+    pub fn fd(mut self, fd: impl Into<std::os::fd::OwnedFd>) -> Builder {
+        self.fd = Some(Arc::new(fd.into()));
+        self
+    }
+
+    /// Applies the settings, installs the stack-request handler of [`crate::threads`] (the
+    /// reports show the stalled thread's stack) and starts the monitor thread. Calling it is
+    /// optional: [`watch`] starts the watchdog with the defaults. Normal context.
+    ///
+    /// # Errors
+    /// Those of [`crate::threads::install`].
+    pub fn install(self) -> Result<(), Error> {
+        threads::install()?;
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+        PERIOD_MS.store(ms(self.period), Ordering::Relaxed);
+        DEFAULT_TIMEOUT_MS.store(ms(self.default_timeout), Ordering::Relaxed);
+        if let Ok(mut a) = ACTION.lock() {
+            *a = Some(self.action);
+        }
+        if let Some(fd) = self.fd {
+            FD.store(std::os::fd::AsRawFd::as_raw_fd(&*fd), Ordering::Relaxed);
+            // Never closed: see `fd`.
+            core::mem::forget(fd);
+        }
+        start_monitor();
+        Ok(())
+    }
 }
 
 fn now_ms() -> u64 {
