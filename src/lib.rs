@@ -66,7 +66,7 @@
 //! | signal | taken by | when | a handler already there | afterwards |
 //! |---|---|---|---|---|
 //! | `SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`, `SIGABRT`, `SIGTRAP` ([`crash::DEFAULT_SIGNALS`], or [`crash::Builder::signals`]) | [`crash::Builder::install`] | at the call | kept and called after the report (std's stack-overflow handler excepted: selftrace reports overflows itself) | stays installed: the process is about to die by the signal anyway |
-//! | `SIGRTMIN + 4` ([`threads::default_signal`], or [`threads::install_with_signal`]) | [`threads::install`]; also, at their first call, [`threads::capture_thread`], [`threads::dump_all`], [`crash::Builder::all_threads`], [`watchdog::watch`] | at the call | refused with [`Error::AlreadyExists`] (the watchdog's `watch` returns it) | stays installed: a late request signal of an abandoned capture must not meet the default action (which kills) |
+//! | `SIGRTMIN + 4` ([`threads::default_signal`], or [`threads::Builder::signal`]) | [`threads::install`]; also, at their first call, [`threads::capture_thread`], [`threads::dump_all`], [`crash::Builder::all_threads`], [`watchdog::watch`] | at the call | refused with [`Error::AlreadyExists`] (the watchdog's `watch` returns it) | stays installed: a late request signal of an abandoned capture must not meet the default action (which kills) |
 //! | the dump signal you choose (`SIGQUIT` is usual) | [`threads::install_dump_signal`] | at the call | replaced | stays installed |
 //! | `SIGPROF` ([`profile::Builder::signal`]) | [`profile::Builder::start`] | at the call | refused with an error | stays installed, ignoring the signal once the profiler stops: a late timer signal must not kill the process |
 //!

@@ -330,7 +330,10 @@ fn scenario(name: &str) {
     }
     match name {
         "spin" => {
-            threads::set_timeout(Duration::from_secs(30));
+            threads::builder()
+                .timeout(Duration::from_secs(30))
+                .install()
+                .expect("threads");
             let tid = spawn_named("spinner", caller_spin);
             while !spinner::SPINNING.load(Ordering::SeqCst) {
                 std::thread::yield_now();
@@ -355,7 +358,10 @@ fn scenario(name: &str) {
             spinner::STOP.store(true, Ordering::SeqCst);
         }
         "syscalls" => {
-            threads::set_timeout(Duration::from_secs(30));
+            threads::builder()
+                .timeout(Duration::from_secs(30))
+                .install()
+                .expect("threads");
             let lock = Arc::new(Mutex::new(0u32));
             let (hold_r, hold_w) = pipe();
             let (read_r, read_w) = pipe();
@@ -467,7 +473,10 @@ fn scenario(name: &str) {
         }
         "many" => {
             // A bound for a loaded machine, not a timing assertion: every thread must answer.
-            threads::set_timeout(Duration::from_secs(30));
+            threads::builder()
+                .timeout(Duration::from_secs(30))
+                .install()
+                .expect("threads");
             let b = Arc::new(Barrier::new(201));
             let stop = Arc::new(AtomicBool::new(false));
             let mut handles = Vec::new();
@@ -494,7 +503,10 @@ fn scenario(name: &str) {
             }
         }
         "concurrent" => {
-            threads::set_timeout(Duration::from_secs(30));
+            threads::builder()
+                .timeout(Duration::from_secs(30))
+                .install()
+                .expect("threads");
             // Asleep in `sleeper` before the dumps start, and until they end (the scenario
             // exits without them).
             let sleepy: Vec<i32> = (0..4)
@@ -566,7 +578,10 @@ fn scenario(name: &str) {
         }
         "crash" | "crash-alloc" => {
             // Every thread but the masked one must answer within this, also on a loaded machine.
-            threads::set_timeout(Duration::from_secs(3));
+            threads::builder()
+                .timeout(Duration::from_secs(3))
+                .install()
+                .expect("threads");
             if name == "crash-alloc" {
                 install_count_reporter();
             }
@@ -773,7 +788,10 @@ fn scenario(name: &str) {
             let sig = libc::SIGRTMIN() + 7;
             assert_ne!(sig, default);
             let default_before = disposition(default);
-            threads::install_with_signal(sig).expect("install_with_signal");
+            threads::builder()
+                .signal(sig)
+                .install()
+                .expect("install with a signal");
             // Later installs (capture_thread and dump_all call it) keep the configured one.
             threads::install().expect("install");
             println!("configured {}", threads::signal() == Some(sig));

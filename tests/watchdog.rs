@@ -147,7 +147,10 @@ fn scenario(name: &str) {
                 .all_threads(true)
                 .install()
                 .expect("install");
-            selftrace::threads::set_timeout(Duration::from_secs(3));
+            selftrace::threads::builder()
+                .timeout(Duration::from_secs(3))
+                .install()
+                .expect("threads");
             settings
                 .clone()
                 .action(Action::Abort)

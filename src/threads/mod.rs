@@ -4,7 +4,7 @@
 //! # How another thread's stack is captured
 //! [`capture_thread`] posts a request in a lock-free table and sends the thread a signal with
 //! `tgkill` (a real-time signal by default, [`default_signal`]; configurable with
-//! [`install_with_signal`]). The thread's handler runs [`crate::capture_from_ucontext`] on the
+//! [`Builder::signal`]). The thread's handler runs [`crate::capture_from_ucontext`] on the
 //! interrupted context into the request's slot, marks it done and wakes the requester with a
 //! futex. So frame 0 is the thread's exact pc: for a thread blocked in a system call, the libc
 //! wrapper of that call (`syscall`, `read`, `clock_nanosleep`, ...).
@@ -91,13 +91,8 @@ pub fn install() -> Result<(), Error> {
     install_with_signal(default_signal())
 }
 
-/// Installs the stack-request handler for `sig` (a signal the program does not use otherwise,
-/// ideally a real-time one: those queue instead of merging). Later requests use `sig`.
-///
-/// Errors: [`Error::InvalidInput`] for a signal that cannot be caught or that the dump signal
-/// uses, [`Error::AlreadyExists`] when the program installed another handler for `sig`,
-/// [`Error::Timeout`] when another installation did not finish within a second.
-pub fn install_with_signal(sig: i32) -> Result<(), Error> {
+/// Installs the stack-request handler for `sig` ([`Builder::signal`], [`Builder::install`]).
+fn install_with_signal(sig: i32) -> Result<(), Error> {
     if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
         return Err(Error::InvalidInput("signal cannot be handled"));
     }
@@ -162,13 +157,54 @@ pub fn signal() -> Option<i32> {
     }
 }
 
-/// Sets how long [`dump_all`], the dump signal and the crash report wait for each thread
-/// (default [`DEFAULT_TIMEOUT`]).
-pub fn set_timeout(timeout: Duration) {
-    TIMEOUT_NS.store(duration_ns(timeout), Ordering::Relaxed);
+/// Settings of the stack requests; [`builder`] gives the defaults, [`Builder::install`] applies
+/// them. Optional: [`install`] (which the capturing functions call) uses the defaults.
+#[must_use = "a builder does nothing until `install` is called"]
+#[derive(Clone, Debug, Default)]
+pub struct Builder {
+    signal: Option<i32>,
+    timeout: Option<Duration>,
 }
 
-/// The per-thread timeout of dumps (see [`set_timeout`]).
+/// The defaults: [`default_signal`], [`DEFAULT_TIMEOUT`].
+pub fn builder() -> Builder {
+    Builder::default()
+}
+
+impl Builder {
+    /// The signal stacks are requested with (default [`default_signal`]): one the program does
+    /// not use otherwise, ideally a real-time one (those queue instead of merging).
+    pub fn signal(mut self, sig: i32) -> Builder {
+        self.signal = Some(sig);
+        self
+    }
+
+    /// How long [`dump_all`], the dump signal and the crash report wait for each thread
+    /// (default [`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Builder {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Applies the timeout and installs the stack-request handler for the signal; later
+    /// requests use it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a signal that cannot be caught or that the dump signal
+    /// uses, [`Error::AlreadyExists`] when the program installed another handler for it,
+    /// [`Error::Timeout`] when another installation did not finish within a second.
+    pub fn install(self) -> Result<(), Error> {
+        if let Some(t) = self.timeout {
+            TIMEOUT_NS.store(duration_ns(t), Ordering::Relaxed);
+        }
+        match self.signal {
+            Some(sig) => install_with_signal(sig),
+            None => install(),
+        }
+    }
+}
+
+/// The per-thread timeout of dumps (see [`Builder::timeout`]).
 pub fn timeout() -> Duration {
     Duration::from_nanos(TIMEOUT_NS.load(Ordering::Relaxed))
 }
