@@ -2,12 +2,12 @@
 //! `go tool pprof` and fleet tools that speak pprof can pull them. std only: no HTTP crate.
 //!
 //! ```sh
-//! cargo run --release --features pprof,flamegraph --example pprof_server -- 127.0.0.1:6060
+//! cargo run --release --features http,flamegraph --example pprof_server -- 127.0.0.1:6060
 //! go tool pprof -top 'http://127.0.0.1:6060/debug/pprof/profile?seconds=5'
 //! curl -o flame.svg 'http://127.0.0.1:6060/debug/pprof/flamegraph?seconds=5'
 //! ```
 //!
-//! Routes:
+//! The routes are the library's (`selftrace::profile::http`):
 //! * `GET /debug/pprof/profile?seconds=N[&hz=H][&mode=wall]`: a CPU (or wall-clock) profile of
 //!   the next N seconds (default 30, at most 300), gzipped `profile.proto`.
 //! * `GET /debug/pprof/flamegraph?seconds=N[&hz=H][&mode=wall]`: the same as an SVG flame graph.
@@ -19,10 +19,9 @@
 //! CPU-bound workload (`serve_requests` → `parse_request`, `render_page`) so that profiles have
 //! something to show.
 
-use selftrace::profile::{self, Mode};
 use std::hint::black_box;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 fn main() {
@@ -48,15 +47,22 @@ fn main() {
         listener.local_addr().expect("local address")
     );
     let _ = std::io::stdout().flush();
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
-        let _ = std::thread::Builder::new()
-            .name("pprof-http".into())
-            .spawn(move || {
-                if let Err(e) = handle(conn) {
-                    eprintln!("pprof_server: {e}");
-                }
-            });
+    // The library's server; a line per profile taken.
+    let served = selftrace::profile::http::serve(listener, |r| {
+        if let (Some(p), Some(stats)) = (&r.profile, &r.stats) {
+            println!(
+                "profiled {} s: {} samples ({} signals), {} dropped",
+                p.duration.as_secs_f64().round(),
+                p.total(),
+                stats.samples,
+                p.dropped
+            );
+            let _ = std::io::stdout().flush();
+        }
+    });
+    if let Err(e) = served {
+        eprintln!("pprof_server: {e}");
+        std::process::exit(1);
     }
 }
 
@@ -107,130 +113,4 @@ fn spin(mut x: u64, n: u64) -> u64 {
         x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
     }
     x
-}
-
-/// What a request asks for.
-struct Query {
-    seconds: u64,
-    hz: u32,
-    mode: Mode,
-}
-
-fn parse_query(query: &str) -> Result<Query, String> {
-    let mut q = Query {
-        seconds: 30,
-        hz: 99,
-        mode: Mode::Cpu,
-    };
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "seconds" => {
-                q.seconds = v
-                    .parse()
-                    .ok()
-                    .filter(|s| (1..=300).contains(s))
-                    .ok_or("seconds must be 1 to 300")?
-            }
-            "hz" => {
-                q.hz = v
-                    .parse()
-                    .ok()
-                    .filter(|h| (1..=profile::MAX_FREQUENCY_HZ).contains(h))
-                    .ok_or("hz must be 1 to 10000")?
-            }
-            "mode" => {
-                q.mode = match v {
-                    "cpu" => Mode::Cpu,
-                    "wall" => Mode::Wall,
-                    _ => return Err("mode must be cpu or wall".into()),
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(q)
-}
-
-fn handle(mut conn: TcpStream) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line)?;
-    // Skip the headers.
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
-            break;
-        }
-    }
-    let mut parts = request_line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    if method != "GET" {
-        return respond(&mut conn, 405, "text/plain", b"only GET\n");
-    }
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let svg =
-        match path {
-            "/debug/pprof/profile" => false,
-            "/debug/pprof/flamegraph" => true,
-            "/debug/pprof" | "/debug/pprof/" => return respond(
-                &mut conn,
-                200,
-                "text/plain",
-                b"/debug/pprof/profile?seconds=N[&hz=H][&mode=cpu|wall]: gzipped profile.proto\n\
-                  /debug/pprof/flamegraph?seconds=N[&hz=H][&mode=cpu|wall]: SVG flame graph\n",
-            ),
-            _ => return respond(&mut conn, 404, "text/plain", b"not found\n"),
-        };
-    let q = match parse_query(query) {
-        Ok(q) => q,
-        Err(e) => return respond(&mut conn, 400, "text/plain", format!("{e}\n").as_bytes()),
-    };
-    let profiler = match profile::builder().frequency(q.hz).mode(q.mode).start() {
-        Ok(p) => p,
-        Err(selftrace::Error::AlreadyExists(_)) => {
-            return respond(&mut conn, 409, "text/plain", b"a profile is being taken\n")
-        }
-        Err(e) => {
-            return respond(&mut conn, 500, "text/plain", format!("{e}\n").as_bytes());
-        }
-    };
-    std::thread::sleep(Duration::from_secs(q.seconds));
-    let stats = profiler.stats();
-    let p = profiler.stop();
-    println!(
-        "profiled {} s: {} samples ({} signals), {} dropped",
-        q.seconds,
-        p.total(),
-        stats.samples,
-        p.dropped
-    );
-    let _ = std::io::stdout().flush();
-    if svg {
-        let mut body = Vec::new();
-        p.write_flamegraph(&mut body)?;
-        respond(&mut conn, 200, "image/svg+xml", &body)
-    } else {
-        respond(&mut conn, 200, "application/octet-stream", &p.to_pprof())
-    }
-}
-
-fn respond(conn: &mut TcpStream, status: u16, kind: &str, body: &[u8]) -> std::io::Result<()> {
-    let reason = match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        409 => "Conflict",
-        _ => "Internal Server Error",
-    };
-    write!(
-        conn,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n",
-        body.len()
-    )?;
-    conn.write_all(body)?;
-    conn.flush()
 }

@@ -1,7 +1,7 @@
 //! `examples/pprof_server.rs` against real clients: `go tool pprof` fetches a CPU profile over
 //! HTTP the way it does from Go services and lists the workload's hot functions; the flame
 //! graph route returns SVG; a second profile meanwhile and a bad query get clear answers.
-#![cfg(all(feature = "pprof", feature = "flamegraph"))]
+#![cfg(all(feature = "http", feature = "flamegraph"))]
 
 mod example_build;
 
@@ -18,7 +18,7 @@ fn server_binary() -> PathBuf {
         &[
             "--release",
             "--features",
-            "pprof,flamegraph",
+            "http,flamegraph",
             "--example",
             "pprof_server",
         ],

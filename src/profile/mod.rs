@@ -68,6 +68,8 @@ mod data;
 #[cfg(feature = "flamegraph")]
 mod flame;
 #[cfg(feature = "pprof")]
+pub mod http;
+#[cfg(feature = "pprof")]
 mod pprof;
 mod ring;
 mod sampler;
