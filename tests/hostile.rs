@@ -209,16 +209,7 @@ fn text_and_buffers() {
     for data in [&b""[..], &b"\x7fELF"[..], &elf[..], &[0xffu8; 4096][..]] {
         let _ = selftrace::usdt::parse_probes(data);
     }
-    for path in [
-        "/dev/null",
-        "/proc/self/maps",
-        "/",
-        "/nonexistent",
-        "/dev/zero",
-    ] {
-        if path == "/dev/zero" {
-            continue; // endless: reading it whole is the caller's choice, not a hostile value
-        }
+    for path in ["/dev/null", "/proc/self/maps", "/", "/nonexistent"] {
         let _ = selftrace::usdt::read_probes(path);
     }
     // ftrace text.

@@ -180,11 +180,7 @@ impl Builder {
                 })?
                 .into_raw_fd(),
             // Never closed: a handler may write to it at any time from now on.
-            (None, Some(fd)) => {
-                let raw = fd.as_raw_fd();
-                core::mem::forget(fd);
-                raw
-            }
+            (None, Some(fd)) => sys::keep_open(fd),
             (None, None) => 2,
         };
         OUT_FD.store(fd, Ordering::Relaxed);

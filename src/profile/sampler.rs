@@ -262,9 +262,9 @@ impl Aggregator {
     /// Resolving an address of an object for the first time can take long (its DWARF is read,
     /// hundreds of milliseconds for a large program), so the ring is not emptied here but by
     /// the timer thread ([`Inner::pull`]), which never waits for this: the ring does not fill
-    /// up behind a slow symbolization. `take` passes `pull_meanwhile` false (the interval ends
-    /// at a definite point, and the refresh below is not deferred).
-    fn drain(&mut self, inner: &Inner, pull_meanwhile: bool) {
+    /// up behind a slow symbolization. `take` passes `defer_refresh` false: the interval's samples
+    /// are named after a refresh, however recent the last one.
+    fn drain(&mut self, inner: &Inner, defer_refresh: bool) {
         let mut batch = inner.take_pulled();
         if batch.is_empty() {
             return;
@@ -278,7 +278,7 @@ impl Aggregator {
         let mut view = View::Settled;
         if counters != self.counters {
             // `take` always refreshes: the interval's samples are named as far as possible.
-            if !pull_meanwhile || self.last_refresh.elapsed() >= MIN_REFRESH {
+            if !defer_refresh || self.last_refresh.elapsed() >= MIN_REFRESH {
                 crate::refresh();
                 self.last_refresh = Instant::now();
                 let before = std::mem::replace(&mut self.objects, current_objects());

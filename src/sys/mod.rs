@@ -15,6 +15,14 @@ pub(crate) fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
+/// Gives up ownership of `fd` without closing it and returns its number: for an fd a signal
+/// handler writes to from now on, which must stay open for the rest of the process.
+pub(crate) fn keep_open(fd: impl std::os::fd::AsRawFd) -> i32 {
+    let raw = fd.as_raw_fd();
+    core::mem::forget(fd);
+    raw
+}
+
 /// `write(2)` of the whole buffer, retrying on `EINTR` and on short writes.
 ///
 /// # References

@@ -314,10 +314,9 @@ pub fn install_dump_signal(sig: i32) -> Result<(), Error> {
 /// `SA_RESTART`; it replaces the signal's previous action.
 pub fn install_dump_signal_to(sig: i32, fd: impl Into<OwnedFd>) -> Result<(), Error> {
     let fd: OwnedFd = fd.into();
-    let raw = fd.as_raw_fd();
-    install_dump_signal_fd(sig, raw)?;
-    // Never closed: the handler writes to it from now on.
-    core::mem::forget(fd);
+    install_dump_signal_fd(sig, fd.as_raw_fd())?;
+    // Never closed: the handler writes to it from now on (closed instead if that failed).
+    sys::keep_open(fd);
     Ok(())
 }
 

@@ -333,9 +333,8 @@ impl Builder {
             *a = Some(self.action);
         }
         if let Some(fd) = self.fd {
-            FD.store(std::os::fd::AsRawFd::as_raw_fd(&*fd), Ordering::Relaxed);
             // Never closed: see `fd`.
-            core::mem::forget(fd);
+            FD.store(sys::keep_open(fd), Ordering::Relaxed);
         }
         start_monitor();
         Ok(())
