@@ -1,6 +1,6 @@
 //! Other threads' stacks and the watchdog's check-in:
 //!
-//! * `remote_capture`: the round trip of [`selftrace::threads::capture_thread`] (request, signal,
+//! * `remote_capture`: the round trip of [`selftrace::threads::capture`] (request, signal,
 //!   the target's walk, futex wake, copy) for a thread blocked in a futex and for one spinning,
 //!   next to the same walk of the caller's own stack (`selftrace::capture`), the `backtrace`
 //!   crate's unresolved capture of the caller's own stack (what a program without a way to ask
@@ -124,14 +124,17 @@ fn remote_capture(c: &mut Criterion) {
     let mut g = c.benchmark_group("remote_capture");
     g.measurement_time(Duration::from_secs(2)).sample_size(30);
     let mut frames = [0usize; 128];
-    g.bench_function("selftrace capture_thread (blocked in futex)", |b| {
+    g.bench_function("selftrace threads::capture (blocked in futex)", |b| {
         b.iter(|| {
-            threads::capture_thread(tids[0], &mut frames, Duration::from_secs(1)).expect("capture")
+            threads::capture(tids[0], &mut frames, Duration::from_secs(1))
+                .map(|w| w.frames)
+                .expect("capture")
         })
     });
-    g.bench_function("selftrace capture_thread (spinning)", |b| {
+    g.bench_function("selftrace threads::capture (spinning)", |b| {
         b.iter(|| {
-            threads::capture_thread(spin_tids[0], &mut frames, Duration::from_secs(1))
+            threads::capture(spin_tids[0], &mut frames, Duration::from_secs(1))
+                .map(|w| w.frames)
                 .expect("capture")
         })
     });

@@ -1,6 +1,6 @@
 //! Stack capture, selftrace against its peers, same process, same stack (a 20-function chain
 //! on top of the bench harness), in the same run:
-//! - selftrace `capture` (DWARF CFI with frame-pointer fallback) and `capture_fp`
+//! - selftrace `capture` (DWARF CFI with frame-pointer fallback) and `Capture` in frame-pointer mode
 //! - glibc `backtrace()` (libgcc's unwinder)
 //! - the `backtrace` crate's `trace_unsynchronized` (libgcc's `_Unwind_Backtrace`)
 //! - libunwind's `unw_backtrace` (nongnu libunwind, `libunwind.so.8`, loaded with `dlopen`
@@ -23,11 +23,11 @@
 //!   so the walk goes through libc's frames (`qsort_no_capture` is the sort alone).
 //! - `capture_in_handler_libcrypto_leaf`: a thread runs OpenSSL SHA-512 (assembly whose CFA is
 //!   a DWARF expression); the bench signals it and times, inside the handler, one
-//!   `capture_from_ucontext` or one libunwind `unw_init_local2(UNW_INIT_SIGNAL_FRAME)` + `unw_step`
+//!   `Capture::walk_ucontext` or one libunwind `unw_init_local2(UNW_INIT_SIGNAL_FRAME)` + `unw_step`
 //!   walk of the interrupted stack (only the walk is timed).
 //!
 //! And frame-pointer mode where it means something: the `fp_bench` example, built with
-//! `-C force-frame-pointers=yes` in release and run from here, prints `capture_fp` and a naive
+//! `-C force-frame-pointers=yes` in release and run from here, prints the frame-pointer capture and a naive
 //! unchecked frame-pointer loop over the same chain, ns per frame and the ratio.
 
 #[path = "../tests/support/libunwind.rs"]
@@ -83,7 +83,10 @@ fn count_frames(unw: Option<UnwBacktrace>) {
     let mut ptrs = [std::ptr::null_mut::<c_void>(); 256];
     c00(&mut || {
         let a = selftrace::capture(&mut buf);
-        let b = selftrace::capture_fp(&mut buf);
+        let b = selftrace::Capture::new()
+            .mode(selftrace::UnwindMode::FramePointer)
+            .walk(&mut buf)
+            .frames;
         // SAFETY: ptrs is valid for 256 entries.
         let c = unsafe { libc::backtrace(ptrs.as_mut_ptr(), 256) };
         let mut d = 0;
@@ -428,7 +431,11 @@ extern "C" fn on_usr2(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     let t0 = mono_ns();
     let n = match SIG_MODE.load(Ordering::Relaxed) {
         // SAFETY: as above.
-        1 => unsafe { selftrace::capture_from_ucontext(uc.cast(), buf) },
+        1 => unsafe {
+            selftrace::Capture::new()
+                .walk_ucontext(uc.cast(), buf)
+                .frames
+        },
         // SAFETY: as above.
         2 => UNW_LOCAL
             .get()
@@ -610,7 +617,16 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("selftrace_capture_fp", |b| {
         let mut buf = [0usize; 256];
-        c00(&mut || b.iter(|| black_box(selftrace::capture_fp(&mut buf))));
+        c00(&mut || {
+            b.iter(|| {
+                black_box(
+                    selftrace::Capture::new()
+                        .mode(selftrace::UnwindMode::FramePointer)
+                        .walk(&mut buf)
+                        .frames,
+                )
+            })
+        });
     });
     g.bench_function("glibc_backtrace", |b| {
         let mut ptrs = [std::ptr::null_mut::<c_void>(); 256];

@@ -1,6 +1,6 @@
 //! Frame-pointer walking measured where it means something: benches/unwind.rs builds this
 //! example with `-C force-frame-pointers=yes` (release) and runs it. At the bottom of a
-//! 64-deep recursion it times `selftrace::capture_fp` and a naive, unchecked frame-pointer loop
+//! 64-deep recursion it times the frame-pointer `selftrace::Capture` and a naive, unchecked frame-pointer loop
 //! over the same chain (the same number of frames), fastest of 40 rounds each, the rounds of
 //! the two alternating, and prints ns per frame and the ratio:
 //!
@@ -53,7 +53,10 @@ fn fastest_interleaved(
 fn measure() -> (usize, f64, f64) {
     let mut buf = [0usize; 256];
     let mut other = [0usize; 256];
-    let n = selftrace::capture_fp(&mut buf);
+    let n = selftrace::Capture::new()
+        .mode(selftrace::UnwindMode::FramePointer)
+        .walk(&mut buf)
+        .frames;
     assert!(
         n >= DEPTH,
         "capture_fp found {n} frames; frame pointers missing?"
@@ -70,7 +73,12 @@ fn measure() -> (usize, f64, f64) {
         || {
             let t = Instant::now();
             for _ in 0..ITERS {
-                black_box(selftrace::capture_fp(black_box(&mut buf)));
+                black_box(
+                    selftrace::Capture::new()
+                        .mode(selftrace::UnwindMode::FramePointer)
+                        .walk(black_box(&mut buf))
+                        .frames,
+                );
             }
             t.elapsed()
         },

@@ -30,7 +30,10 @@ chain!(chain_00 -> chain_01 -> chain_02 -> chain_03 -> chain_04 -> chain_05 -> c
 #[inline(never)]
 fn fp_capture(out: &mut Vec<usize>) {
     let mut buf = [0usize; 128];
-    let n = selftrace::capture_fp(&mut buf);
+    let n = selftrace::Capture::new()
+        .mode(selftrace::UnwindMode::FramePointer)
+        .walk(&mut buf)
+        .frames;
     out.extend_from_slice(&buf[..n]);
 }
 

@@ -1,8 +1,9 @@
 //! selftrace: a Linux program traces itself, in-process.
 //!
-//! * **Stacks**: [`capture`] and [`capture_from_ucontext`] walk the stack with DWARF CFI (every
-//!   rule gdb and libunwind follow, compiled rules cached for all threads), falling back to frame
-//!   pointers only where no CFI exists; [`capture_walk`] says whether a walk was complete. They
+//! * **Stacks**: [`capture`] (glibc's `backtrace()`) and [`Capture`] (a mode, a register state,
+//!   a signal handler's `ucontext_t`) walk the stack with DWARF CFI (every rule gdb and libunwind
+//!   follow, compiled rules cached for all threads), falling back to frame pointers only where no
+//!   CFI exists; the [`Walk`] a [`Capture`] returns says whether the walk was complete. They
 //!   are async-signal-safe: no allocation, no lock, no panic, every memory read checked.
 //!   [`symbolize()`] names addresses (in a handler too), [`Backtrace`] adds file:line, and
 //!   [`crash::install`] prints kernel-style crash reports.
@@ -29,10 +30,9 @@
 //! | function | what it does |
 //! |---|---|
 //! | [`capture`] | return addresses of the current stack, through signal frames |
-//! | [`capture_fp`] | the same, frame pointers only |
-//! | [`capture_from_ucontext`] | the interrupted stack of a signal handler's `ucontext_t` |
-//! | [`capture_from_regs`] | a stack from an explicit register state |
-//! | [`capture_walk`], [`capture_walk_with`], [`capture_walk_from_ucontext`], [`capture_walk_from_regs`] | the same, with how the walk ended ([`Walk`]) |
+//! | [`Capture::walk`] | the same in a chosen [`UnwindMode`], with how the walk ended ([`Walk`]) |
+//! | [`Capture::walk_ucontext`] | the interrupted stack of a signal handler's `ucontext_t` |
+//! | [`Capture::walk_regs`] | a stack from an explicit register state |
 //! | [`unwind::stats`] | the unwinder's counters |
 //! | [`dump_stack`], [`crash::dump_stack_to`] | the current stack, symbolized, to stderr or an fd |
 //! | [`symbolize()`] | object, bias, build-id, symbol name, offset and size of an address |
@@ -47,7 +47,7 @@
 //! | [`trace::instant()`], [`trace::instant_for_track`], [`trace::set_counter`] | `I`, `N`, `C` markers |
 //! | [`trace::is_enabled`], [`trace::stats`], [`trace::status`] | marker state, one atomic load each |
 //! | [`probe!`], [`probe_lazy!`], [`probe_enabled!`] | a USDT probe site: a `nop`, plus a load for the last two |
-//! | [`threads::capture_thread`] | another thread's stack by tid (signal + lock-free handshake, with a timeout) |
+//! | [`threads::capture`] | another thread's stack by tid (signal + lock-free handshake, with a timeout) |
 //! | [`threads::dump_all`], [`threads::dump_all_with_timeout`] | every thread's name, tid, state, CPU time and stack to an fd |
 //! | [`threads::list`], [`threads::info`], [`threads::current_tid`] | thread ids from `/proc/self/task`; one thread's name, state and CPU time |
 //! | [`threads::install`] | installs the stack-request handler (`sigaction` only) |
@@ -61,14 +61,22 @@
 //! # Signals
 //!
 //! selftrace takes a signal only when a call that needs it is made; nothing is installed by
-//! linking it or by [`init`].
+//! linking it or by [`init`]. One policy holds for every handler it installs:
 //!
-//! | signal | taken by | when | a handler already there | afterwards |
-//! |---|---|---|---|---|
-//! | `SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`, `SIGABRT`, `SIGTRAP` ([`crash::DEFAULT_SIGNALS`], or [`crash::Builder::signals`]) | [`crash::Builder::install`] | at the call | kept and called after the report (std's stack-overflow handler excepted: selftrace reports overflows itself) | stays installed: the process is about to die by the signal anyway |
-//! | `SIGRTMIN + 4` ([`threads::default_signal`], or [`threads::Builder::signal`]) | [`threads::install`]; also, at their first call, [`threads::capture_thread`], [`threads::dump_all`], [`crash::Builder::all_threads`], [`watchdog::watch`] | at the call | refused with [`Error::AlreadyExists`] (the watchdog's `watch` returns it) | stays installed: a late request signal of an abandoned capture must not meet the default action (which kills) |
-//! | the dump signal you choose (`SIGQUIT` is usual) | [`threads::install_dump_signal`] | at the call | replaced | stays installed |
-//! | `SIGPROF` ([`profile::Builder::signal`]) | [`profile::Builder::start`] | at the call | refused with an error | stays installed, ignoring the signal once the profiler stops: a late timer signal must not kill the process |
+//! * **Chained**: the action that was there is kept. A signal that is not selftrace's (no stack
+//!   request for the thread, not from the profiler's timers), and a crash signal after its
+//!   report, goes on to it when it is a function, as signal-hook does; `SIG_DFL` and `SIG_IGN`
+//!   are not emulated (a dump signal does not also dump core).
+//! * **Given back**: each has a way out that restores the previous action, except that
+//!   `SIG_DFL` comes back as `SIG_IGN` where a late signal of selftrace's (a deleted timer's, an
+//!   abandoned request's) would otherwise kill the process.
+//!
+//! | signal | taken by | when | removed by |
+//! |---|---|---|---|
+//! | `SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`, `SIGABRT`, `SIGTRAP` ([`crash::DEFAULT_SIGNALS`], or [`crash::Builder::signals`]) | [`crash::Builder::install`] | at the call | [`crash::uninstall`] (std's stack-overflow handler is given back too, but not chained to: selftrace reports overflows itself) |
+//! | `SIGRTMIN + 4` ([`threads::default_signal`], or [`threads::Builder::signal`]) | [`threads::install`]; also, at their first call, [`threads::capture`], [`threads::dump_all`], [`crash::Builder::all_threads`], [`watchdog::watch`] | at the call | [`threads::uninstall`] (`SIG_DFL` becomes `SIG_IGN`; the next capture installs it again) |
+//! | the dump signal you choose (`SIGQUIT` is usual) | [`threads::install_dump_signal`] | at the call | [`threads::uninstall_dump_signal`] |
+//! | `SIGPROF` ([`profile::Builder::signal`]) | [`profile::Builder::start`] | at the call | stopping the profiler ([`profile::Profiler::stop`], or dropping it): `SIG_DFL` becomes `SIG_IGN` |
 //!
 //! Besides signals, two `.init_array` constructors run before `main` in normal context: the
 //! unwinder records the objects loaded at start-up (and the page size, and whether glibc has
@@ -109,9 +117,8 @@ pub use crash::dump_stack;
 pub use error::Error;
 pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
 pub use unwind::{
-    capture, capture_fp, capture_from_regs, capture_from_ucontext, capture_walk,
-    capture_walk_from_regs, capture_walk_from_ucontext, capture_walk_with, capture_with,
-    set_auto_refresh, Regs, StopReason, Truncation, UnwindMode, UnwindStats, Walk, WalkEnd,
+    capture, set_auto_refresh, Capture, Regs, StopReason, Truncation, UnwindMode, UnwindStats,
+    Walk, WalkEnd,
 };
 
 /// Snapshots the loaded objects, builds the DWARF unwinder and the symbol index, and learns the

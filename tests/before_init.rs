@@ -7,7 +7,7 @@ mod counting;
 #[allow(dead_code)]
 mod oracle;
 
-use selftrace::{capture, capture_from_ucontext};
+use selftrace::capture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[global_allocator]
@@ -21,7 +21,11 @@ extern "C" fn on_signal(_: i32, _: *mut libc::siginfo_t, uc: *mut libc::c_void) 
     let ((), calls) = counting::counting(|| {
         let mut buf = [0usize; 64];
         // SAFETY: uc is the kernel's ucontext for this signal.
-        let n = unsafe { capture_from_ucontext(uc.cast(), &mut buf) };
+        let n = unsafe {
+            selftrace::Capture::new()
+                .walk_ucontext(uc.cast(), &mut buf)
+                .frames
+        };
         let m = capture(&mut buf[n.min(32)..]);
         IN_HANDLER.store(n + m, Ordering::SeqCst);
         HANDLER_FRAME0.store(buf[0], Ordering::SeqCst);

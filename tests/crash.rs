@@ -23,6 +23,27 @@ fn child_entry() {
     if name == "crash-in-handler" {
         scenarios::install_crashing_user_handler();
     }
+    if name == "uninstalled" {
+        // Installed, then removed: the program's handler and std's panic message come back,
+        // and a crash or panic gets no report.
+        scenarios::install_user_handler();
+        selftrace::crash::builder()
+            .panic_hook(true)
+            .install()
+            .expect("install");
+        selftrace::crash::uninstall().expect("uninstall");
+        // SAFETY: queries SIGSEGV's action into a valid struct.
+        let now = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut sa);
+            sa.sa_sigaction
+        };
+        eprintln!("given back {}", now == scenarios::user_handler_addr());
+        let _ = std::panic::catch_unwind(|| panic!("after uninstall"));
+        // SAFETY: the default action, so that the crash below kills the process.
+        unsafe { libc::signal(libc::SIGSEGV, libc::SIG_DFL) };
+        scenarios::caller_null();
+    }
     if name == "panic" {
         // A hook of the program's own, chained to std's: both must still run.
         let std_hook = std::panic::take_hook();
@@ -328,6 +349,18 @@ fn a_handler_installed_before_is_still_called() {
         user > report_end,
         "the report comes first, then the chained handler"
     );
+}
+
+#[test]
+fn uninstall_gives_the_signals_and_the_panic_hook_back() {
+    let o = run("uninstalled");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert!(o.report.contains("given back true"), "{}", o.report);
+    // std's hook still prints the panic; selftrace's report does not come, for the panic nor
+    // the crash.
+    assert!(o.report.contains("after uninstall"), "{}", o.report);
+    assert!(!o.report.contains("selftrace: "), "{}", o.report);
+    assert!(!o.report.contains("end of report"), "{}", o.report);
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod clib;
 #[path = "support/target.rs"]
 mod target;
 
-use selftrace::{capture, capture_from_regs, Regs, UnwindMode};
+use selftrace::{capture, Regs, UnwindMode};
 use std::ffi::{c_void, CStr};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -166,7 +166,10 @@ fn unloaded_objects_are_never_read() {
     let sp = stack.as_ptr() as usize;
     let mut buf = [0usize; 16];
     for mode in [UnwindMode::Dwarf, UnwindMode::FramePointer] {
-        let n = capture_from_regs(Regs::new(inner_pc, sp, 0), &mut buf, mode);
+        let n = selftrace::Capture::new()
+            .mode(mode)
+            .walk_regs(Regs::new(inner_pc, sp, 0), &mut buf)
+            .frames;
         assert!(n >= 1 && buf[0] == inner_pc);
     }
     // And a normal capture still works.

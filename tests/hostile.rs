@@ -73,14 +73,27 @@ fn unwind_from_hostile_registers() {
                 for &mode in &modes {
                     let mut regs = Regs::new(pc, sp, fp);
                     regs.lr = pc.wrapping_add(sp);
-                    let n = selftrace::capture_from_regs(regs, &mut buf, mode);
+                    let n = selftrace::Capture::new()
+                        .mode(mode)
+                        .walk_regs(regs, &mut buf)
+                        .frames;
                     assert!(n <= buf.len());
-                    let w = selftrace::capture_walk_from_regs(regs, &mut buf, mode);
+                    let w = selftrace::Capture::new()
+                        .mode(mode)
+                        .walk_regs(regs, &mut buf);
                     assert!(w.frames <= buf.len());
                     let _ = w.end.to_string();
                     let _ = w.truncation();
-                    selftrace::capture_walk_from_regs(regs, &mut tiny, mode);
-                    assert_eq!(selftrace::capture_from_regs(regs, &mut none, mode), 0);
+                    selftrace::Capture::new()
+                        .mode(mode)
+                        .walk_regs(regs, &mut tiny);
+                    assert_eq!(
+                        selftrace::Capture::new()
+                            .mode(mode)
+                            .walk_regs(regs, &mut none)
+                            .frames,
+                        0
+                    );
                 }
             }
         }
@@ -361,8 +374,9 @@ fn hostile_settings() {
     }
     let mut frames = [0usize; 16];
     for tid in [-1, 0, i32::MAX, i32::MIN, 1] {
-        let _ = selftrace::threads::capture_thread(tid, &mut frames, Duration::from_millis(50));
-        let _ = selftrace::threads::capture_thread(tid, &mut [], Duration::ZERO);
+        let _ = selftrace::threads::capture(tid, &mut frames, Duration::from_millis(50))
+            .map(|w| w.frames);
+        let _ = selftrace::threads::capture(tid, &mut [], Duration::ZERO).map(|w| w.frames);
         let _ = selftrace::threads::info(tid);
     }
     // A marker with a name longer than a trace_marker write, NULs and separators.

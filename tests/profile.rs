@@ -7,7 +7,7 @@ use selftrace::profile::{self, Mode, Profile, Threads};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -394,7 +394,8 @@ fn after_ignored_work() -> u64 {
 
 /// A profiler started after other code set the sampling signal to `SIG_IGN` (what pprof-rs
 /// does when it stops) installs its handler again instead of sampling into the void, and one
-/// started while another handler owns the signal refuses to start.
+/// started while the program has a handler for the signal keeps it (chains to it) and puts it
+/// back at stop.
 #[test]
 fn a_handler_replaced_between_profilers_is_noticed() {
     let _g = serial();
@@ -413,17 +414,38 @@ fn a_handler_replaced_between_profilers_is_noticed() {
     let n = samples_of(&profile, &[me], "after_ignored_work");
     assert!(n >= 10, "{n} samples after SIGPROF was set to SIG_IGN");
 
-    // Another handler installed after our handler was: refused, not silently shared.
-    extern "C" fn theirs(_: i32) {}
+    // A handler the program installed is kept: the profiler samples, the program's own
+    // SIGPROF (not from a profiler timer) still reaches its handler, and stopping puts the
+    // handler back.
+    static THEIRS: AtomicUsize = AtomicUsize::new(0);
+    extern "C" fn theirs(_: i32) {
+        THEIRS.fetch_add(1, Ordering::SeqCst);
+    }
     // SAFETY: a plain handler for SIGPROF; no profiler runs, and it is reset below.
     unsafe { libc::signal(libc::SIGPROF, theirs as *const () as usize) };
-    let refused = profile::start(499).unwrap_err();
-    // SAFETY: back to the default; no timer sends SIGPROF now.
-    unsafe { libc::signal(libc::SIGPROF, libc::SIG_DFL) };
+    let p = profile::start(499).unwrap();
+    // SAFETY: a signal to this thread; both handlers are async-signal-safe.
+    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), me, libc::SIGPROF) };
+    let t0 = thread_cpu_ns();
+    while thread_cpu_ns() - t0 < 300_000_000 {
+        black_box(after_ignored_work());
+    }
+    let profile = p.stop();
+    let chained = THEIRS.load(Ordering::SeqCst);
+    // SAFETY: queries SIGPROF's action, then back to the default (no timer sends SIGPROF now).
+    let after_stop = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut sa);
+        libc::signal(libc::SIGPROF, libc::SIG_DFL);
+        sa.sa_sigaction
+    };
+    assert_eq!(chained, 1, "the program's own SIGPROF reached its handler");
     assert_eq!(
-        refused,
-        selftrace::Error::AlreadyExists("handler for the sampling signal")
+        after_stop, theirs as *const () as usize,
+        "stopping put the program's handler back"
     );
+    let n = samples_of(&profile, &[me], "after_ignored_work");
+    assert!(n >= 10, "{n} samples with the program's handler kept");
     drop(profile::start(499).unwrap().stop());
 }
 
@@ -545,17 +567,24 @@ fn clear_errors() {
         Error::AlreadyExists("a running profiler")
     );
     drop(p);
-    // A signal the program handles itself is refused, not taken over.
+    // A signal the program handles itself is shared (chained) and given back at stop.
     extern "C" fn mine(_: i32) {}
     // SAFETY: installs a plain handler for SIGUSR2, which nothing else in this test uses.
     unsafe { libc::signal(libc::SIGUSR2, mine as *const () as usize) };
-    assert_eq!(
+    drop(
         profile::builder()
             .signal(libc::SIGUSR2)
             .start()
-            .unwrap_err(),
-        Error::AlreadyExists("handler for the sampling signal")
+            .unwrap()
+            .stop(),
     );
+    // SAFETY: queries SIGUSR2's action.
+    let back = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGUSR2, std::ptr::null(), &mut sa);
+        sa.sa_sigaction
+    };
+    assert_eq!(back, mine as *const () as usize);
     // After all that, a profiler starts.
     let stop = AtomicBool::new(false);
     let p = profile::start(99).unwrap();

@@ -34,7 +34,11 @@ extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void)
     let fd = OUT_FD.load(Ordering::SeqCst);
     let mut frames = [0usize; 64];
     // SAFETY: uc is the ucontext_t the kernel passed to this SA_SIGINFO handler.
-    let n = unsafe { selftrace::capture_from_ucontext(uc.cast(), &mut frames) };
+    let n = unsafe {
+        selftrace::Capture::new()
+            .walk_ucontext(uc.cast(), &mut frames)
+            .frames
+    };
     let frames = &frames[..n];
     FRAMES.store(n, Ordering::SeqCst);
     let mut line = [0u8; 512];

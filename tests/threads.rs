@@ -14,6 +14,7 @@ mod child_support;
 use selftrace::threads;
 use std::hint::black_box;
 use std::io::Read;
+use std::os::fd::FromRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
@@ -325,7 +326,7 @@ fn scenario(name: &str) {
     // The harness printed `test child_entry ... ` without a newline.
     println!();
     selftrace::init().expect("init");
-    if name != "signal" {
+    if name != "signal" && name != "chain" {
         threads::install().expect("install");
     }
     match name {
@@ -339,18 +340,16 @@ fn scenario(name: &str) {
                 std::thread::yield_now();
             }
             let mut frames = [0usize; 64];
-            let n =
-                threads::capture_thread(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            let n = threads::capture(tid, &mut frames, Duration::from_secs(5))
+                .map(|w| w.frames)
+                .expect("capture");
             for name in names(&frames[..n]) {
                 println!("frame {name}");
             }
             // The calling thread itself.
-            let n = threads::capture_thread(
-                threads::current_tid(),
-                &mut frames,
-                Duration::from_secs(5),
-            )
-            .expect("capture self");
+            let n = threads::capture(threads::current_tid(), &mut frames, Duration::from_secs(5))
+                .map(|w| w.frames)
+                .expect("capture self");
             for name in names(&frames[..n]) {
                 println!("self {name}");
             }
@@ -395,7 +394,8 @@ fn scenario(name: &str) {
                 std::thread::yield_now();
             }
             let mut frames = [0usize; 64];
-            let r = threads::capture_thread(tid, &mut frames, Duration::from_millis(300));
+            let r =
+                threads::capture(tid, &mut frames, Duration::from_millis(300)).map(|w| w.frames);
             println!("capture {r:?}");
             let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_millis(300));
             println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
@@ -409,11 +409,12 @@ fn scenario(name: &str) {
                 .join()
                 .unwrap();
             let mut frames = [0usize; 64];
-            let r = threads::capture_thread(
+            let r = threads::capture(
                 tid.load(Ordering::SeqCst),
                 &mut frames,
                 Duration::from_secs(2),
-            );
+            )
+            .map(|w| w.frames);
             println!("exited capture {r:?}");
             // A thread that is listed and asked, but exits before it can answer (it has the
             // signal blocked): gone, not a timeout.
@@ -648,7 +649,7 @@ fn scenario(name: &str) {
             let mut frames = [0usize; 64];
             // The requester side too.
             let t = counting::start();
-            let n = threads::capture_thread(tid, &mut frames, Duration::from_secs(5));
+            let n = threads::capture(tid, &mut frames, Duration::from_secs(5)).map(|w| w.frames);
             let requester = counting::stop(t);
             println!("capture {:?}", n.map(|n| n > 2));
             println!("requester allocations {requester}");
@@ -720,7 +721,8 @@ fn scenario(name: &str) {
             println!("stopped state {state:?}");
             let mut frames = [0usize; 64];
             let start = std::time::Instant::now();
-            let r = threads::capture_thread(tid, &mut frames, Duration::from_millis(300));
+            let r =
+                threads::capture(tid, &mut frames, Duration::from_millis(300)).map(|w| w.frames);
             println!(
                 "stopped capture {r:?} after {} ms",
                 start.elapsed().as_millis()
@@ -734,8 +736,9 @@ fn scenario(name: &str) {
             let mut status = 0;
             // SAFETY: reaps our helper into a valid int.
             unsafe { libc::waitpid(helper, &mut status, 0) };
-            let n =
-                threads::capture_thread(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            let n = threads::capture(tid, &mut frames, Duration::from_secs(5))
+                .map(|w| w.frames)
+                .expect("capture");
             for name in names(&frames[..n]) {
                 println!("after {name}");
             }
@@ -761,7 +764,8 @@ fn scenario(name: &str) {
             println!("vfork state {state_field:?}");
             let mut frames = [0usize; 64];
             let start = std::time::Instant::now();
-            let res = threads::capture_thread(tid, &mut frames, Duration::from_millis(300));
+            let res =
+                threads::capture(tid, &mut frames, Duration::from_millis(300)).map(|w| w.frames);
             println!(
                 "vfork capture {res:?} after {} ms",
                 start.elapsed().as_millis()
@@ -775,8 +779,9 @@ fn scenario(name: &str) {
             while !spinner::SPINNING.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            let n =
-                threads::capture_thread(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            let n = threads::capture(tid, &mut frames, Duration::from_secs(5))
+                .map(|w| w.frames)
+                .expect("capture");
             for name in names(&frames[..n]) {
                 println!("after {name}");
             }
@@ -792,7 +797,7 @@ fn scenario(name: &str) {
                 .signal(sig)
                 .install()
                 .expect("install with a signal");
-            // Later installs (capture_thread and dump_all call it) keep the configured one.
+            // Later installs (threads::capture and dump_all call it) keep the configured one.
             threads::install().expect("install");
             println!("configured {}", threads::signal() == Some(sig));
             // This thread blocks the default signal: a request through it could not reach it.
@@ -801,8 +806,9 @@ fn scenario(name: &str) {
                 std::thread::yield_now();
             }
             let mut frames = [0usize; 64];
-            let n =
-                threads::capture_thread(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            let n = threads::capture(tid, &mut frames, Duration::from_secs(5))
+                .map(|w| w.frames)
+                .expect("capture");
             for name in names(&frames[..n]) {
                 println!("frame {name}");
             }
@@ -815,7 +821,8 @@ fn scenario(name: &str) {
             while !ready.load(Ordering::SeqCst) {
                 std::thread::yield_now();
             }
-            let r = threads::capture_thread(masked, &mut frames, Duration::from_millis(300));
+            let r =
+                threads::capture(masked, &mut frames, Duration::from_millis(300)).map(|w| w.frames);
             println!("masked capture {r:?}");
             let bit = |s: i32| 1u64 << (s - 1);
             println!(
@@ -839,7 +846,110 @@ fn scenario(name: &str) {
             );
             spinner::STOP.store(true, Ordering::SeqCst);
         }
+        "chain" => {
+            // The program's own handlers, installed before selftrace's: kept, called for the
+            // signals that are not selftrace's, and back after uninstall.
+            let sig = threads::default_signal();
+            install_counter(sig, count_rt);
+            threads::install().expect("install over a handler");
+            let tid = spawn_named("spinner", caller_spin);
+            while !spinner::SPINNING.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let mut frames = [0usize; 64];
+            let walk = threads::capture(tid, &mut frames, Duration::from_secs(5)).expect("capture");
+            for name in names(&frames[..walk.frames]) {
+                println!("frame {name}");
+            }
+            println!(
+                "program handler calls after a capture {}",
+                RT_CALLS.load(Ordering::SeqCst)
+            );
+            // SAFETY: a signal to this thread, which has no request: the program's handler.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    libc::getpid(),
+                    threads::current_tid(),
+                    sig,
+                )
+            };
+            println!(
+                "program handler calls after its own signal {}",
+                RT_CALLS.load(Ordering::SeqCst)
+            );
+            threads::uninstall().expect("uninstall");
+            println!(
+                "request handler given back {} signal {:?}",
+                disposition(sig) == count_rt as *const () as usize,
+                threads::signal()
+            );
+            // The dump signal: the dump, then the program's handler.
+            install_counter(libc::SIGUSR1, count_usr1);
+            let dump = MemFile::new();
+            // SAFETY: dup of a valid fd, owned by the dump handler from now on.
+            let dump_fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(libc::dup(dump.0)) };
+            threads::install_dump_signal_to(libc::SIGUSR1, dump_fd).expect("dump signal");
+            // SAFETY: a signal to this thread; both handlers are async-signal-safe.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    libc::getpid(),
+                    threads::current_tid(),
+                    libc::SIGUSR1,
+                )
+            };
+            println!(
+                "dumped {} program handler calls {}",
+                dump.text().contains("\"spinner\""),
+                USR1_CALLS.load(Ordering::SeqCst)
+            );
+            threads::uninstall_dump_signal().expect("uninstall dump signal");
+            println!(
+                "dump handler given back {}",
+                disposition(libc::SIGUSR1) == count_usr1 as *const () as usize
+            );
+            // A signal that had the default action gets SIG_IGN back, not SIG_DFL: a late
+            // request signal must not kill the process.
+            let other = libc::SIGRTMIN() + 8;
+            threads::builder()
+                .signal(other)
+                .install()
+                .expect("install again");
+            let walk =
+                threads::capture(tid, &mut frames, Duration::from_secs(5)).expect("capture again");
+            println!("captured again {}", walk.frames > 0);
+            threads::uninstall().expect("uninstall again");
+            println!(
+                "default became ignored {}",
+                disposition(other) == libc::SIG_IGN
+            );
+            spinner::STOP.store(true, Ordering::SeqCst);
+        }
         other => panic!("unknown scenario {other}"),
+    }
+}
+
+static RT_CALLS: AtomicUsize = AtomicUsize::new(0);
+static USR1_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn count_rt(_: i32, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    RT_CALLS.fetch_add(1, Ordering::SeqCst);
+}
+
+extern "C" fn count_usr1(_: i32, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    USR1_CALLS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Installs `f` as the program's own `SA_SIGINFO` handler of `sig`.
+fn install_counter(sig: i32, f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void)) {
+    // SAFETY: a valid action with an async-signal-safe handler.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = f as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
     }
 }
 
@@ -1350,6 +1460,29 @@ fn a_thread_in_uninterruptible_sleep_times_out_and_answers_once_awake() {
         o.stdout
     );
     assert!(after.contains(&"threads::vforker"), "{}", o.stdout);
+}
+
+#[test]
+fn handlers_are_chained_and_given_back() {
+    let o = run("chain");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let frames: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("frame "))
+        .collect();
+    assert!(frames.contains(&"threads::caller_spin"), "{}", o.stdout);
+    for line in [
+        "program handler calls after a capture 0",
+        "program handler calls after its own signal 1",
+        "request handler given back true signal None",
+        "dumped true program handler calls 1",
+        "dump handler given back true",
+        "captured again true",
+        "default became ignored true",
+    ] {
+        assert!(o.stdout.contains(line), "{line}\n{}", o.stdout);
+    }
 }
 
 #[test]

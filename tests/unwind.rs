@@ -8,7 +8,7 @@ mod oracle;
 mod spinner;
 
 use oracle::{leaf, Oracle};
-use selftrace::{capture, capture_fp, capture_from_regs, capture_from_ucontext, Regs, UnwindMode};
+use selftrace::{capture, Regs, UnwindMode};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
@@ -71,7 +71,7 @@ fn assert_chain(names: &[String]) -> usize {
 #[inline(never)]
 fn capture_here(mode: UnwindMode) -> Vec<usize> {
     let mut buf = [0usize; 256];
-    let n = selftrace::capture_with(&mut buf, mode);
+    let n = selftrace::Capture::new().mode(mode).walk(&mut buf).frames;
     buf[..n].to_vec()
 }
 
@@ -104,7 +104,10 @@ fn capture_and_capture_fp_put_the_caller_first() {
         leaf(o.name(buf[0] - 1).unwrap()),
         "capture_and_capture_fp_put_the_caller_first"
     );
-    let n = capture_fp(&mut buf);
+    let n = selftrace::Capture::new()
+        .mode(selftrace::UnwindMode::FramePointer)
+        .walk(&mut buf)
+        .frames;
     assert!(n >= 1);
     assert_eq!(
         leaf(o.name(buf[0] - 1).unwrap()),
@@ -186,11 +189,22 @@ extern "C" fn on_signal(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut libc::c
     // SAFETY: the handler runs once at a time (the test sends one signal and waits).
     unsafe {
         let uc_buf = &mut *core::ptr::addr_of_mut!(UC_BUF);
-        UC_N.store(capture_from_ucontext(uc.cast(), uc_buf), Ordering::SeqCst);
+        UC_N.store(
+            selftrace::Capture::new()
+                .walk_ucontext(uc.cast(), uc_buf)
+                .frames,
+            Ordering::SeqCst,
+        );
         let cap_buf = &mut *core::ptr::addr_of_mut!(CAP_BUF);
         CAP_N.store(capture(cap_buf), Ordering::SeqCst);
         let fp_buf = &mut *core::ptr::addr_of_mut!(FP_BUF);
-        FP_N.store(capture_fp(fp_buf), Ordering::SeqCst);
+        FP_N.store(
+            selftrace::Capture::new()
+                .mode(selftrace::UnwindMode::FramePointer)
+                .walk(fp_buf)
+                .frames,
+            Ordering::SeqCst,
+        );
     }
     HANDLER_ALLOCS.store(counting::stop(token), Ordering::SeqCst);
     spinner::STOP.store(true, Ordering::SeqCst);
@@ -237,7 +251,7 @@ fn in_a_signal_handler_frames_are_exact_complete_and_allocation_free() {
             (&*core::ptr::addr_of!(FP_BUF))[..FP_N.load(Ordering::SeqCst)].to_vec(),
         )
     };
-    // capture_from_ucontext: frame 0 is the interrupted pc, exact.
+    // Capture::walk_ucontext: frame 0 is the interrupted pc, exact.
     let names = o.names(&uc, true);
     assert_eq!(leaf(&names[0]), "spin_until_stopped", "{names:#?}");
     assert_chain(&names);
@@ -256,12 +270,12 @@ fn in_a_signal_handler_frames_are_exact_complete_and_allocation_free() {
     assert_eq!(
         &cap[at..],
         &uc[..],
-        "the interrupted frames, as capture_from_ucontext saw them"
+        "the interrupted frames, as Capture::walk_ucontext saw them"
     );
     let exact: Vec<String> = o.names(&cap[at..], true);
     assert_eq!(leaf(&exact[0]), "spin_until_stopped");
     assert_chain(&exact);
-    // capture_fp() in the handler: at least the handler itself (std has no frame pointers).
+    // A frame-pointer capture in the handler: at least the handler itself (std has no frame pointers).
     assert!(!fp.is_empty());
     assert_eq!(leaf(&o.names(&fp, false)[0]), "on_signal");
 }
@@ -274,7 +288,13 @@ fn capture_in_normal_context_allocates_nothing_once_warm() {
     capture(&mut buf); // learns this thread's stack bounds
     let (total, allocs) = counting::counting(|| {
         (0..100)
-            .map(|_| capture(&mut buf) + capture_fp(&mut buf))
+            .map(|_| {
+                capture(&mut buf)
+                    + selftrace::Capture::new()
+                        .mode(selftrace::UnwindMode::FramePointer)
+                        .walk(&mut buf)
+                        .frames
+            })
             .sum::<usize>()
     });
     assert!(total > 0);
@@ -340,7 +360,10 @@ fn random_registers_and_stacks_never_crash_and_always_terminate() {
         } else {
             UnwindMode::FramePointer
         };
-        let n = capture_from_regs(regs, &mut buf, mode);
+        let n = selftrace::Capture::new()
+            .mode(mode)
+            .walk_regs(regs, &mut buf)
+            .frames;
         assert!(n <= buf.len());
         assert!(n >= 1);
         assert_eq!(buf[0], pc);
@@ -355,11 +378,13 @@ fn random_registers_and_stacks_never_crash_and_always_terminate() {
     stack[32] = a;
     stack[33] = chain_01 as *const () as usize + 8;
     for mode in [UnwindMode::FramePointer, UnwindMode::Dwarf] {
-        let n = capture_from_regs(
-            Regs::new(chain_02 as *const () as usize + 4, base, a),
-            &mut buf,
-            mode,
-        );
+        let n = selftrace::Capture::new()
+            .mode(mode)
+            .walk_regs(
+                Regs::new(chain_02 as *const () as usize + 4, base, a),
+                &mut buf,
+            )
+            .frames;
         assert!(n <= 4, "a cycle must end the walk, got {n} frames");
     }
     assert!(total_frames >= 6000);

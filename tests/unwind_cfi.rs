@@ -483,7 +483,7 @@ extern "C" fn callback() {
 
 extern "C" fn capture_here() {
     let mut buf = [0usize; N];
-    let w = selftrace::capture_walk(&mut buf);
+    let w = selftrace::Capture::new().walk(&mut buf);
     CAPTURED.with(|c| *c.borrow_mut() = (buf[..w.frames].to_vec(), Some(w)));
     black_box(&buf);
 }
@@ -695,9 +695,8 @@ fn another_threads_truncated_stack_is_reported() {
     }
     let tid = SPIN_TID.load(std::sync::atomic::Ordering::Acquire);
     let mut buf = [0usize; 64];
-    let walk =
-        selftrace::threads::capture_thread_walk(tid, &mut buf, std::time::Duration::from_secs(5))
-            .expect("the thread answers");
+    let walk = selftrace::threads::capture(tid, &mut buf, std::time::Duration::from_secs(5))
+        .expect("the thread answers");
     let t_end = walk.truncation().expect("truncated");
     assert_eq!(t_end.reason, StopReason::NoUnwindRule);
     let name = selftrace::symbolize(t_end.pc - 1)

@@ -6,7 +6,7 @@
 //! a Rust function with a 256 KiB frame; the first calls through lazy PLT entries into IFUNCs)
 //! under a timer that signals the worker thread (`timer_create(CLOCK_MONOTONIC)` with
 //! `SIGEV_THREAD_ID`, 2 kHz, SIGPROF). In the handler, on the same `ucontext_t`,
-//! `selftrace::capture_from_ucontext` and libunwind (`unw_init_local2(..,
+//! `selftrace::Capture::walk_ucontext` and libunwind (`unw_init_local2(..,
 //! UNW_INIT_SIGNAL_FRAME)` + `unw_step`) each write a stack into a preallocated slot.
 //!
 //! A sample agrees when both stacks are equal (frame 0 is the exact pc in both, later frames
@@ -110,7 +110,11 @@ extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
                 // SAFETY: index i was claimed by this invocation alone (see `Slots`).
                 let slot = unsafe { &mut (*SLOTS.0.get())[i] };
                 // SAFETY: uc is the ucontext_t the kernel passed to this handler.
-                slot.st_n = unsafe { selftrace::capture_from_ucontext(uc.cast(), &mut slot.st) };
+                slot.st_n = unsafe {
+                    selftrace::Capture::new()
+                        .walk_ucontext(uc.cast(), &mut slot.st)
+                        .frames
+                };
                 let (lo, hi) = (
                     PAC_LO.load(Ordering::Relaxed),
                     PAC_HI.load(Ordering::Relaxed),

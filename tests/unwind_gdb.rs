@@ -19,7 +19,7 @@
 //! `gdb_role` prepares the case, calls `selftrace_test_gdb_hook(pc)` (gdb then sets the real
 //! breakpoint at `pc`), and runs the code. At the breakpoint gdb prints its frames, then resumes
 //! with `signal SIGUSR2` (gdb's `call` fails on this kernel); the SIGUSR2 handler runs
-//! `capture_from_ucontext` on its `ucontext_t` and prints the frames. The two lists must be
+//! `Capture::walk_ucontext` on its `ucontext_t` and prints the frames. The two lists must be
 //! equal, or gdb's a prefix of selftrace's when selftrace ends at `_start`/`clone3`.
 
 #[path = "support/cfa.rs"]
@@ -98,7 +98,11 @@ extern "C" fn on_usr2(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     // SAFETY: the only writer (one signal, sent once by gdb); uc is the kernel's ucontext_t.
     let frames = unsafe { &mut *FRAMES.0.get() };
     // SAFETY: as above.
-    let n = unsafe { selftrace::capture_from_ucontext(uc.cast(), frames) };
+    let n = unsafe {
+        selftrace::Capture::new()
+            .walk_ucontext(uc.cast(), frames)
+            .frames
+    };
     FRAMES_N.store(n, Ordering::Release);
     let mut line = [0u8; 24 * DEPTH];
     let mut at = 0;

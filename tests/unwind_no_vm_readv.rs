@@ -31,7 +31,7 @@ static COMPLETE: AtomicUsize = AtomicUsize::new(0);
 extern "C" fn on_usr1(_: i32) {
     // SAFETY: see `Frames`.
     let buf = unsafe { &mut *FRAMES.0.get() };
-    let w = selftrace::capture_walk(buf);
+    let w = selftrace::Capture::new().walk(buf);
     COUNT.store(w.frames, Ordering::SeqCst);
     COMPLETE.store(w.is_complete() as usize, Ordering::SeqCst);
 }
@@ -189,7 +189,9 @@ fn child() {
     // Registers that point at unmapped memory: a short walk, no fault.
     let mut buf = [0usize; 16];
     let r = selftrace::Regs::new(nvr_inner as *const () as usize, 0x1000, 0x2000);
-    let w = selftrace::capture_walk_from_regs(r, &mut buf, selftrace::UnwindMode::Dwarf);
+    let w = selftrace::Capture::new()
+        .mode(selftrace::UnwindMode::Dwarf)
+        .walk_regs(r, &mut buf);
     assert!(w.frames <= 2, "{w:?}");
     println!("child ok");
 }

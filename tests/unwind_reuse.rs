@@ -37,7 +37,7 @@ fn reused() -> u64 {
 #[inline(never)]
 fn capture_vec() -> Vec<usize> {
     let mut buf = [0usize; 256];
-    let w = selftrace::capture_walk(&mut buf);
+    let w = selftrace::Capture::new().walk(&mut buf);
     assert!(w.is_complete(), "{w:?}");
     buf[..w.frames].to_vec()
 }

@@ -104,7 +104,11 @@ fn stack_unmapped_during_walks_never_faults() {
                             lr: code,
                             ..Regs::new(code, b + 8, b)
                         };
-                        black_box(selftrace::capture_walk_from_regs(regs, &mut buf, mode));
+                        black_box(
+                            selftrace::Capture::new()
+                                .mode(mode)
+                                .walk_regs(regs, &mut buf),
+                        );
                         walks.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -195,11 +199,11 @@ fn library_unloaded_during_lookups_never_faults() {
                 }
                 let sp = &buf as *const _ as usize;
                 let regs = Regs::new(a + 1, sp, sp + 64);
-                black_box(selftrace::capture_walk_from_regs(
-                    regs,
-                    &mut buf,
-                    UnwindMode::Dwarf,
-                ));
+                black_box(
+                    selftrace::Capture::new()
+                        .mode(UnwindMode::Dwarf)
+                        .walk_regs(regs, &mut buf),
+                );
                 lookups.fetch_add(1, Ordering::Relaxed);
             }
             stop.store(true, Ordering::Relaxed);
@@ -228,7 +232,7 @@ extern "C" fn on_sample(_: i32, _: *mut libc::siginfo_t, uc: *mut libc::c_void) 
     let before = selftrace::unwind::stats().copies;
     let mut buf = [0usize; 128];
     // SAFETY: uc is the kernel's ucontext for this signal.
-    let w = unsafe { selftrace::capture_walk_from_ucontext(uc.cast(), &mut buf) };
+    let w = unsafe { selftrace::Capture::new().walk_ucontext(uc.cast(), &mut buf) };
     let copies = selftrace::unwind::stats().copies - before;
     let allocs = counting::stop(token);
     for (slot, &f) in SAMPLE.iter().zip(&buf[..w.frames]) {

@@ -10,7 +10,7 @@
 //!
 //! Then it calls the handler that was installed before (if any: chaining), restores the
 //! default action and re-raises the signal, so the process dies by the same signal and a core
-//! dump is still written.
+//! dump is still written. [`uninstall`] gives every signal its previous action back.
 //!
 //! # Safety of the handler
 //! * It runs on an alternate signal stack: [`install`] gives the installing thread one of
@@ -44,7 +44,7 @@ use crate::symbolize;
 use crate::sys;
 use crate::Error;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use report::Out;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -202,6 +202,7 @@ impl Builder {
         }
         if self.panic_hook {
             install_panic_hook();
+            PANIC_REPORTS.store(true, Ordering::SeqCst);
         }
         if self.symbolizer {
             symbolizer::set_timeout(self.symbolizer_timeout);
@@ -261,7 +262,7 @@ pub fn dump_stack_to(fd: impl AsFd) {
 #[inline(never)]
 fn dump_stack_to_raw(fd: i32) {
     let mut frames = [0usize; 128];
-    let walk = crate::capture_walk(&mut frames);
+    let walk = crate::Capture::new().walk(&mut frames);
     let n = walk.frames;
     let out = Out { fd };
     let lock = ReportLock::acquire();
@@ -299,8 +300,11 @@ unsafe impl<T: Send> Sync for Shared<T> {}
 static CRASH_FRAMES: Shared<[usize; MAX_CRASH_FRAMES]> =
     Shared(UnsafeCell::new([0; MAX_CRASH_FRAMES]));
 
-/// Previous actions, by signal number.
-static PREV: Shared<[Option<libc::sigaction>; 65]> = Shared(UnsafeCell::new([None; 65]));
+/// The signals whose handler is ours (bit `sig - 1`), for [`uninstall`].
+static TAKEN: AtomicU64 = AtomicU64::new(0);
+/// Whether the panic hook reports (cleared by [`uninstall`]; the hook itself stays and then
+/// only calls the hook installed before it).
+static PANIC_REPORTS: AtomicBool = AtomicBool::new(false);
 /// Signals whose previous handler is std's stack-overflow handler: not chained (it would
 /// abort, and the process would die by SIGABRT instead of the original signal; selftrace
 /// reports stack overflows itself).
@@ -311,34 +315,53 @@ static SKIP_CHAIN: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 use crate::threads::lock::OutputLock as ReportLock;
 
 fn install_signal(sig: i32) -> Result<(), Error> {
-    // SAFETY: all-zero is a valid sigaction.
-    let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
-    sa.sa_sigaction = on_fatal_signal as *const () as usize;
-    sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-    // SAFETY: sa.sa_mask is a valid sigset_t.
-    unsafe { libc::sigemptyset(&mut sa.sa_mask) };
-    // SAFETY: all-zero is a valid sigaction.
-    let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
-    // SAFETY: query the current action.
-    if unsafe { libc::sigaction(sig, core::ptr::null(), &mut old) } != 0 {
-        return Err(Error::last_os("sigaction"));
+    let ours = on_fatal_signal as *const () as usize;
+    let current = sys::current_handler(sig).map_err(|errno| Error::Sys {
+        call: "sigaction",
+        errno,
+    })?;
+    if current != ours {
+        let is_std = symbolize::symbolize(current).is_some_and(|s| {
+            let mut buf = [0u8; 256];
+            s.demangle_into(&mut buf)
+                .is_some_and(|n| n.starts_with("std::") && n.contains("stack_overflow"))
+        });
+        SKIP_CHAIN[sig as usize].store(is_std, Ordering::Relaxed);
     }
-    if old.sa_sigaction == on_fatal_signal as *const () as usize {
-        return Ok(()); // installed already
-    }
-    let is_std = symbolize::symbolize(old.sa_sigaction).is_some_and(|s| {
-        let mut buf = [0u8; 256];
-        s.demangle_into(&mut buf)
-            .is_some_and(|n| n.starts_with("std::") && n.contains("stack_overflow"))
-    });
-    SKIP_CHAIN[sig as usize].store(is_std, Ordering::Relaxed);
-    // SAFETY: written before our handler for `sig` is installed; the handler only reads it.
-    unsafe { (*PREV.0.get())[sig as usize] = Some(old) };
-    // SAFETY: sa is fully initialised; the old action was saved above.
-    if unsafe { libc::sigaction(sig, &sa, core::ptr::null_mut()) } != 0 {
-        return Err(Error::last_os("sigaction"));
-    }
+    // The action that was there is kept and called after the report (`sys::signal`).
+    sys::signal::take(sig, on_fatal_signal, libc::SA_ONSTACK).map_err(|errno| Error::Sys {
+        call: "sigaction",
+        errno,
+    })?;
+    TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
     Ok(())
+}
+
+/// Removes the crash handler: every signal [`Builder::install`] took gets back the action it
+/// had before (std's stack-overflow handler, the program's handler, or the default), and the
+/// panic hook of [`Builder::panic_hook`] stops reporting (it stays installed and calls the hook
+/// that was there before it: a hook cannot be taken out from under hooks set after it). The
+/// alternate signal stacks, the report's fd and the symbolizer process (idle) stay. A signal
+/// whose handler someone replaced after ours keeps theirs. Installing again works.
+///
+/// # Errors
+/// [`Error::Sys`] when `sigaction` fails (the other signals are still given back).
+pub fn uninstall() -> Result<(), Error> {
+    PANIC_REPORTS.store(false, Ordering::SeqCst);
+    let taken = TAKEN.swap(0, Ordering::SeqCst);
+    let mut result = Ok(());
+    for sig in 1..=64 {
+        if taken & (1 << (sig - 1)) != 0 {
+            if let Err(errno) = sys::signal::give_back(sig, on_fatal_signal, false) {
+                TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
+                result = Err(Error::Sys {
+                    call: "sigaction",
+                    errno,
+                });
+            }
+        }
+    }
+    result
 }
 
 /// Everything the report needs, passed to it on the private stack.
@@ -456,10 +479,10 @@ fn write_report(c: &Crash) {
     // SAFETY: the frames buffer is used by one report at a time (report lock held).
     let frames = unsafe { &mut *CRASH_FRAMES.0.get() };
     let walk = if c.uc.is_null() {
-        crate::capture_walk(frames)
+        crate::Capture::new().walk(frames)
     } else {
         // SAFETY: uc is the kernel's ucontext for this signal.
-        unsafe { crate::capture_walk_from_ucontext(c.uc, frames) }
+        unsafe { crate::Capture::new().walk_ucontext(c.uc, frames) }
     };
     let n = walk.frames;
     // SAFETY: used by one report at a time (report lock held).
@@ -504,29 +527,12 @@ fn is_stack_overflow(addr: usize, sp: usize) -> bool {
     addr <= sp.saturating_add(4096) && sp.saturating_sub(addr) <= GUARD && addr != 0
 }
 
-/// Calls the action that was installed before ours.
+/// Calls the action that was installed before ours (a function; not `SIG_DFL` or `SIG_IGN`).
 fn chain(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     if SKIP_CHAIN[sig as usize].load(Ordering::Relaxed) {
         return;
     }
-    // SAFETY: PREV is written before our handler is installed and only read here.
-    let Some(prev) = (unsafe { (*PREV.0.get())[sig as usize] }) else {
-        return;
-    };
-    let h = prev.sa_sigaction;
-    if h == libc::SIG_DFL || h == libc::SIG_IGN {
-        return;
-    }
-    if prev.sa_flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: the previous handler was installed with SA_SIGINFO and this signature.
-        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { core::mem::transmute(h) };
-        f(sig, info, uc);
-    } else {
-        // SAFETY: a plain handler takes the signal number.
-        let f: extern "C" fn(i32) = unsafe { core::mem::transmute(h) };
-        f(sig);
-    }
+    sys::signal::call_previous(sig, info, uc);
 }
 
 /// Restores the default action and re-raises `sig` at this thread. The signal stays pending
@@ -554,7 +560,9 @@ fn install_panic_hook() {
     }
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        report_panic(info);
+        if PANIC_REPORTS.load(Ordering::SeqCst) {
+            report_panic(info);
+        }
         previous(info);
     }));
 }
@@ -562,7 +570,7 @@ fn install_panic_hook() {
 /// Prints the `selftrace: panic` report of a panic (normal context: allocates).
 fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
     let mut frames = [0usize; 256];
-    let walk = crate::capture_walk(&mut frames);
+    let walk = crate::Capture::new().walk(&mut frames);
     let n = walk.frames;
     let frames = &frames[..n];
     // Resolve in normal context (file:line included), then skip the panic machinery.

@@ -32,7 +32,7 @@
 //!   other thread (`selftrace-prof`) names the queued samples: a slow first symbolization of a
 //!   large object (its DWARF is read) neither delays the timers of threads started meanwhile
 //!   nor lets the ring fill up. Neither of the two is sampled.
-//! * **The handler** runs [`crate::capture_walk_from_ucontext`] (async-signal-safe: no
+//! * **The handler** runs [`crate::Capture::walk_ucontext`] (async-signal-safe: no
 //!   allocation, no lock, every memory read checked) straight into a slot of a fixed ring that
 //!   was allocated at start; taking a slot is one compare-and-swap. A full ring drops the sample
 //!   and counts the periods it stood for ([`Profile::dropped`]). Nothing in the handler can block on a lock another
@@ -47,9 +47,11 @@
 //!
 //! # Signals and system calls
 //! The profiler uses `SIGPROF` unless told otherwise ([`Builder::signal`]), installed with
-//! `SA_RESTART`. [`Builder::start`] refuses a signal that has another handler. The handler stays
-//! installed after the profiler stops (it then ignores the signal), because a late signal of a
-//! deleted timer must never meet the default action, which would kill the process. As with any
+//! `SA_RESTART`. A handler the program installed for the signal is kept: signals that do not
+//! come from the profiler's timers (`kill`, `setitimer`, the program's own timers) go on to it.
+//! When the profiler stops, the signal's previous action is put back, except that `SIG_DFL`
+//! becomes `SIG_IGN`: a late signal of a deleted timer must never meet the default action,
+//! which would kill the process. As with any
 //! signal, the few system calls that return `EINTR` whatever `SA_RESTART` says (`nanosleep`,
 //! `poll`, `epoll_wait`, `select`, ...; see [`crate::threads`]) can return `EINTR` in a profiled
 //! thread; std's `thread::sleep` retries by itself. The handler runs on the interrupted
@@ -181,8 +183,7 @@ impl Builder {
     /// and starts the profiler's thread. Calls [`crate::init`] if needed.
     ///
     /// Errors: [`Error::InvalidInput`] for a setting out of range or a signal that cannot be
-    /// used, [`Error::AlreadyExists`] when another profiler is running or the signal has
-    /// another handler, [`Error::Sys`] when a system call failed (`timer_create`, `sigaction`,
+    /// used, [`Error::AlreadyExists`] when another profiler is running, [`Error::Sys`] when a system call failed (`timer_create`, `sigaction`,
     /// the thread's creation).
     pub fn start(self) -> Result<Profiler, Error> {
         if !(1..=MAX_FREQUENCY_HZ).contains(&self.frequency_hz) {

@@ -37,7 +37,7 @@ const SI_TIMER: i32 = -2;
 
 /// The sampling signal's handler. Async-signal-safe: atomics, one walk into a ring slot,
 /// maybe one futex wake; keeps `errno`.
-extern "C" fn on_sample(_sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     // SAFETY: __errno_location returns this thread's errno, always valid.
     let errno = unsafe { *libc::__errno_location() };
     ACTIVE.fetch_add(1, Ordering::SeqCst);
@@ -64,10 +64,8 @@ extern "C" fn on_sample(_sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_
                 rec.weight = weight;
                 // SAFETY: the kernel's ucontext_t of this signal.
                 let walk = unsafe {
-                    crate::capture_walk_from_ucontext(
-                        uc as *const libc::ucontext_t,
-                        &mut rec.frames,
-                    )
+                    crate::Capture::new()
+                        .walk_ucontext(uc as *const libc::ucontext_t, &mut rec.frames)
                 };
                 rec.len = walk.frames;
                 rec.end = walk.end;
@@ -80,33 +78,41 @@ extern "C" fn on_sample(_sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_
         }
     }
     ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    if !info.is_null() && !from_our_timer(info) {
+        // Someone else's signal (`kill`, `setitimer`, another timer): the handler that was
+        // installed before ours, if any.
+        sys::signal::call_previous(sig, info, uc);
+    }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 
-/// Installs the handler for `sig` unless it is installed; refuses a signal with another
-/// handler. Asks the kernel each time rather than remembering: other code may have replaced
-/// our handler since the last profiler (pprof-rs, stopping, sets `SIGPROF` to `SIG_IGN`;
-/// another profiler installs its own), and a profiler whose signals are ignored or go to
-/// someone else's handler would return empty or partial profiles without an error.
+/// Whether a signal came from one of the profiler's timers, this run's or an earlier one's
+/// (their late signals are dropped, never passed on).
+fn from_our_timer(info: *const libc::siginfo_t) -> bool {
+    // SAFETY: the kernel passes a valid siginfo_t; for SI_TIMER the sigval is at offset 24.
+    let (code, value) = unsafe {
+        (
+            (*info).si_code,
+            core::ptr::read_unaligned((info as *const u8).add(24) as *const u64),
+        )
+    };
+    let generation = (value >> 32) as u32;
+    code == SI_TIMER && generation != 0 && generation <= GENERATION.load(Ordering::Relaxed)
+}
+
+/// Installs the handler for `sig` unless it is installed, keeping the handler that was there
+/// (signals that are not from our timers go on to it; see `sys::signal`). Asks the kernel each
+/// time rather than remembering: other code may have replaced our handler since the last
+/// profiler (pprof-rs, stopping, sets `SIGPROF` to `SIG_IGN`), and a profiler whose signals are
+/// ignored or go to someone else's handler would return empty or partial profiles.
 fn install(sig: i32) -> Result<(), Error> {
-    let current = sys::current_handler(sig).map_err(|errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    })?;
-    let ours = on_sample as *const () as usize;
-    if current == ours {
-        return Ok(());
-    }
-    if current != libc::SIG_DFL && current != libc::SIG_IGN {
-        return Err(Error::AlreadyExists("handler for the sampling signal"));
-    }
     if crate::threads::signal() == Some(sig) {
         return Err(Error::InvalidInput(
             "the stack-request signal of selftrace::threads cannot also sample",
         ));
     }
-    sys::install_siginfo_handler(sig, on_sample, libc::SA_RESTART).map_err(|errno| Error::Sys {
+    sys::signal::take(sig, on_sample, libc::SA_RESTART).map_err(|errno| Error::Sys {
         call: "sigaction",
         errno,
     })?;
@@ -598,6 +604,8 @@ struct Inner {
     threads_seen: AtomicU64,
     mode: Mode,
     frequency_hz: u32,
+    /// The sampling signal (given back at stop).
+    signal: i32,
 }
 
 // SAFETY: `shared` points to the published Shared, which is Sync and outlives Inner's use of
@@ -691,6 +699,7 @@ fn start_locked(b: Builder) -> Result<Running, Error> {
         threads_seen: AtomicU64::new(0),
         mode: b.mode,
         frequency_hz: b.frequency_hz,
+        signal: b.signal,
     });
     SHARED.store(shared, Ordering::SeqCst);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -955,6 +964,9 @@ impl Running {
         quiesce();
         let profile = self.take();
         unpublish(self.inner.shared as *mut Shared);
+        // The signal's previous action back (`SIG_IGN` for `SIG_DFL`: a late signal of a
+        // deleted timer must not kill the process).
+        let _ = sys::signal::give_back(self.inner.signal, on_sample, true);
         RUNNING.store(false, Ordering::Release);
         profile
     }

@@ -226,7 +226,7 @@ enum Pending {
 /// Captures the calling thread's stack without the signal (when it is blocked here).
 #[inline(never)]
 fn capture_myself(frames: &mut [usize]) -> Answer {
-    let walk = crate::capture_walk(frames);
+    let walk = crate::Capture::new().walk(frames);
     Answer::Frames(walk.frames, walk.end)
 }
 

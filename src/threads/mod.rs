@@ -2,9 +2,9 @@
 //! (the JVM's `kill -3`, Android's ANR traces, Go's SIGQUIT).
 //!
 //! # How another thread's stack is captured
-//! [`capture_thread`] posts a request in a lock-free table and sends the thread a signal with
+//! [`capture`] posts a request in a lock-free table and sends the thread a signal with
 //! `tgkill` (a real-time signal by default, [`default_signal`]; configurable with
-//! [`Builder::signal`]). The thread's handler runs [`crate::capture_from_ucontext`] on the
+//! [`Builder::signal`]). The thread's handler runs [`crate::Capture::walk_ucontext`] on the
 //! interrupted context into the request's slot, marks it done and wakes the requester with a
 //! futex. So frame 0 is the thread's exact pc: for a thread blocked in a system call, the libc
 //! wrapper of that call (`syscall`, `read`, `clock_nanosleep`, ...).
@@ -17,7 +17,7 @@
 //! * Requests from several threads at once, and a request for the calling thread itself, work:
 //!   each request has its own slot (64 in flight at most; a requester that finds none waits
 //!   for one until its deadline).
-//! * The handler never allocates, locks or blocks: atomics, one `capture_from_ucontext` into a
+//! * The handler never allocates, locks or blocks: atomics, one `Capture::walk_ucontext` into a
 //!   static buffer, one `futex` wake. It keeps `errno`.
 //!
 //! # `EINTR` in the interrupted thread
@@ -79,10 +79,14 @@ pub fn default_signal() -> i32 {
 }
 
 /// Installs the stack-request handler for [`default_signal`] (`SA_SIGINFO | SA_RESTART`).
-/// Idempotent. Called by [`capture_thread`] and [`dump_all`] when needed, so calling it is
+/// Idempotent. Called by [`capture`] and [`dump_all`] when needed, so calling it is
 /// optional; calling it early makes a conflict show up at start-up.
 ///
-/// Errors: [`Error::AlreadyExists`] when another handler is installed for the signal.
+/// A handler the program installed for the signal before is kept: it is called for every
+/// signal that carries no stack request for the thread (chaining, as signal-hook does).
+/// [`uninstall`] removes ours again.
+///
+/// # Async-signal safety
 /// Async-signal-safe (`sigaction` only).
 pub fn install() -> Result<(), Error> {
     if INSTALL.load(Ordering::Acquire) == 2 {
@@ -101,7 +105,6 @@ fn install_with_signal(sig: i32) -> Result<(), Error> {
             "the dump signal cannot also request stacks",
         ));
     }
-    let ours = request::on_capture_signal as *const () as usize;
     // One installer at a time; others wait for it (it takes two system calls), but not
     // forever: a signal handler that interrupted the installing thread itself would wait for
     // itself.
@@ -126,27 +129,57 @@ fn install_with_signal(sig: i32) -> Result<(), Error> {
         }
     }
     let result = (|| {
-        let cur = sys::current_handler(sig).map_err(|errno| Error::Sys {
-            call: "sigaction",
-            errno,
-        })?;
-        if cur != ours && cur != libc::SIG_DFL && cur != libc::SIG_IGN {
-            return Err(Error::AlreadyExists(
-                "a handler for the stack-request signal",
-            ));
-        }
-        sys::install_siginfo_handler(sig, request::on_capture_signal, libc::SA_RESTART).map_err(
-            |errno| Error::Sys {
+        // A handler that was there is kept and called for the signals that carry no request
+        // for the thread (`sys::signal`'s policy).
+        sys::signal::take(sig, request::on_capture_signal, libc::SA_RESTART).map_err(|errno| {
+            Error::Sys {
                 call: "sigaction",
                 errno,
-            },
-        )?;
+            }
+        })?;
         request::SIGNAL.store(sig, Ordering::Release);
         Ok(())
     })();
     let installed = request::SIGNAL.load(Ordering::Acquire) != 0;
     INSTALL.store(if installed { 2 } else { 0 }, Ordering::Release);
     result
+}
+
+/// Removes the stack-request handler: the action that was there before [`install`] comes back,
+/// except that `SIG_DFL` becomes `SIG_IGN` (the default action of a real-time signal kills the
+/// process, and the request signal of a capture that timed out may still arrive). Captures
+/// in flight end with [`Error::Timeout`]; later captures, dumps and crash reports with every
+/// thread install the handler again. Does nothing when it is not installed.
+///
+/// # Errors
+/// [`Error::Sys`] when `sigaction` fails, [`Error::Timeout`] when an installation did not finish
+/// within a second.
+///
+/// # Async-signal safety
+/// Async-signal-safe (`sigaction` only).
+pub fn uninstall() -> Result<(), Error> {
+    let mut waited_ms = 0;
+    loop {
+        match INSTALL.compare_exchange(2, 1, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(0) => return Ok(()),
+            Err(_) if waited_ms < 1000 => {
+                sys::sleep_ns(1_000_000);
+                waited_ms += 1;
+            }
+            Err(_) => return Err(Error::Timeout),
+        }
+    }
+    let sig = request::SIGNAL.load(Ordering::Acquire);
+    let result = sys::signal::give_back(sig, request::on_capture_signal, true);
+    if result.is_ok() {
+        request::SIGNAL.store(0, Ordering::Release);
+    }
+    INSTALL.store(if result.is_ok() { 0 } else { 2 }, Ordering::Release);
+    result.map_err(|errno| Error::Sys {
+        call: "sigaction",
+        errno,
+    })
 }
 
 /// The signal stacks are requested with, if the handler is installed.
@@ -189,10 +222,12 @@ impl Builder {
     /// Applies the timeout and installs the stack-request handler for the signal; later
     /// requests use it.
     ///
+    /// A handler the program installed for the signal is kept and chained to (see
+    /// [`install`]).
+    ///
     /// # Errors
     /// [`Error::InvalidInput`] for a signal that cannot be caught or that the dump signal
-    /// uses, [`Error::AlreadyExists`] when the program installed another handler for it,
-    /// [`Error::Timeout`] when another installation did not finish within a second.
+    /// uses, [`Error::Timeout`] when another installation did not finish within a second.
     pub fn install(self) -> Result<(), Error> {
         if let Some(t) = self.timeout {
             TIMEOUT_NS.store(duration_ns(t), Ordering::Relaxed);
@@ -218,32 +253,23 @@ pub fn current_tid() -> i32 {
     sys::gettid()
 }
 
-/// Captures the stack of thread `tid` of this process into `buf` (at most 256 frames); returns
-/// the number of frames. Frame 0 is the thread's exact pc (see the module docs); for the
-/// calling thread itself with the request signal blocked, frame 0 is in this function.
+/// Captures the stack of thread `tid` of this process into `buf` (at most 256 frames) and says
+/// how the thread's walk ended (complete, buffer full, or truncated and why). Frame 0 is the
+/// thread's exact pc (see the module docs); for the calling thread itself with the request
+/// signal blocked, frame 0 is in this function.
 ///
 /// Errors: [`Error::Timeout`] when the thread does not answer within `timeout` (signal
 /// blocked, stopped, uninterruptible sleep), [`Error::ThreadGone`] when it does not exist or
 /// exits meanwhile, and the errors of [`install`].
 ///
+/// # Async-signal safety
 /// Async-signal-safe.
 #[inline(never)]
-pub fn capture_thread(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<usize, Error> {
-    capture_thread_walk(tid, buf, timeout).map(|w| w.frames)
-}
-
-/// Like [`capture_thread`], and says how the thread's walk ended (complete, buffer full, or
-/// truncated and why). Async-signal-safe.
-#[inline(never)]
-pub fn capture_thread_walk(
-    tid: i32,
-    buf: &mut [usize],
-    timeout: Duration,
-) -> Result<crate::Walk, Error> {
+pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::Walk, Error> {
     install()?;
     let deadline = sys::monotonic_ns().saturating_add(duration_ns(timeout));
     if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
-        return Ok(crate::capture_walk(buf));
+        return Ok(crate::Capture::new().walk(buf));
     }
     loop {
         match request::post(tid) {
@@ -311,7 +337,9 @@ pub fn install_dump_signal(sig: i32) -> Result<(), Error> {
 /// Like [`install_dump_signal`], writing the dump to `fd` (a [`std::fs::File`], a pipe's write
 /// end), which is kept open for the rest of the process (the signal may come at any time), also
 /// if the signal is installed again with another fd. The handler is installed with
-/// `SA_RESTART`; it replaces the signal's previous action.
+/// `SA_RESTART`. A handler the program installed for the signal is kept and called after each
+/// dump; its default action (for `SIGQUIT`: a core dump) is not. [`uninstall_dump_signal`]
+/// puts the previous action back; installing another signal gives the first one back.
 pub fn install_dump_signal_to(sig: i32, fd: impl Into<OwnedFd>) -> Result<(), Error> {
     let fd: OwnedFd = fd.into();
     install_dump_signal_fd(sig, fd.as_raw_fd())?;
@@ -332,21 +360,45 @@ fn install_dump_signal_fd(sig: i32, fd: i32) -> Result<(), Error> {
     }
     crate::symbolize::prepare()?;
     DUMP_FD.store(fd, Ordering::Relaxed);
+    let sys_err = |errno| Error::Sys {
+        call: "sigaction",
+        errno,
+    };
+    let before = DUMP_SIGNAL.load(Ordering::Relaxed);
+    if before != 0 && before != sig {
+        sys::signal::give_back(before, on_dump_signal, false).map_err(sys_err)?;
+    }
+    sys::signal::take(sig, on_dump_signal, libc::SA_RESTART).map_err(sys_err)?;
     DUMP_SIGNAL.store(sig, Ordering::Relaxed);
-    sys::install_siginfo_handler(sig, on_dump_signal, libc::SA_RESTART).map_err(|errno| {
-        Error::Sys {
-            call: "sigaction",
-            errno,
-        }
-    })
+    Ok(())
 }
 
-extern "C" fn on_dump_signal(_sig: i32, _info: *mut libc::siginfo_t, _uc: *mut libc::c_void) {
+/// Removes the dump handler of [`install_dump_signal`]: the signal's previous action comes back
+/// (for `SIGQUIT` usually the default, a core dump). Does nothing when none is installed. The
+/// dump's fd stays open.
+///
+/// # Errors
+/// [`Error::Sys`] when `sigaction` fails.
+pub fn uninstall_dump_signal() -> Result<(), Error> {
+    let sig = DUMP_SIGNAL.load(Ordering::Relaxed);
+    if sig == 0 {
+        return Ok(());
+    }
+    sys::signal::give_back(sig, on_dump_signal, false).map_err(|errno| Error::Sys {
+        call: "sigaction",
+        errno,
+    })?;
+    DUMP_SIGNAL.store(0, Ordering::Relaxed);
+    Ok(())
+}
+
+extern "C" fn on_dump_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     let errno = sys::errno();
     dump::dump_all(
         DUMP_FD.load(Ordering::Relaxed),
         TIMEOUT_NS.load(Ordering::Relaxed),
     );
+    sys::signal::call_previous(sig, info, uc);
     // SAFETY: restores the interrupted code's errno.
     unsafe { *libc::__errno_location() = errno };
 }

@@ -11,7 +11,7 @@
 //! target = tid; -> PENDING
 //! tgkill(tid, SIG)  ------------->  for each slot: PENDING and target == me:
 //!                                      CAS PENDING -> RUNNING (same generation)
-//!                                      capture_from_ucontext into the slot
+//!                                      Capture::walk_ucontext into the slot
 //!                                      CAS RUNNING -> DONE   (or, if ABANDONED, -> FREE)
 //! futex_wait(ANSWERS) <------------  ANSWERS += 1; futex_wake(ANSWERS)
 //! DONE: copy out, -> FREE
@@ -24,7 +24,7 @@
 //!
 //! # Signal Safe Methods
 //! Everything here is async-signal-safe: atomics, `tgkill`, `futex`, `clock_gettime`,
-//! `capture_from_ucontext`.
+//! `Capture::walk_ucontext`.
 #![allow(unsafe_code)]
 
 use crate::sys;
@@ -263,8 +263,8 @@ pub(crate) fn give_up(t: &Ticket, out: &mut [usize]) -> Answer {
 
 /// The signal handler: answers every request addressed to this thread.
 pub(crate) extern "C" fn on_capture_signal(
-    _sig: i32,
-    _info: *mut libc::siginfo_t,
+    sig: i32,
+    info: *mut libc::siginfo_t,
     uc: *mut libc::c_void,
 ) {
     let errno = sys::errno();
@@ -292,7 +292,8 @@ pub(crate) extern "C" fn on_capture_signal(
         // SAFETY: RUNNING for this generation makes the buffer ours until DONE/FREE.
         let buf = unsafe { &mut *slot.buf.get() };
         // SAFETY: uc is the ucontext_t the kernel passed to this SA_SIGINFO handler.
-        let walk = unsafe { crate::capture_walk_from_ucontext(uc as *const libc::ucontext_t, buf) };
+        let walk =
+            unsafe { crate::Capture::new().walk_ucontext(uc as *const libc::ucontext_t, buf) };
         // SAFETY: RUNNING makes `end` ours too, like the buffer.
         unsafe { *slot.end.get() = walk.end };
         slot.frames.store(walk.frames, Ordering::Relaxed);
@@ -314,6 +315,9 @@ pub(crate) extern "C" fn on_capture_signal(
     if served {
         ANSWERS.fetch_add(1, Ordering::Release);
         sys::futex_wake(&ANSWERS, i32::MAX);
+    } else {
+        // Not a request (or a late one): the program's own handler of the signal, if any.
+        sys::signal::call_previous(sig, info, uc);
     }
     // SAFETY: restores the interrupted code's errno (tgkill/futex may have changed it).
     unsafe { *libc::__errno_location() = errno };

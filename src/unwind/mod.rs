@@ -28,7 +28,7 @@
 //! The frame-pointer rule is used only for pcs that no CFI covers (in DWARF mode), and its
 //! result is accepted only when the return address lies in code of a loaded object. When a pc
 //! has CFI that cannot be evaluated, or a rule needs a register whose value is unknown, the walk
-//! stops there. [`capture_walk`] and its siblings return a [`Walk`] that tells a complete walk
+//! stops there. [`Capture`]'s walks return a [`Walk`] that tells a complete walk
 //! ([`WalkEnd::Complete`]) from a truncated one and says why ([`Truncation`]).
 //!
 //! Every capture function is async-signal-safe and never faults: reads on the thread's own
@@ -110,78 +110,99 @@ pub fn set_walk_reuse(enabled: bool) {
 }
 
 /// Captures the current stack into `buf`; returns the number of frames written. Frame 0 is the
-/// caller of `capture`. Uses [`UnwindMode::Dwarf`]. [`capture_walk`] also says whether the walk
-/// was complete.
+/// caller of `capture`. Uses [`UnwindMode::Dwarf`]. This is glibc's `backtrace()`; for anything
+/// else (another mode, a register state, a signal handler's `ucontext_t`, how the walk ended)
+/// use [`Capture`].
 ///
+/// # Async-signal safety
 /// Async-signal-safe. Called inside a signal handler, the walk continues through the signal
 /// frame: after the handler's frames comes the trampoline, then the interrupted pc (exact, not
 /// a return address) and its callers.
 #[inline(always)]
 pub fn capture(buf: &mut [usize]) -> usize {
-    capture_with(buf, UnwindMode::Dwarf)
+    imp::capture(buf, UnwindMode::Dwarf, None)
 }
 
-/// Like [`capture`], following frame pointers only. Async-signal-safe.
-#[inline(always)]
-pub fn capture_fp(buf: &mut [usize]) -> usize {
-    capture_with(buf, UnwindMode::FramePointer)
-}
-
-/// Like [`capture`], with an explicit [`UnwindMode`]. Async-signal-safe.
-#[inline(always)]
-pub fn capture_with(buf: &mut [usize], mode: UnwindMode) -> usize {
-    imp::capture(buf, mode, None)
-}
-
-/// Like [`capture_with`], and says how the walk ended. Async-signal-safe.
-#[inline(always)]
-pub fn capture_walk_with(buf: &mut [usize], mode: UnwindMode) -> Walk {
-    let mut w = Walk {
-        frames: 0,
-        end: WalkEnd::BufferFull,
-    };
-    imp::capture(buf, mode, Some(&mut w));
-    w
-}
-
-/// Like [`capture`], and says how the walk ended. Async-signal-safe.
-#[inline(always)]
-pub fn capture_walk(buf: &mut [usize]) -> Walk {
-    capture_walk_with(buf, UnwindMode::Dwarf)
-}
-
-/// Captures the stack that a signal interrupted, from the handler's third argument. Frame 0 is
-/// the interrupted pc (exact), then its callers, also through code without frame pointers.
-/// The walk starts from every register the kernel saved.
+/// How to walk a stack, and from where: the one way to capture other than [`capture`].
 ///
-/// Async-signal-safe.
+/// ```
+/// use selftrace::{Capture, UnwindMode};
+/// selftrace::init().expect("init");
+/// let mut frames = [0usize; 64];
+/// // The current stack, saying how the walk ended.
+/// let walk = Capture::new().walk(&mut frames);
+/// assert!(walk.frames > 0);
+/// // Frame pointers only.
+/// let walk = Capture::new().mode(UnwindMode::FramePointer).walk(&mut frames);
+/// # let _ = walk;
+/// ```
 ///
-/// # Safety
-/// `uc` must point to a readable `ucontext_t`, such as the one the kernel passes to an
-/// `SA_SIGINFO` handler.
-pub unsafe fn capture_from_ucontext(uc: *const libc::ucontext_t, buf: &mut [usize]) -> usize {
-    // SAFETY: forwarded from the caller.
-    unsafe { capture_walk_from_ucontext(uc, buf) }.frames
+/// * [`Capture::walk`]: the current stack (frame 0 = the caller of `walk`);
+/// * [`Capture::walk_regs`]: the stack a register state describes (frame 0 = its pc, exact);
+/// * [`Capture::walk_ucontext`]: the stack a signal interrupted, from a handler's `ucontext_t`;
+/// * another thread's stack: [`threads::capture`](crate::threads::capture).
+///
+/// Each returns a [`Walk`]: the frames written and how the walk ended.
+///
+/// # Async-signal safety
+/// Every method is async-signal-safe and never faults: reads are checked, garbage registers
+/// give a short or empty walk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use = "a Capture does nothing until one of its walk methods is called"]
+pub struct Capture {
+    mode: UnwindMode,
 }
 
-/// Like [`capture_from_ucontext`], and says how the walk ended. Async-signal-safe.
-///
-/// # Safety
-/// As for [`capture_from_ucontext`].
-pub unsafe fn capture_walk_from_ucontext(uc: *const libc::ucontext_t, buf: &mut [usize]) -> Walk {
-    // SAFETY: forwarded from the caller.
-    unsafe { imp::capture_from_ucontext(uc, buf) }
-}
+impl Capture {
+    /// A DWARF capture ([`UnwindMode::Dwarf`]).
+    pub const fn new() -> Capture {
+        Capture {
+            mode: UnwindMode::Dwarf,
+        }
+    }
 
-/// Captures the stack described by `regs` (frame 0 = `regs.pc`, exact). Every read of the
-/// stack is checked: garbage registers give a short or empty result, never a fault.
-///
-/// Async-signal-safe.
-pub fn capture_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> usize {
-    capture_walk_from_regs(regs, buf, mode).frames
-}
+    /// The walk mode (default [`UnwindMode::Dwarf`]).
+    pub const fn mode(self, mode: UnwindMode) -> Capture {
+        Capture { mode }
+    }
 
-/// Like [`capture_from_regs`], and says how the walk ended. Async-signal-safe.
-pub fn capture_walk_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> Walk {
-    imp::capture_from_regs(regs, buf, mode)
+    /// Captures the current stack into `buf`. Frame 0 is the caller of `walk`.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe; inside a signal handler the walk continues through the signal frame
+    /// into the interrupted code.
+    #[inline(always)]
+    pub fn walk(self, buf: &mut [usize]) -> Walk {
+        let mut w = Walk {
+            frames: 0,
+            end: WalkEnd::BufferFull,
+        };
+        imp::capture(buf, self.mode, Some(&mut w));
+        w
+    }
+
+    /// Captures the stack described by `regs` (frame 0 = `regs.pc`, exact). Every read of the
+    /// stack is checked: garbage registers give a short or empty walk, never a fault.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub fn walk_regs(self, regs: Regs, buf: &mut [usize]) -> Walk {
+        imp::capture_from_regs(regs, buf, self.mode)
+    }
+
+    /// Captures the stack that a signal interrupted, from the handler's third argument. Frame 0
+    /// is the interrupted pc (exact), then its callers, also through code without frame
+    /// pointers. The walk starts from every register the kernel saved. A null `uc` gives an
+    /// empty walk ([`StopReason::BadSignalFrame`]).
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    ///
+    /// # Safety
+    /// `uc` must be null or point to a readable `ucontext_t`, such as the one the kernel passes
+    /// to an `SA_SIGINFO` handler.
+    pub unsafe fn walk_ucontext(self, uc: *const libc::ucontext_t, buf: &mut [usize]) -> Walk {
+        // SAFETY: forwarded from the caller.
+        unsafe { imp::capture_from_ucontext(uc, buf, self.mode) }
+    }
 }

@@ -9,10 +9,10 @@ use super::{entry, walk};
 pub(crate) use super::memory::thread_stack;
 pub use super::refresh::set_auto_refresh;
 pub(crate) use super::refresh::{prepare, rebuild};
-pub(crate) use super::step::is_trampoline_at as is_signal_trampoline;
 pub use super::stats::stats;
+pub(crate) use super::step::is_trampoline_at as is_signal_trampoline;
 
-/// Captures the caller's stack (see [`super::capture_walk_with`]); writes how the walk ended
+/// Captures the caller's stack (see [`super::Capture::walk`]); writes how the walk ended
 /// into `out`. Inlined into the public functions, so that the naked entry's caller is theirs.
 #[inline(always)]
 pub(crate) fn capture(buf: &mut [usize], mode: UnwindMode, out: Option<&mut Walk>) -> usize {
@@ -24,11 +24,15 @@ pub(crate) fn capture(buf: &mut [usize], mode: UnwindMode, out: Option<&mut Walk
     )
 }
 
-/// See [`super::capture_walk_from_ucontext`].
+/// See [`super::Capture::walk_ucontext`].
 ///
 /// # Safety
 /// `uc` is null or points to a readable `ucontext_t`.
-pub(crate) unsafe fn capture_from_ucontext(uc: *const libc::ucontext_t, buf: &mut [usize]) -> Walk {
+pub(crate) unsafe fn capture_from_ucontext(
+    uc: *const libc::ucontext_t,
+    buf: &mut [usize],
+    mode: UnwindMode,
+) -> Walk {
     let none = Walk {
         frames: 0,
         end: super::WalkEnd::Truncated(Truncation {
@@ -47,14 +51,14 @@ pub(crate) unsafe fn capture_from_ucontext(uc: *const libc::ucontext_t, buf: &mu
     let Some(r) = r else {
         return none;
     };
-    let o = walk::walk(&Start::Exact(r), buf, UnwindMode::Dwarf, true);
+    let o = walk::walk(&Start::Exact(r), buf, mode, true);
     Walk {
         frames: o.frames,
         end: o.end,
     }
 }
 
-/// See [`super::capture_walk_from_regs`].
+/// See [`super::Capture::walk_regs`].
 pub(crate) fn capture_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> Walk {
     let o = walk::walk(&Start::Exact(RegSet::from_regs(regs)), buf, mode, false);
     Walk {

@@ -38,8 +38,8 @@ impl UnwindMode {
     }
 }
 
-/// What a capture returns with [`capture_walk`](crate::capture_walk) and its siblings: how many frames it wrote and
-/// how the walk ended.
+/// What a [`Capture`](crate::Capture) returns: how many frames it wrote and how the walk
+/// ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Walk {

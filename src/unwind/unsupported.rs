@@ -29,6 +29,7 @@ pub(crate) fn capture(_buf: &mut [usize], _mode: UnwindMode, out: Option<&mut Wa
 pub(crate) unsafe fn capture_from_ucontext(
     _uc: *const libc::ucontext_t,
     _buf: &mut [usize],
+    _mode: UnwindMode,
 ) -> Walk {
     NONE
 }

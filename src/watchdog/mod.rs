@@ -412,7 +412,7 @@ fn check(slot: &Slot, now: u64) {
     let busy = running || cpu.saturating_mul(10) >= observed_ms * 1_000_000;
     drop(st);
     let mut frames = vec![0usize; 256];
-    let walk = threads::capture_thread_walk(slot.tid, &mut frames, Duration::from_secs(1));
+    let walk = threads::capture(slot.tid, &mut frames, Duration::from_secs(1));
     let stack_end = walk.as_ref().ok().map(|w| w.end);
     let stack = walk.map(|w| {
         frames.truncate(w.frames);

@@ -271,6 +271,12 @@ pub fn install_user_handler() {
     }
 }
 
+/// The address of the handler [`install_user_handler`] installs.
+#[allow(dead_code)] // tests/crash.rs only, not the crash example
+pub fn user_handler_addr() -> usize {
+    user_handler as *const () as usize
+}
+
 /// Runs scenario `name` (after `selftrace::crash::install()`), with scratch files in `dir`.
 pub fn run(name: &str, dir: &std::path::Path) {
     match name {

@@ -1,0 +1,211 @@
+//! One policy for every signal handler selftrace installs (the crash handler, the stack-request
+//! and dump handlers of `threads`, the profiler's sampling handler):
+//!
+//! * **Take**: the action that was installed is saved, then ours is installed.
+//! * **Chain**: a signal that is not selftrace's (no request for this thread, not our timer),
+//!   and every crash signal after its report, goes on to the saved action when it is a function
+//!   (`SA_SIGINFO` or plain), as signal-hook does; `SIG_DFL` and `SIG_IGN` are not emulated.
+//! * **Give back**: removing our handler puts the saved action back, or `SIG_IGN` where the
+//!   saved one was `SIG_DFL` and a late signal of ours (a timer's, an abandoned request's) would
+//!   then kill the process.
+//!
+//! Every function here is async-signal-safe (atomics and `sigaction` only): the stack-request
+//! handler may be installed from inside the crash handler.
+
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+/// An `SA_SIGINFO` handler.
+pub(crate) type Handler = extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// Signal numbers 1..=64.
+const SIGNALS: usize = 65;
+
+/// The saved action of one signal.
+struct Saved {
+    /// 0 free, 1 being changed, 2 holds the action that was there before ours.
+    state: AtomicU8,
+    /// The saved handler and flags, readable from a signal handler without the full action.
+    handler: AtomicUsize,
+    flags: AtomicUsize,
+    /// The whole action, for giving it back (mask included).
+    action: UnsafeCell<libc::sigaction>,
+}
+
+// SAFETY: `action` is written only by the thread that moved `state` from 0 or 2 to 1 (a CAS),
+// and read only by the thread that moved it from 2 to 1; `handler` and `flags` are atomics.
+unsafe impl Sync for Saved {}
+
+static SAVED: [Saved; SIGNALS] = [const {
+    Saved {
+        state: AtomicU8::new(0),
+        handler: AtomicUsize::new(libc::SIG_DFL),
+        flags: AtomicUsize::new(0),
+        // SAFETY: all-zero is a valid sigaction (SIG_DFL, empty mask, no flags).
+        action: UnsafeCell::new(unsafe { core::mem::zeroed() }),
+    }
+}; SIGNALS];
+
+/// What [`take`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// Our handler was installed now; the previous action was saved.
+    Now,
+    /// Our handler was installed already.
+    Already,
+}
+
+fn slot(sig: i32) -> Option<&'static Saved> {
+    if (1..SIGNALS as i32).contains(&sig) {
+        SAVED.get(sig as usize)
+    } else {
+        None
+    }
+}
+
+/// Claims `s` for a change (from free or saved); `EAGAIN` while another thread changes it.
+fn claim(s: &Saved) -> Result<u8, i32> {
+    for from in [0u8, 2] {
+        if s.state
+            .compare_exchange(from, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Ok(from);
+        }
+    }
+    Err(libc::EAGAIN)
+}
+
+fn query(sig: i32) -> Result<libc::sigaction, i32> {
+    // SAFETY: all-zero is a valid sigaction.
+    let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
+    // SAFETY: a null new action only queries.
+    if unsafe { libc::sigaction(sig, core::ptr::null(), &mut old) } != 0 {
+        return Err(super::errno());
+    }
+    Ok(old)
+}
+
+/// Installs `ours` for `sig` (`SA_SIGINFO | flags`, empty mask), saving the action that was
+/// there so that [`call_previous`] can chain to it and [`give_back`] restore it. Returns the
+/// `errno` on failure (`EINVAL` for a signal that cannot be caught, `EAGAIN` while another
+/// thread changes the same signal).
+pub(crate) fn take(sig: i32, ours: Handler, flags: i32) -> Result<Taken, i32> {
+    let Some(s) = slot(sig) else {
+        return Err(libc::EINVAL);
+    };
+    if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+        return Err(libc::EINVAL);
+    }
+    let was = claim(s)?;
+    let result = (|| {
+        let old = query(sig)?;
+        if old.sa_sigaction == ours as *const () as usize {
+            return Ok(Taken::Already);
+        }
+        // SAFETY: state 1 makes `action` ours (see `Saved`).
+        unsafe { *s.action.get() = old };
+        s.handler.store(old.sa_sigaction, Ordering::Relaxed);
+        s.flags.store(old.sa_flags as usize, Ordering::Relaxed);
+        // SAFETY: all-zero is a valid sigaction.
+        let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
+        sa.sa_sigaction = ours as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | flags;
+        // SAFETY: sa.sa_mask is a valid sigset_t.
+        unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+        // SAFETY: sa is fully initialised. Until `state` is 2 (stored below), a signal that
+        // reaches our handler meanwhile does not chain.
+        if unsafe { libc::sigaction(sig, &sa, core::ptr::null_mut()) } != 0 {
+            return Err(super::errno());
+        }
+        Ok(Taken::Now)
+    })();
+    let now = match result {
+        Ok(Taken::Now) => 2,
+        _ => was,
+    };
+    s.state.store(now, Ordering::Release);
+    result
+}
+
+/// The handler that was installed before ours (`SIG_DFL` when none was saved).
+pub(crate) fn previous_handler(sig: i32) -> usize {
+    match slot(sig) {
+        Some(s) if s.state.load(Ordering::Acquire) == 2 => s.handler.load(Ordering::Relaxed),
+        _ => libc::SIG_DFL,
+    }
+}
+
+/// Calls the saved action of `sig` if it is a function; returns whether one was called.
+pub(crate) fn call_previous(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) -> bool {
+    let Some(s) = slot(sig) else {
+        return false;
+    };
+    if s.state.load(Ordering::Acquire) != 2 {
+        return false;
+    }
+    let h = s.handler.load(Ordering::Relaxed);
+    let flags = s.flags.load(Ordering::Relaxed) as i32;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return false;
+    }
+    if flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the saved handler was installed with SA_SIGINFO, so it has this signature.
+        let f: Handler = unsafe { core::mem::transmute::<usize, Handler>(h) };
+        f(sig, info, uc);
+    } else {
+        // SAFETY: a handler installed without SA_SIGINFO takes the signal number.
+        let f: extern "C" fn(i32) = unsafe { core::mem::transmute::<usize, extern "C" fn(i32)>(h) };
+        f(sig);
+    }
+    true
+}
+
+/// Removes `ours` from `sig`: puts the saved action back, or `SIG_IGN` if the saved action was
+/// `SIG_DFL` and `ignore_instead_of_default` (a late signal of ours would kill). Does nothing
+/// if `ours` is not installed (someone replaced it: theirs stays). Returns the `errno` on
+/// failure.
+pub(crate) fn give_back(
+    sig: i32,
+    ours: Handler,
+    ignore_instead_of_default: bool,
+) -> Result<(), i32> {
+    let Some(s) = slot(sig) else {
+        return Err(libc::EINVAL);
+    };
+    let was = claim(s)?;
+    let result = (|| {
+        let cur = query(sig)?;
+        if cur.sa_sigaction != ours as *const () as usize {
+            return Ok(false);
+        }
+        let mut back = if was == 2 {
+            // SAFETY: state 1 makes `action` ours (see `Saved`).
+            unsafe { *s.action.get() }
+        } else {
+            // SAFETY: all-zero is a valid sigaction (SIG_DFL).
+            unsafe { core::mem::zeroed() }
+        };
+        if back.sa_sigaction == libc::SIG_DFL && ignore_instead_of_default {
+            back.sa_sigaction = libc::SIG_IGN;
+            back.sa_flags = 0;
+        }
+        // SAFETY: `back` is a valid action (the kernel gave it to us, or built above).
+        if unsafe { libc::sigaction(sig, &back, core::ptr::null_mut()) } != 0 {
+            return Err(super::errno());
+        }
+        Ok(true)
+    })();
+    // Given back: nothing saved any more (a later take saves what is there then).
+    let now = match result {
+        Ok(true) => 0,
+        _ => was,
+    };
+    s.state.store(now, Ordering::Release);
+    result.map(|_| ())
+}
+
+/// Whether `ours` is the installed handler of `sig`.
+pub(crate) fn is_installed(sig: i32, ours: Handler) -> bool {
+    query(sig).is_ok_and(|a| a.sa_sigaction == ours as *const () as usize)
+}
