@@ -84,3 +84,18 @@ impl From<Error> for std::io::Error {
         }
     }
 }
+
+/// Writes `s` as is when it is one plain word (a path, an event name), else quoted and escaped
+/// (`"a b"`, `"x\n"`): the errors that name things stay one unambiguous line.
+#[allow(dead_code)]
+pub(crate) fn write_name(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
+    if !s.is_empty()
+        && !s
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '"')
+    {
+        f.write_str(s)
+    } else {
+        write!(f, "{s:?}")
+    }
+}

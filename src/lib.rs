@@ -102,15 +102,30 @@ extern crate self as selftrace;
 pub mod crash;
 mod error;
 pub mod modules;
+#[cfg(feature = "profile")]
+#[cfg_attr(docsrs, doc(cfg(feature = "profile")))]
 pub mod profile;
 mod published;
 pub mod symbolize;
 mod sys;
+#[cfg(feature = "threads")]
+#[cfg_attr(docsrs, doc(cfg(feature = "threads")))]
 pub mod threads;
+#[cfg(feature = "trace")]
+#[cfg_attr(docsrs, doc(cfg(feature = "trace")))]
 pub mod trace;
+#[cfg(feature = "tracefs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracefs")))]
 pub mod tracefs;
+// The markers find tracefs with the same discovery, without the rest of the module.
+#[cfg(all(feature = "trace", not(feature = "tracefs")))]
+mod tracefs;
 pub mod unwind;
+#[cfg(feature = "usdt")]
+#[cfg_attr(docsrs, doc(cfg(feature = "usdt")))]
 pub mod usdt;
+#[cfg(feature = "threads")]
+#[cfg_attr(docsrs, doc(cfg(feature = "threads")))]
 pub mod watchdog;
 
 pub use crash::dump_stack;
@@ -126,8 +141,9 @@ pub use unwind::{
 /// loaded or unloaded since. Not async-signal-safe: call it early, outside signal handlers
 /// (capture works before it too, with frame pointers only).
 ///
-/// Fails with [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then
-/// use frame pointers).
+/// # Errors
+/// [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then use frame
+/// pointers).
 pub fn init() -> Result<(), Error> {
     modules::refresh(false);
     unwind::prepare();

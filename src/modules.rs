@@ -76,7 +76,7 @@ impl Snapshot {
 
     /// The object whose mapped range contains `addr`.
     ///
-    /// # Signal Safe
+    /// # Async-signal safety
     /// Binary search, no allocation.
     pub fn find(&self, addr: usize) -> Option<&Object> {
         self.find_index(addr).map(|i| &self.objects[i])
@@ -120,7 +120,7 @@ pub fn snapshot() -> Snapshot {
 
 /// Runs `f` on the last published snapshot (`None` before `init()`).
 ///
-/// # Signal Safe
+/// # Async-signal safety
 /// Lock-free and allocation-free; the snapshot stays valid until `f` returns.
 pub fn with_current<R>(f: impl FnOnce(Option<&Snapshot>) -> R) -> R {
     CURRENT.read(f)

@@ -31,7 +31,7 @@ impl<T> Published<T> {
 
     /// Runs `f` on the current value (`None` before the first publish).
     ///
-    /// # Signal Safe
+    /// # Async-signal safety
     /// Async-signal-safe: two atomic increments, a load, no lock, no allocation.
     #[inline]
     pub(crate) fn read<R>(&self, f: impl FnOnce(Option<&T>) -> R) -> R {

@@ -245,6 +245,57 @@ fn other_targets_build() {
     assert!(failed.is_empty(), "cargo check failed for {failed:?}");
 }
 
+/// Each cargo feature builds on its own and with none (the features' dependencies between
+/// each other and the `cfg`s that follow them are right): `cargo check` of the library (and
+/// the CLI where it is built) with no default features, then with each feature alone.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn every_feature_builds_alone() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut failed = Vec::new();
+    let features = [
+        "",
+        "usdt",
+        "trace",
+        "tracefs",
+        "threads",
+        "profile",
+        "pprof",
+        "flamegraph",
+        "http",
+        "tracing",
+    ];
+    for f in features {
+        let mut c = Command::new(&cargo);
+        c.current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("CARGO_TARGET_DIR", target_dir("features"))
+            .env("CARGO_INCREMENTAL", "0")
+            .env_remove("RUSTFLAGS")
+            .args([
+                "check",
+                "--quiet",
+                "--lib",
+                "--bins",
+                "--no-default-features",
+            ]);
+        if !f.is_empty() {
+            c.args(["--features", f]);
+        }
+        let ok = c
+            .stdin(Stdio::null())
+            .status()
+            .expect("run cargo")
+            .success();
+        if !ok {
+            failed.push(if f.is_empty() { "(none)" } else { f });
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "cargo check failed with features {failed:?}"
+    );
+}
+
 /// `cargo check` (with `extra` flags) of the library and the CLI for `triple`, every feature
 /// on; whether it passed.
 fn check(mut cargo: Command, extra: &[&str], triple: &str) -> bool {

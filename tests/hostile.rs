@@ -3,6 +3,13 @@
 //! out of range, empty and tiny buffers, bad signal numbers and thread ids, garbage text and
 //! files), and every safe method called on it. Each case runs in a child process of its own,
 //! which must exit normally: a signal (a fault, an abort) or a panic fails the test.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(
+    feature = "flamegraph",
+    feature = "pprof",
+    feature = "trace",
+    feature = "tracefs"
+))]
 
 use selftrace::profile::{self, Line, Location, Mapping, Mode, Profile, Sample, Threads};
 use selftrace::symbolize::{self, FixedBuf, FrameKind, KernelOptions, SymbolsOptions};

@@ -5,6 +5,8 @@
 //! Needs root and tracefs; skips with a reason otherwise (fails under
 //! `SELFTRACE_REQUIRE_TRACEFS=1`). Tests run in parallel in one process: each filters the
 //! events by its own thread id and unique names.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(feature = "trace", feature = "tracefs"))]
 
 mod markers_util;
 

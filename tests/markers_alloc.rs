@@ -2,6 +2,8 @@
 //! context and inside a real signal handler, whose call is also the writer's very first
 //! (so opening the marker file is allocation-free too). The events written from the handler
 //! are read back.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(feature = "trace", feature = "tracefs"))]
 
 mod markers_util;
 

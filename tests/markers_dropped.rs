@@ -3,6 +3,8 @@
 //! `read_markers_counted` returns plus what it says was dropped accounts for every event.
 //! The same through a `tracefs::Session`, for its uprobe hits and markers together.
 //! Needs root and tracefs (Linux 6.17+ for marker copying); skips otherwise.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(feature = "trace", feature = "tracefs"))]
 
 mod markers_util;
 

@@ -2,6 +2,8 @@
 //! (`unshare -m`) tracefs is unmounted from its usual places and mounted in a temporary
 //! directory; this test binary, re-run there, must find it, write markers and read them back.
 //! Needs root and `unshare` (util-linux); skips with a reason otherwise.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(feature = "trace", feature = "tracefs"))]
 
 mod markers_util;
 

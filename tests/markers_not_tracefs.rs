@@ -2,6 +2,8 @@
 //! tmpfs mounted over `/sys/kernel/tracing` (in a private mount namespace, `unshare -m`) with a
 //! `trace_marker` file in it, is refused, `trace::status()` says why, and the file stays empty.
 //! The namespace case needs root and `unshare` (util-linux); it skips with a reason otherwise.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(feature = "trace", feature = "tracefs"))]
 
 mod markers_util;
 

@@ -4,6 +4,8 @@
 //! The writer is pointed at a private instance's own `trace_marker` (without
 //! `copy_trace_marker`) whose `tracing_on` is 0, so the global `tracing_on` and other
 //! processes' markers are never disturbed. One test: this binary owns the process-wide writer.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(feature = "trace", feature = "tracefs"))]
 
 mod markers_util;
 

@@ -1,6 +1,6 @@
 //! The `tracing` layer (feature `tracing`): spans become sections, events instants, read back
 //! from a private instance as exact lines.
-#![cfg(feature = "tracing")]
+#![cfg(all(feature = "tracing", feature = "tracefs"))]
 
 mod markers_util;
 

@@ -1,6 +1,8 @@
 //! Without a usable `trace_marker` every call is a cheap no-op and `status()` says why:
 //! an explicit path that does not exist, and (as root, in a child that drops privileges)
 //! no permission. Needs neither root nor tracefs. One test: this binary owns the writer.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "trace")]
 
 use selftrace::trace::{self, Status};
 use selftrace::Error;

@@ -2,6 +2,8 @@
 //! clock, sample counts against CPU time x frequency, wall-clock samples of blocked threads,
 //! threads created after the start, continuous profiles without gaps, no allocation in the
 //! handler, clear errors.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "profile")]
 
 use selftrace::profile::{self, Mode, Profile, Threads};
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -4,6 +4,8 @@
 //! every stress loop must make progress, and the profile must show the CPU-bound function.
 //! (pprof-rs, which the example can also run, is not run here: it may crash or hang, which is
 //! what the comparison measures, not what this suite checks.)
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "profile")]
 
 mod example_build;
 

@@ -3,6 +3,8 @@
 //! text trace and the Chrome JSON hold exactly those; nothing of the recorder's is left in
 //! `uprobe_events` or `instances/`, also when it fails with an error. (Crashes, signals and
 //! SIGKILL: tests/record_signals.rs.)
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "tracefs")]
 
 mod example_build;
 mod record_support;

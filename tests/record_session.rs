@@ -1,6 +1,8 @@
 //! `tracefs::Session` against the real kernel: USDT probes with their semaphores, function
 //! entry and return uprobes by symbol, a raw offset, hits parsed with their values, a child
 //! process followed; everything removed on drop, also while a panic unwinds; clear errors.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "tracefs")]
 
 mod example_build;
 mod record_support;
@@ -137,26 +139,36 @@ fn clear_errors() {
     {
         let mut s = Session::new("selftrace-rerr").unwrap();
         group = s.group().to_string();
+        let e = s
+            .add_function(&bin, "no_such_function_xyz", false, "")
+            .unwrap_err();
+        assert_eq!(e.kind(), Error::NotFound("symbol"));
+        assert_eq!(e.event(), Some("no_such_function_xyz"));
         assert_eq!(
-            s.add_function(&bin, "no_such_function_xyz", false, "")
-                .unwrap_err(),
-            Error::NotFound("symbol")
+            e.path(),
+            Some(std::fs::canonicalize(&bin).unwrap().as_path())
         );
-        assert_eq!(
-            s.add_function("/nonexistent/bin".as_ref(), "main", false, "")
-                .unwrap_err(),
-            Error::NotFound("elf file")
+        let e = s
+            .add_function("/nonexistent/bin".as_ref(), "main", false, "")
+            .unwrap_err();
+        assert_eq!(e.kind(), Error::NotFound("elf file"));
+        assert_eq!(e.path(), Some(std::path::Path::new("/nonexistent/bin")));
+        assert!(
+            e.to_string()
+                .contains("/nonexistent/bin for symbol main: not found: elf file"),
+            "{e}"
         );
         // Somebody else's event in our group: refused instead of silently merged.
         let off = tracefs::function_offset(&bin, "record_target_compute").unwrap();
         let bin = std::fs::canonicalize(&bin).unwrap();
         let foreign =
             UprobeEvent::create(s.group(), "record_target_compute", &bin, off, None, "").unwrap();
-        assert_eq!(
-            s.add_function(&bin, "record_target_compute", false, "")
-                .unwrap_err(),
-            Error::AlreadyExists("uprobe event")
-        );
+        let e = s
+            .add_function(&bin, "record_target_compute", false, "")
+            .unwrap_err();
+        assert_eq!(e.kind(), Error::AlreadyExists("uprobe event"));
+        let id = format!("{}/record_target_compute", s.group());
+        assert_eq!(e.event(), Some(id.as_str()));
         assert!(s.events().is_empty());
         drop(foreign);
     }

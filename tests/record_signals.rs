@@ -1,6 +1,8 @@
 //! The recorder cleans up tracefs whatever happens: the recorded command crashes, the recorder
 //! gets SIGINT or SIGTERM (sent to it alone, or Ctrl-C in a terminal, which reaches the whole
 //! process group), or it is killed with SIGKILL (then `selftrace clean` removes the rest).
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "tracefs")]
 
 mod example_build;
 mod record_support;

@@ -1,6 +1,8 @@
 //! Other threads' stacks (`selftrace::threads`) and crash reports with every thread. Each
 //! scenario runs in a child process (it spins, blocks or crashes on purpose); the parent checks
 //! what the child printed and how it ended, and kills it if it hangs.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "threads")]
 
 #[path = "support/counting.rs"]
 mod counting;

@@ -404,5 +404,6 @@ fn walk_ends_display_as_the_reports_print_them() {
         WalkEnd::Truncated(t).to_string(),
         "truncated: no unwind rule at 0x1234"
     );
+    #[cfg(feature = "profile")]
     assert_eq!(selftrace::profile::Mode::Wall.to_string(), "wall");
 }

@@ -20,6 +20,8 @@
 //! - `st_bad_cfi`: a CFA expression with an operation CFI may not use (`DW_OP_call_frame_cfa`):
 //!   the walk stops there ("no unwind rule").
 //! - `st_clobber_call`: saves every callee-saved register and overwrites it before it calls.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "threads")]
 
 use selftrace::{StopReason, WalkEnd};
 use std::hint::black_box;

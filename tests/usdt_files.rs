@@ -1,6 +1,8 @@
 //! `read_probes` and `selftrace list` on files that are not what they seem: a FIFO (would block
 //! forever), `/dev/zero` (endless), a 3 GB sparse ELF (only its headers and notes are read).
 //! The CLI runs under a 512 MiB address-space limit, so reading a whole file would fail.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "tracefs")]
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -73,12 +75,14 @@ fn fifo_is_refused_without_blocking() {
     let r = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("read_probes on a FIFO blocked");
+    let e = r.unwrap_err();
     assert_eq!(
-        r,
-        Err(selftrace::Error::InvalidInput(
+        e.kind(),
+        selftrace::Error::InvalidInput(
             "not a regular file (a fifo, device or directory is not an elf file)"
-        ))
+        )
     );
+    assert_eq!(e.path(), fifo.as_path());
     let o = list_limited(&fifo);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
@@ -92,14 +96,73 @@ fn dev_zero_is_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("not a regular file"), "{err}");
-    assert!(matches!(
-        selftrace::usdt::read_probes("/dev/zero"),
-        Err(selftrace::Error::InvalidInput(_))
-    ));
-    assert_eq!(
-        selftrace::usdt::read_probes("/nonexistent/x"),
-        Err(selftrace::Error::NotFound("elf file"))
+    let e = selftrace::usdt::read_probes("/dev/zero").unwrap_err();
+    assert!(matches!(e.kind(), selftrace::Error::InvalidInput(_)), "{e}");
+    assert!(
+        e.to_string().starts_with("reading probes of /dev/zero: "),
+        "{e}"
     );
+}
+
+#[test]
+fn read_probes_errors_name_the_file() {
+    use std::error::Error as _;
+    // Missing: kind NotFound, the path in path() and Display, the open's io::Error as source.
+    let e = selftrace::usdt::read_probes("/nonexistent/x").unwrap_err();
+    assert_eq!(e.kind(), selftrace::Error::NotFound("elf file"));
+    assert_eq!(e.path(), Path::new("/nonexistent/x"));
+    assert_eq!(
+        e.to_string(),
+        "reading probes of /nonexistent/x: not found: elf file"
+    );
+    let io = e
+        .source()
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .expect("the io::Error of open is the source");
+    assert_eq!(io.raw_os_error(), Some(libc::ENOENT));
+    let io: std::io::Error = e.into();
+    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    assert!(io.to_string().contains("/nonexistent/x"), "{io}");
+
+    // Not an ELF file: BadElf, named; no io::Error, so the source is the kind.
+    let dir = work_dir("not-elf");
+    let text = dir.join("text");
+    std::fs::write(&text, "hello, not an elf file\n").unwrap();
+    let e = selftrace::usdt::read_probes(&text).unwrap_err();
+    assert_eq!(e.kind(), selftrace::Error::BadElf("not an elf file"));
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "reading probes of {}: malformed elf file: not an elf file",
+            text.display()
+        )
+    );
+    assert_eq!(
+        e.source()
+            .and_then(|s| s.downcast_ref::<selftrace::Error>())
+            .copied(),
+        Some(selftrace::Error::BadElf("not an elf file"))
+    );
+    // A directory in the way: ENOTDIR is NotFound too, the source says which.
+    let e = selftrace::usdt::read_probes(text.join("x")).unwrap_err();
+    assert_eq!(e.kind(), selftrace::Error::NotFound("elf file"));
+    let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+    assert_eq!(io.and_then(|io| io.raw_os_error()), Some(libc::ENOTDIR));
+    // The crate's Copy error, for code that must keep it: the kind.
+    let copy: selftrace::Error = e.into();
+    assert_eq!(copy, selftrace::Error::NotFound("elf file"));
+    // `selftrace list` says the same, with the errno when it adds something.
+    let o = list_limited(&text.join("x"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "selftrace: error: reading probes of {}/x: not found: elf file: Not a directory",
+            text.display()
+        )),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! `examples/usdt_target.rs` and its cdylib; `read_probes` on a C program built with
 //! SystemTap's `sys/sdt.h`; and malformed ELF files (mutation fuzzing) giving errors, never
 //! panics.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "usdt")]
 
 mod example_build;
 #[path = "support/target.rs"]

@@ -1,6 +1,8 @@
 //! In-process behaviour of the probe macros: every argument type compiles and runs, arguments
 //! are evaluated when documented, `#[probe]` keeps the function's behaviour, and `probes()`
 //! lists what the binary carries. The crate denies unsafe code: the macros must still work.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "usdt")]
 #![deny(unsafe_code)]
 
 use selftrace::usdt::{probes, ProbeArg};

@@ -3,6 +3,8 @@
 //!
 //! Needs root and the tools; each test says why it skips, and fails instead when
 //! `SELFTRACE_REQUIRE_TRACEFS=1`.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "usdt")]
 
 mod example_build;
 mod usdt_support;

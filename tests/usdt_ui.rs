@@ -1,5 +1,7 @@
 //! Bad uses of the probe macros are compile errors pointing at the offending tokens, never
 //! macro panics (trybuild; regenerate the expected output with `TRYBUILD=overwrite`).
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "usdt")]
 
 #[test]
 fn ui() {

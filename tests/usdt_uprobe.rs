@@ -2,12 +2,15 @@
 //! as reference counter on each site of `selftrace_test:values` of a freshly built program, enabled
 //! in a private instance before the program starts; every hit is recorded with the exact
 //! values, and the program sees its semaphore raised.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(feature = "tracefs")]
 
 mod example_build;
 mod usdt_support;
 
 use selftrace::tracefs::{self, uprobe::UprobeEvent, Instance};
 use selftrace::usdt::read_probes;
+use std::path::Path;
 use std::process::Command;
 use usdt_support::*;
 
@@ -145,4 +148,158 @@ fn own_uprobe_raises_own_semaphore() {
     drop(inst);
     assert!(!selftrace::probe_enabled!(selftrace_self, ping));
     drop(event);
+}
+
+/// The function the bad-argument test attaches to: no other test probes it.
+#[inline(never)]
+fn error_target(x: u64) -> u64 {
+    std::hint::black_box(x) + 1
+}
+
+/// The probe the conflict test attaches to (with its semaphore): no other test probes it.
+#[inline(never)]
+fn conflict_site(i: u32) {
+    selftrace::probe!(selftrace_err, conflict, i);
+}
+
+/// The events the kernel has in `group` (its `events/GROUP/` directories).
+fn group_events(group: &str) -> Vec<String> {
+    let dir = tracefs::root().unwrap().join("events").join(group);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn refused_uprobe_says_why_and_where() {
+    use std::error::Error as _;
+    if !tracefs_usable() {
+        return;
+    }
+    assert_eq!(error_target(1), 2);
+    let exe = std::env::current_exe().unwrap();
+    let off = tracefs::function_offset(&exe, "error_target").unwrap();
+    let root = tracefs::root().unwrap();
+    let group = format!("selftrace_errtest_{}", std::process::id());
+    // An `Ok` would be a registered event: `unwrap_err` drops (removes) it while panicking.
+    let e = UprobeEvent::create(&group, "bad_arg", &exe, off, None, "x=%zz").unwrap_err();
+    let msg = e.to_string();
+    assert_eq!(
+        e.kind(),
+        selftrace::Error::Sys {
+            call: "write",
+            errno: libc::EINVAL
+        },
+        "{msg}"
+    );
+    let uprobe_events = root.join("uprobe_events");
+    assert_eq!(e.path(), Some(uprobe_events.as_path()), "{msg}");
+    let id = format!("{group}/bad_arg");
+    assert_eq!(e.event(), Some(id.as_str()), "{msg}");
+    // The kernel's error_log entry for this very command, and the word its caret points at.
+    let why = e.kernel_message().expect("the kernel's reason").to_string();
+    let why = why.as_str();
+    assert!(why.starts_with("Invalid register name at '"), "{why}");
+    assert!(why.contains("%zz"), "{why}");
+    let log = std::fs::read_to_string(root.join("error_log")).unwrap();
+    let (text, _) = why.split_once(" at '").unwrap();
+    assert!(
+        log.contains(&format!("error: {text}")),
+        "{why} not in:\n{log}"
+    );
+    // One line: what was written, for which event, the errno, the kernel's reason.
+    assert_eq!(
+        msg,
+        format!(
+            "writing {} for event {id}: Invalid argument (os error 22): kernel: {why}",
+            uprobe_events.display()
+        )
+    );
+    assert!(!msg.contains('\n'));
+    let io = e
+        .source()
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .expect("the write's io::Error is the source");
+    assert_eq!(io.raw_os_error(), Some(libc::EINVAL));
+    let io: std::io::Error = e.into();
+    assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(io.to_string().contains(why), "{io}");
+    assert_eq!(group_events(&group), Vec::<String>::new());
+}
+
+#[test]
+fn conflicting_uprobe_names_the_event_in_the_way() {
+    if !tracefs_usable() {
+        return;
+    }
+    conflict_site(1);
+    let exe = std::env::current_exe().unwrap();
+    let note = read_probes(&exe)
+        .unwrap()
+        .into_iter()
+        .find(|n| n.provider == "selftrace_err" && n.name == "conflict")
+        .unwrap();
+    let group = format!("selftrace_errconf_{}", std::process::id());
+    // Removed on drop, also when an assertion below fails.
+    let first = UprobeEvent::for_probe(&group, "first", &exe, &note).unwrap();
+    // The same address without the semaphore as reference counter: the kernel refuses it (and
+    // writes nothing to error_log); the error names the event in the way.
+    let e = UprobeEvent::create(&group, "second", &exe, note.file_offset.unwrap(), None, "")
+        .unwrap_err();
+    let why = e.kernel_message().expect("the event in the way");
+    assert!(
+        why.contains(&format!(
+            "is already probed by the uprobe event {group}/first ("
+        )),
+        "{why}"
+    );
+    assert!(why.contains("that event is this session's own"), "{why}");
+    let second = format!("{group}/second");
+    assert_eq!(e.event(), Some(second.as_str()));
+    assert!(e.to_string().contains(&format!(": kernel: {why}")), "{e}");
+    drop(first);
+    assert_eq!(group_events(&group), Vec::<String>::new());
+}
+
+#[test]
+fn instance_errors_name_the_file_and_event() {
+    use std::error::Error as _;
+    if !tracefs_usable() {
+        return;
+    }
+    let inst = Instance::create("selftrace-errtest").unwrap();
+    let group = format!("selftrace_errnone_{}", std::process::id());
+    let e = inst.set_event_enabled(&group, "missing", true).unwrap_err();
+    assert_eq!(e.kind(), selftrace::Error::NotFound("event enable file"));
+    let enable = inst.file(&format!("events/{group}/missing/enable"));
+    assert_eq!(e.path(), Some(enable.as_path()));
+    let id = format!("{group}/missing");
+    assert_eq!(e.event(), Some(id.as_str()));
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "writing {} for event {id}: not found: event enable file",
+            enable.display()
+        )
+    );
+    assert_eq!(e.kernel_message(), None);
+    let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+    assert_eq!(io.map(|io| io.kind()), Some(std::io::ErrorKind::NotFound));
+    let e = inst.read_file("no_such_file").unwrap_err();
+    assert_eq!(e.path(), Some(inst.file("no_such_file").as_path()));
+    assert!(e.to_string().starts_with("reading /"), "{e}");
+    // Bad names are refused before anything is written, and say which name.
+    let e = UprobeEvent::create("bad group", "e", Path::new("/bin/true"), 0, None, "").unwrap_err();
+    assert!(matches!(e.kind(), selftrace::Error::InvalidInput(_)));
+    assert_eq!((e.event(), e.path()), (Some("bad group"), None));
+    assert!(
+        e.to_string()
+            .starts_with("group \"bad group\": invalid input: "),
+        "{e}"
+    );
 }

@@ -1,6 +1,8 @@
 //! The stall watchdog, one child process per scenario (threads stall on purpose): one report
 //! per stall with the stalled function on its stack, busy versus blocked, the recovery line,
 //! the trace marker instant, the callback and the abort action.
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(feature = "threads", feature = "trace", feature = "tracefs"))]
 
 mod child_support;
 

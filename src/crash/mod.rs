@@ -36,8 +36,9 @@
 #![allow(unsafe_code)]
 
 mod arch;
+pub(crate) mod lock;
 mod names;
-mod report;
+pub(crate) mod report;
 mod symbolizer;
 
 use crate::symbolize;
@@ -90,6 +91,9 @@ pub fn builder() -> Builder {
 }
 
 /// Installs the crash handler with default options (see [`builder`]).
+///
+/// # Errors
+/// As [`Builder::install`].
 pub fn install() -> Result<(), Error> {
     builder().install()
 }
@@ -155,6 +159,8 @@ impl Builder {
     /// tombstone (default: off). Each thread gets [`crate::threads::timeout`] to answer; one
     /// that does not is listed with its state and `no stack (timeout)`. Installs the
     /// stack-request handler of [`crate::threads`].
+    #[cfg(feature = "threads")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "threads")))]
     pub fn all_threads(mut self, enabled: bool) -> Builder {
         self.all_threads = enabled;
         self
@@ -162,6 +168,12 @@ impl Builder {
 
     /// Installs the handler. Calls `selftrace::init()` first (symbol tables and unwinder must
     /// exist before any crash). Not async-signal-safe; call it early in `main`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a signal that cannot be caught, [`Error::NoUnwindInfo`] from
+    /// [`crate::init`], [`Error::Sys`] when opening the report file, mapping the report stack,
+    /// `sigaltstack`, `sigaction` or forking the symbolizer failed, and the errors of
+    /// [`crate::threads::install`] with [`Builder::all_threads`].
     pub fn install(self) -> Result<(), Error> {
         crate::init()?;
         for &sig in &self.signals {
@@ -193,6 +205,7 @@ impl Builder {
             REPORT_STACK.store(top, Ordering::Relaxed);
         }
         if self.all_threads {
+            #[cfg(feature = "threads")]
             crate::threads::install()?;
         }
         ALL_THREADS.store(self.all_threads, Ordering::Relaxed);
@@ -215,6 +228,9 @@ impl Builder {
 /// Gives the calling thread an alternate signal stack if it has none, or one smaller than the
 /// configured size, so that a stack overflow on this thread can be reported. Threads spawned by
 /// std have one already; call this on threads created otherwise (e.g. by C code).
+///
+/// # Errors
+/// [`Error::Sys`] when `sigaltstack` or mapping the stack failed.
 pub fn install_thread() -> Result<(), Error> {
     let want = ALT_STACK_SIZE.load(Ordering::Relaxed);
     // SAFETY: querying the current alternate stack into a valid stack_t.
@@ -245,6 +261,7 @@ pub fn install_thread() -> Result<(), Error> {
 /// Prints the current stack in the crash report's format, like the kernel's `dump_stack()`, to
 /// the configured fd (stderr by default).
 ///
+/// # Async-signal safety
 /// Async-signal-safe; usable anywhere, crash or not.
 #[inline(never)]
 pub fn dump_stack() {
@@ -253,7 +270,10 @@ pub fn dump_stack() {
 }
 
 /// [`dump_stack`] to a given file descriptor (a [`std::fs::File`], [`std::io::stderr`], or in a
-/// signal handler a [`std::os::fd::BorrowedFd`]). Async-signal-safe.
+/// signal handler a [`std::os::fd::BorrowedFd`]).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 #[inline(never)]
 pub fn dump_stack_to(fd: impl AsFd) {
     dump_stack_to_raw(fd.as_fd().as_raw_fd());
@@ -311,8 +331,8 @@ static PANIC_REPORTS: AtomicBool = AtomicBool::new(false);
 static SKIP_CHAIN: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 
 /// The report lock: one report at a time, across threads, shared with all-thread dumps (see
-/// `threads::lock`).
-use crate::threads::lock::OutputLock as ReportLock;
+/// `lock`).
+use lock::OutputLock as ReportLock;
 
 fn install_signal(sig: i32) -> Result<(), Error> {
     let ours = on_fatal_signal as *const () as usize;
@@ -374,7 +394,7 @@ struct Crash {
 extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     let errno = sys::errno();
     let tid = sys::gettid();
-    if crate::threads::lock::owner() == tid && IN_CRASH.load(Ordering::Relaxed) == tid {
+    if lock::owner() == tid && IN_CRASH.load(Ordering::Relaxed) == tid {
         // A crash inside our own report: give up at once, die by the default action.
         die(sig);
         return;
@@ -504,6 +524,7 @@ fn write_report(c: &Crash) {
     };
     report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), walk.end, lines);
     report::objects(out, &frames[..n]);
+    #[cfg(feature = "threads")]
     if ALL_THREADS.load(Ordering::Relaxed) {
         crate::threads::write_other_threads(out.fd, sys::gettid());
     }

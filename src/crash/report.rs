@@ -16,7 +16,7 @@
 //! ---[ end of report ]---
 //! ```
 //!
-//! # Signal Safe Methods
+//! # Async-signal safety
 //! Everything here is async-signal-safe: fixed buffers, `write(2)`, lock-free lookups.
 #![allow(unsafe_code)]
 
@@ -26,8 +26,39 @@ use crate::unwind::WalkEnd;
 
 pub(crate) use super::arch::registers;
 
-/// Where a report goes: the same line writer as thread dumps (one `write(2)` per line).
-pub(crate) use crate::threads::dump::Out;
+/// Where a report or a thread dump goes: lines written from a fixed buffer, one `write(2)` each.
+#[derive(Clone, Copy)]
+pub(crate) struct Out {
+    pub(crate) fd: i32,
+}
+
+impl Out {
+    /// Writes one line (adds the newline).
+    pub(crate) fn line(&self, f: impl FnOnce(&mut FixedBuf<'_>)) {
+        let mut buf = [0u8; 1024];
+        let mut w = FixedBuf::new(&mut buf);
+        f(&mut w);
+        w.push_bytes(b"\n");
+        let _ = sys::write_all(self.fd, w.as_bytes());
+    }
+}
+
+/// One line of a report's `Objects:` list: ` name path build-id hex`.
+pub(crate) fn object_line(out: Out, s: &symbolize::Symbol) {
+    out.line(|w| {
+        w.push_bytes(b" ");
+        w.push_str(s.object_name());
+        w.push_bytes(b" ");
+        w.push_str(s.path);
+        if !s.build_id.is_empty() {
+            w.push_bytes(b" build-id ");
+            for &b in s.build_id {
+                let hex = b"0123456789abcdef";
+                w.push_bytes(&[hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
+            }
+        }
+    });
+}
 
 pub(crate) const FRAME_OPTS: KernelOptions = KernelOptions {
     demangle: true,
@@ -192,7 +223,7 @@ pub(crate) fn objects(out: Out, frames: &[usize]) {
         }
         seen[n] = s.bias;
         n += 1;
-        crate::threads::dump::object_line(out, &s);
+        object_line(out, &s);
     }
 }
 

@@ -160,6 +160,8 @@ pub(crate) fn describe(f: &BacktraceFrame) -> String {
 /// Asks the symbolizer about the frames at `indices` of `frames` (at most [`MAX_FRAMES`]);
 /// writes the answers into `text` and their `(start, len)` into `spans`, in the order of
 /// `indices`. Returns how many were answered (0 when there is no symbolizer or it timed out).
+///
+/// # Async-signal safety
 /// Async-signal-safe.
 pub(crate) fn ask(
     frames: &[usize],

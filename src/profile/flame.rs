@@ -13,7 +13,8 @@ impl Profile {
     ///
     /// A profile without samples gives a small valid SVG that says "no samples".
     ///
-    /// Errors: those of `w`; `InvalidData` when the counts add up to more than `u64::MAX`.
+    /// # Errors
+    /// Those of `w`; `InvalidData` when the counts add up to more than `u64::MAX`.
     pub fn write_flamegraph(&self, mut w: impl Write) -> io::Result<()> {
         let title = self.flamegraph_title();
         // Counts that add up past u64::MAX (a profile built by hand) cannot be drawn.

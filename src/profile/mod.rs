@@ -132,6 +132,9 @@ pub fn builder() -> Builder {
 }
 
 /// Starts a CPU profiler of every thread at `frequency_hz` (`builder().frequency(hz).start()`).
+///
+/// # Errors
+/// As [`Builder::start`].
 pub fn start(frequency_hz: u32) -> Result<Profiler, Error> {
     builder().frequency(frequency_hz).start()
 }
@@ -182,9 +185,11 @@ impl Builder {
     /// Starts the profiler: installs the signal handler, arms a timer for each selected thread
     /// and starts the profiler's thread. Calls [`crate::init`] if needed.
     ///
-    /// Errors: [`Error::InvalidInput`] for a setting out of range or a signal that cannot be
-    /// used, [`Error::AlreadyExists`] when another profiler is running, [`Error::Sys`] when a system call failed (`timer_create`, `sigaction`,
-    /// the thread's creation).
+    /// # Errors
+    /// [`Error::InvalidInput`] for a setting out of range or a signal that cannot be used,
+    /// [`Error::AlreadyExists`] when another profiler is running, [`Error::ThreadGone`] for a
+    /// selected thread that does not exist, [`Error::Sys`] when a system call failed
+    /// (`timer_create`, `sigaction`, the thread's creation).
     pub fn start(self) -> Result<Profiler, Error> {
         if !(1..=MAX_FREQUENCY_HZ).contains(&self.frequency_hz) {
             return Err(Error::InvalidInput("frequency must be 1 to 10000 Hz"));

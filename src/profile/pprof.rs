@@ -291,6 +291,9 @@ impl Profile {
     }
 
     /// Writes [`to_pprof`](Profile::to_pprof)'s gzipped `profile.proto` to `w`.
+    ///
+    /// # Errors
+    /// Those of `w`.
     pub fn write_pprof(&self, w: impl Write) -> io::Result<()> {
         use prost::Message as _;
         let encoded = self.pprof_message().encode_to_vec();

@@ -82,6 +82,8 @@ impl Ring {
 
     /// Takes a free slot, lets `fill` write the record, publishes it. Returns false when the
     /// ring is full, and adds `weight` (the periods the sample stood for) to `dropped`.
+    ///
+    /// # Async-signal safety
     /// Async-signal-safe: atomics only, no loop that waits for another thread.
     pub(crate) fn push(&self, weight: u32, fill: impl FnOnce(&mut Record)) -> bool {
         let cap = self.slots.len() as u64;

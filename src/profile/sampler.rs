@@ -35,8 +35,10 @@ static DRAIN: AtomicU32 = AtomicU32::new(0);
 /// `si_code` of a POSIX timer's signal.
 const SI_TIMER: i32 = -2;
 
-/// The sampling signal's handler. Async-signal-safe: atomics, one walk into a ring slot,
-/// maybe one futex wake; keeps `errno`.
+/// The sampling signal's handler.
+///
+/// # Async-signal safety
+/// Async-signal-safe: atomics, one walk into a ring slot, maybe one futex wake; keeps `errno`.
 extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     // SAFETY: __errno_location returns this thread's errno, always valid.
     let errno = unsafe { *libc::__errno_location() };

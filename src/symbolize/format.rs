@@ -6,7 +6,7 @@
 //!   (`0x55d0c0a3d1f0 : my_crate::parse+0x1d/0x80 [myprog]`);
 //! * Rust demangling into a caller's buffer.
 //!
-//! # Signal Safe Methods
+//! # Async-signal safety
 //! Everything in this file is async-signal-safe: no allocation, no lock, no panic. Output that
 //! does not fit is truncated (at a UTF-8 boundary), never an error.
 
@@ -149,8 +149,9 @@ impl fmt::Write for FixedBuf<'_> {
 /// suffix dropped); anything else (C, C++) as it is; a symbol version (`@@GLIBC_2.34`) is
 /// dropped ([`without_version`]). Never allocates.
 ///
-/// Async-signal-safe. rustc-demangle bounds its recursion, but a pathological v0 name can still
-/// use a few tens of kilobytes of stack.
+/// # Async-signal safety
+/// Async-signal-safe. rustc-demangle bounds its recursion, but a pathological v0 name can still use
+/// a few tens of kilobytes of stack.
 pub fn demangle_to(name: &[u8], out: &mut FixedBuf<'_>) {
     let name = without_version(name);
     let Ok(s) = core::str::from_utf8(name) else {
@@ -167,7 +168,10 @@ pub fn demangle_to(name: &[u8], out: &mut FixedBuf<'_>) {
 }
 
 /// `name` without an ELF symbol version (`__libc_start_main@@GLIBC_2.34` ->
-/// `__libc_start_main`); a PLT stub's `@plt` stays. Async-signal-safe.
+/// `__libc_start_main`); a PLT stub's `@plt` stays.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn without_version(name: &[u8]) -> &[u8] {
     match name.iter().position(|&b| b == b'@') {
         Some(at) if name.get(at..) != Some(&b"@plt"[..]) => name.get(..at).unwrap_or(name),
@@ -177,6 +181,7 @@ pub fn without_version(name: &[u8]) -> &[u8] {
 
 /// Writes `name` demangled into `buf` (see [`demangle_to`]) and returns the text written.
 ///
+/// # Async-signal safety
 /// Async-signal-safe.
 pub fn demangle_into<'b>(name: &[u8], buf: &'b mut [u8]) -> &'b str {
     let mut w = FixedBuf::new(buf);
@@ -211,7 +216,10 @@ pub struct SymbolsOptions {
 }
 
 /// Writes one glibc line for `addr` (without the trailing newline for [`GlibcLine::Strings`],
-/// with it for [`GlibcLine::Fd`]). Async-signal-safe; C++ names stay mangled here.
+/// with it for [`GlibcLine::Fd`]).
+///
+/// # Async-signal safety
+/// Async-signal-safe; C++ names stay mangled here.
 pub(crate) fn glibc_line(
     out: &mut FixedBuf<'_>,
     addr: usize,
@@ -383,6 +391,7 @@ impl FrameKind {
 /// Offsets are from the symbol's start to `addr` itself; the symbol is looked up at
 /// [`FrameKind::lookup_address`]. Returns the number of bytes written.
 ///
+/// # Async-signal safety
 /// Async-signal-safe: no allocation, no lock, no panic; a line that does not fit is cut.
 pub fn write_kernel_frame(
     buf: &mut [u8],
@@ -398,6 +407,8 @@ pub fn write_kernel_frame(
 
 /// ` stack truncated: no unwind rule at 0x7f3a2c1d2e40 [libfoo.so+0x2e40]`: where and why a
 /// walk stopped before the outermost frame (crash reports, `dump_stack()`, thread dumps).
+///
+/// # Async-signal safety
 /// Async-signal-safe.
 pub(crate) fn write_truncation(w: &mut FixedBuf<'_>, t: &crate::Truncation) {
     w.push_bytes(b" stack truncated: ");

@@ -147,7 +147,7 @@ impl Table {
     /// With `strict`, a zero-size symbol matches only its own address (glibc's `dladdr` rule);
     /// otherwise the nearest lower zero-size symbol extends to the next symbol.
     ///
-    /// # Signal Safe
+    /// # Async-signal safety
     /// Binary search; no allocation, no panic.
     pub(crate) fn lookup(&self, svma: u64, strict: bool) -> Option<Found> {
         let rel = svma.checked_sub(self.base)?;

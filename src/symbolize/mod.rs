@@ -99,9 +99,11 @@ pub struct Symbol {
 }
 
 /// `name+0x1d/0x80 [libfoo.so]` as the kernel writes a frame, the name demangled (Rust legacy
-/// and v0; other names as they are); `[libfoo.so+0x2e40]` without a symbol. Async-signal-safe
-/// when the formatter's writer is: the name is demangled into a 1 KiB stack buffer (a longer
-/// name is cut).
+/// and v0; other names as they are); `[libfoo.so+0x2e40]` without a symbol.
+///
+/// # Async-signal safety
+/// Async-signal-safe when the formatter's writer is: the name is demangled into a 1 KiB stack
+/// buffer (a longer name is cut).
 impl core::fmt::Display for Symbol {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         let mut buf = [0u8; 1024];
@@ -145,7 +147,10 @@ impl Symbol {
     }
 
     /// The name demangled into `buf` (Rust legacy and v0; other names as they are), or `None`
-    /// without a symbol. Async-signal-safe.
+    /// without a symbol.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
     pub fn demangle_into<'b>(&self, buf: &'b mut [u8]) -> Option<&'b str> {
         self.name.map(|n| demangle_into(n, buf))
     }
@@ -222,6 +227,9 @@ pub(crate) fn rebuild() {
 ///
 /// Not async-signal-safe. `selftrace::init()` and `selftrace::refresh()` do the same; call one
 /// of them (or this) before using [`symbolize`] in a signal handler, and again after `dlopen`.
+///
+/// # Errors
+/// [`crate::Error::NoUnwindInfo`] as [`crate::init`].
 pub fn prepare() -> Result<(), crate::Error> {
     crate::init()?;
     rebuild();
@@ -263,7 +271,7 @@ pub(crate) fn ensure_covers(addrs: &[usize]) {
 /// The address is looked up as given: for a return address of a captured stack, pass
 /// `addr - 1` (see [`FrameKind`]).
 ///
-/// # Signal Safe
+/// # Async-signal safety
 /// Async-signal-safe: a lock-free read of the published index and two binary searches; no
 /// allocation, no lock, no panic, no system call. About 40 ns.
 pub fn symbolize(addr: usize) -> Option<Symbol> {
@@ -271,7 +279,10 @@ pub fn symbolize(addr: usize) -> Option<Symbol> {
 }
 
 /// Like [`symbolize`], but names only exported (`.dynsym`) symbols, by glibc's `dladdr` rules:
-/// what glibc's `backtrace_symbols` would name. Async-signal-safe.
+/// what glibc's `backtrace_symbols` would name.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn symbolize_exported(addr: usize) -> Option<Symbol> {
     lookup(addr, Mode::Exported)
 }
@@ -285,7 +296,7 @@ pub(crate) fn lookup(addr: usize, mode: Mode) -> Option<Symbol> {
 /// signal trampoline `__restore_rt`, whose address the kernel pushes as the handler's return
 /// address) names it. [`Symbol::addr`] is the address the symbol was found for.
 ///
-/// # Signal Safe
+/// # Async-signal safety
 /// Async-signal-safe, like [`symbolize`].
 pub fn symbolize_frame(addr: usize, kind: FrameKind) -> Option<Symbol> {
     lookup_frame(addr, kind, Mode::All)
@@ -333,12 +344,18 @@ pub struct Symbolizer<'a> {
 }
 
 impl Symbolizer<'_> {
-    /// Like [`symbolize`]. Async-signal-safe.
+    /// Like [`symbolize`].
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
     pub fn symbolize(&self, addr: usize) -> Option<Symbol> {
         lookup_in(self.index?, addr, Mode::All)
     }
 
-    /// Like [`symbolize_exported`]. Async-signal-safe.
+    /// Like [`symbolize_exported`].
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
     pub fn symbolize_exported(&self, addr: usize) -> Option<Symbol> {
         lookup_in(self.index?, addr, Mode::Exported)
     }
@@ -361,7 +378,7 @@ impl Symbolizer<'_> {
 /// assert!(named > 0);
 /// ```
 ///
-/// # Signal Safe
+/// # Async-signal safety
 /// Async-signal-safe; keep `f` short (a refresh in another thread waits for it).
 pub fn with_symbolizer<R>(f: impl FnOnce(&Symbolizer<'_>) -> R) -> R {
     INDEX.read(|i| f(&Symbolizer { index: i }))
@@ -372,14 +389,20 @@ pub fn with_symbolizer<R>(f: impl FnOnce(&Symbolizer<'_>) -> R) -> R {
 /// qemu-user's page, a JIT's): the frame after it in a captured stack is an exact pc, not a
 /// return address. The bytes are copied by the kernel, so an address that is unmapped (or
 /// being unmapped by another thread) gives `false`, never a fault. Always `false` on an
-/// architecture without an unwinder port. Async-signal-safe.
+/// architecture without an unwinder port.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn is_signal_trampoline(addr: usize) -> bool {
     crate::unwind::is_signal_trampoline(addr)
 }
 
 /// The kind of frame `i` of a captured stack: exact for frame 0 when `first_exact` (a capture
 /// from a `ucontext_t` or registers) and for a frame right after a signal trampoline, else a
-/// return address. Async-signal-safe.
+/// return address.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn frame_kind(frames: &[usize], i: usize, first_exact: bool) -> FrameKind {
     if i == 0 {
         return if first_exact {
@@ -468,7 +491,7 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
 /// glibc this process runs with (before 2.40: `./prog(main+0x1d)[0x55d0c0a3d1f0]`, no space
 /// before `[`; from 2.40 on, a space), naming functions that are not exported too.
 ///
-/// # Signal Safe
+/// # Async-signal safety
 /// Async-signal-safe: formats each line into a 1 KiB stack buffer and writes it with one
 /// `write(2)` (a longer line is cut, and still ends with a newline); no allocation, no lock, no
 /// panic. Write errors are ignored, as in glibc.
@@ -480,6 +503,8 @@ pub fn backtrace_symbols_fd(addrs: &[usize], fd: impl std::os::fd::AsFd) {
 }
 
 /// [`backtrace_symbols_fd`] with options (demangling Rust names, or glibc's exact naming).
+///
+/// # Async-signal safety
 /// Async-signal-safe (C++ names stay mangled).
 pub fn backtrace_symbols_fd_with(
     addrs: &[usize],

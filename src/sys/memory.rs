@@ -7,7 +7,7 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering
 /// Copies `out.len()` bytes from address `addr` of this process into `out`, the kernel
 /// copying: an unmapped or unreadable address ends the copy instead of faulting, also when
 /// another thread unmaps the memory meanwhile. Returns how many bytes were copied (0 when
-/// `addr` itself is unreadable). Async-signal-safe.
+/// `addr` itself is unreadable).
 ///
 /// The copy is `process_vm_readv(2)`. Where that fails for good (`ENOSYS` under qemu-user,
 /// `ENOSYS` or `EPERM` from a seccomp filter in a container), it is a `write(2)` of the range
@@ -16,6 +16,9 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering
 ///
 /// # References
 /// process_vm_readv(2), pipe(7)
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub(crate) fn read_memory(addr: usize, out: &mut [u8]) -> usize {
     if out.is_empty() || addr == 0 {
         return 0;
@@ -83,10 +86,13 @@ const PIPE_CHUNK: usize = 4096;
 /// written. A pipe is claimed with a compare-and-swap and is used by one copy at a time, so
 /// concurrent copies never see each other's bytes; when all are in use the copy fails (returns
 /// 0). The pipes are made on first use with `pipe2(2)`, which is async-signal-safe, and made
-/// again in a child after `fork`. Async-signal-safe, lock-free.
+/// again in a child after `fork`.
 ///
 /// # References
 /// pipe(7), write(2)
+///
+/// # Async-signal safety
+/// Async-signal-safe, lock-free.
 pub(crate) fn pipe_copy(addr: usize, out: &mut [u8]) -> usize {
     let Some((slot, rfd, wfd)) = claim_pipe() else {
         return 0;
@@ -233,8 +239,11 @@ pub(crate) fn learn_pthread_layout() {
 
 /// The current thread's stack from `sp` up to its high end, when `sp` lies on the thread's own
 /// stack as glibc allocated it (or on the main thread's stack, once learned). Memory in that
-/// range is mapped for as long as the thread lives. Async-signal-safe: reads the thread's own
-/// `struct pthread` (through the thread pointer) and no system call.
+/// range is mapped for as long as the thread lives.
+///
+/// # Async-signal safety
+/// Async-signal-safe: reads the thread's own `struct pthread` (through the thread pointer) and no
+/// system call.
 pub(crate) fn own_stack_above(sp: usize) -> Option<(usize, usize)> {
     let off = PD_STACKBLOCK.load(Ordering::Relaxed);
     if off != 0 {

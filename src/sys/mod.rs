@@ -262,11 +262,13 @@ pub(crate) fn map_stack(size: usize) -> Option<usize> {
 }
 
 /// The distinct `sa_restorer`s (signal-return trampolines) of the handlers installed now, for
-/// signals 1 to 64; returns how many were written into `out`. Async-signal-safe (one
-/// `rt_sigaction` query per signal).
+/// signals 1 to 64; returns how many were written into `out`.
 ///
 /// # References
 /// sigaction(2)
+///
+/// # Async-signal safety
+/// Async-signal-safe (one `rt_sigaction` query per signal).
 pub(crate) fn signal_restorers(out: &mut [usize]) -> usize {
     let mut n = 0;
     for sig in 1..=64 {
@@ -428,10 +430,13 @@ pub(crate) fn statfs_type(path: &core::ffi::CStr) -> Result<i64, i32> {
     }
 }
 
-/// `fstatfs(2)`'s `f_type` for an open fd, or the `errno`. Async-signal-safe (one syscall).
+/// `fstatfs(2)`'s `f_type` for an open fd, or the `errno`.
 ///
 /// # References
 /// fstatfs(2)
+///
+/// # Async-signal safety
+/// Async-signal-safe (one syscall).
 pub(crate) fn fstatfs_type(fd: i32) -> Result<i64, i32> {
     // SAFETY: statfs is plain old data; all-zero is a valid value.
     let mut st: libc::statfs = unsafe { core::mem::zeroed() };

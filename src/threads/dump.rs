@@ -17,13 +17,14 @@
 //! ---[ end of all threads ]---
 //! ```
 //!
-//! # Signal Safe Methods
+//! # Async-signal safety
 //! Everything here is async-signal-safe: the thread list is read with `getdents64`, each stack
 //! is requested through [`super::request`], and output goes through fixed buffers and `write(2)`.
 
-use super::lock::OutputLock;
 use super::proc::{self, ThreadInfo};
 use super::request::{self, Answer, Ticket};
+pub(crate) use crate::crash::lock::OutputLock;
+pub(crate) use crate::crash::report::{object_line, Out};
 use crate::symbolize::{self, FixedBuf, KernelOptions};
 use crate::sys;
 
@@ -46,23 +47,6 @@ pub struct DumpSummary {
     pub gone: usize,
     /// Threads not listed because there were more than the dump holds (4096).
     pub not_listed: usize,
-}
-
-/// Where a dump or report goes: lines written from a fixed buffer, one `write(2)` each.
-#[derive(Clone, Copy)]
-pub(crate) struct Out {
-    pub(crate) fd: i32,
-}
-
-impl Out {
-    /// Writes one line (adds the newline).
-    pub(crate) fn line(&self, f: impl FnOnce(&mut FixedBuf<'_>)) {
-        let mut buf = [0u8; 1024];
-        let mut w = FixedBuf::new(&mut buf);
-        f(&mut w);
-        w.push_bytes(b"\n");
-        let _ = sys::write_all(self.fd, w.as_bytes());
-    }
 }
 
 const FRAME_OPTS: KernelOptions = KernelOptions {
@@ -108,23 +92,6 @@ impl Objects {
             object_line(out, &s);
         }
     }
-}
-
-/// One line of a report's `Objects:` list: ` name path build-id hex`.
-pub(crate) fn object_line(out: Out, s: &symbolize::Symbol) {
-    out.line(|w| {
-        w.push_bytes(b" ");
-        w.push_str(s.object_name());
-        w.push_bytes(b" ");
-        w.push_str(s.path);
-        if !s.build_id.is_empty() {
-            w.push_bytes(b" build-id ");
-            for &b in s.build_id {
-                let hex = b"0123456789abcdef";
-                w.push_bytes(&[hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
-            }
-        }
-    });
 }
 
 /// `thread "worker" tid 4243, state S (sleeping), cpu 0.001s`

@@ -50,7 +50,6 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod dump;
-pub(crate) mod lock;
 mod proc;
 mod request;
 
@@ -85,6 +84,10 @@ pub fn default_signal() -> i32 {
 /// A handler the program installed for the signal before is kept: it is called for every
 /// signal that carries no stack request for the thread (chaining, as signal-hook does).
 /// [`uninstall`] removes ours again.
+///
+/// # Errors
+/// [`Error::Sys`] when `sigaction` fails, [`Error::Timeout`] when another installation did not
+/// finish within a second.
 ///
 /// # Async-signal safety
 /// Async-signal-safe (`sigaction` only).
@@ -248,7 +251,10 @@ fn duration_ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
 }
 
-/// The calling thread's id (`gettid(2)`). Async-signal-safe.
+/// The calling thread's id (`gettid(2)`).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn current_tid() -> i32 {
     sys::gettid()
 }
@@ -258,9 +264,10 @@ pub fn current_tid() -> i32 {
 /// thread's exact pc (see the module docs); for the calling thread itself with the request
 /// signal blocked, frame 0 is in this function.
 ///
-/// Errors: [`Error::Timeout`] when the thread does not answer within `timeout` (signal
-/// blocked, stopped, uninterruptible sleep), [`Error::ThreadGone`] when it does not exist or
-/// exits meanwhile, and the errors of [`install`].
+/// # Errors
+/// [`Error::Timeout`] when the thread does not answer within `timeout` (signal blocked,
+/// stopped, uninterruptible sleep), [`Error::ThreadGone`] when it does not exist or exits
+/// meanwhile, and the errors of [`install`].
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
@@ -290,7 +297,13 @@ pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::
 }
 
 /// Writes the ids of this process's threads (from `/proc/self/task`) into `buf`; returns how
-/// many there are (which may exceed `buf.len()`: only the first fit). Async-signal-safe.
+/// many there are (which may exceed `buf.len()`: only the first fit).
+///
+/// # Errors
+/// [`Error::Sys`] when `/proc/self/task` cannot be read.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn list(buf: &mut [i32]) -> Result<usize, Error> {
     let mut n = 0;
     sys::for_each_task(|tid| {
@@ -309,12 +322,16 @@ pub fn list(buf: &mut [i32]) -> Result<usize, Error> {
 /// Writes every thread's name, tid, state, CPU time and stack to `fd` (see the module docs),
 /// waiting up to [`timeout`] for each thread. Returns what the dump saw.
 ///
+/// # Async-signal safety
 /// Async-signal-safe.
 pub fn dump_all(fd: impl AsFd) -> DumpSummary {
     dump_all_with_timeout(fd, timeout())
 }
 
-/// [`dump_all`] with an explicit per-thread timeout. Async-signal-safe.
+/// [`dump_all`] with an explicit per-thread timeout.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn dump_all_with_timeout(fd: impl AsFd, timeout: Duration) -> DumpSummary {
     if install().is_err() {
         // Without the handler every thread would time out; still list them.
@@ -330,6 +347,9 @@ pub(crate) fn dump_all_raw(fd: i32) -> DumpSummary {
 
 /// Installs a handler for `sig` (typically `SIGQUIT`) that writes [`dump_all`] to stderr and
 /// lets the program continue, like the JVM's `kill -3`. See [`install_dump_signal_to`].
+///
+/// # Errors
+/// As [`install_dump_signal_to`].
 pub fn install_dump_signal(sig: i32) -> Result<(), Error> {
     install_dump_signal_fd(sig, 2)
 }
@@ -340,6 +360,11 @@ pub fn install_dump_signal(sig: i32) -> Result<(), Error> {
 /// `SA_RESTART`. A handler the program installed for the signal is kept and called after each
 /// dump; its default action (for `SIGQUIT`: a core dump) is not. [`uninstall_dump_signal`]
 /// puts the previous action back; installing another signal gives the first one back.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a signal that cannot be caught or that requests stacks, the
+/// errors of [`install`] and of [`crate::symbolize::prepare`], [`Error::Sys`] when `sigaction`
+/// fails.
 pub fn install_dump_signal_to(sig: i32, fd: impl Into<OwnedFd>) -> Result<(), Error> {
     let fd: OwnedFd = fd.into();
     install_dump_signal_fd(sig, fd.as_raw_fd())?;
@@ -404,7 +429,10 @@ extern "C" fn on_dump_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc
 }
 
 /// For the crash report: every thread but `skip` (the crashing one), with the shared objects
-/// list written by the caller. Async-signal-safe.
+/// list written by the caller.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub(crate) fn write_other_threads(fd: i32, skip: i32) {
     let out = dump::Out { fd };
     if install().is_err() {
@@ -417,6 +445,8 @@ pub(crate) fn write_other_threads(fd: i32, skip: i32) {
 }
 
 /// Writes one thread's header and stack (or why there is none), for the watchdog's reports.
+///
+/// # Async-signal safety
 /// Async-signal-safe.
 pub(crate) fn write_thread(
     fd: i32,

@@ -1,7 +1,7 @@
 //! What `/proc/self/task/TID/stat` says of a thread: its name and scheduler state; and its CPU
 //! time from the thread's CPU clock.
 //!
-//! # Signal Safe Methods
+//! # Async-signal safety
 //! Everything here is async-signal-safe: the file is read with `open`/`read`/`close` into a
 //! stack buffer and parsed in place.
 
@@ -52,6 +52,8 @@ pub(crate) fn state_name(s: u8) -> &'static str {
 }
 
 /// Reads thread `tid`'s name, state and CPU time; `None` if it does not exist (any more).
+///
+/// # Async-signal safety
 /// Async-signal-safe.
 pub fn info(tid: i32) -> Option<ThreadInfo> {
     let mut path = [0u8; 48];

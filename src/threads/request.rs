@@ -22,7 +22,7 @@
 //! The generation in the state word makes every CAS fail if the slot was released and claimed
 //! again in between (no ABA): a handler never answers a request it did not see.
 //!
-//! # Signal Safe Methods
+//! # Async-signal safety
 //! Everything here is async-signal-safe: atomics, `tgkill`, `futex`, `clock_gettime`,
 //! `Capture::walk_ucontext`.
 #![allow(unsafe_code)]

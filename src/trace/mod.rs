@@ -58,7 +58,7 @@
 //! `bitN`, a `0x` hex mask, `all` or `none`) or all tags when unset; [`set_tags`],
 //! [`enable_tags`] and [`disable_tags`] change it.
 //!
-//! # Signal safety
+//! # Async-signal safety
 //!
 //! Every event function, the [`Section`] guard, [`is_enabled`], [`stats`] and [`status`] are
 //! async-signal-safe: no allocation, no lock, no panic (the `section!` family too, as long as
@@ -125,6 +125,9 @@ pub const TAG_NAMES: [(&str, u64); 9] = [
 
 /// Parses a tag list: comma- or space-separated names from [`TAG_NAMES`], `bitN` (N in
 /// 0..=63), a hex mask `0x...`, `all` or `none`. Empty means no tags.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a name or number that is not a tag.
 pub fn parse_tags(s: &str) -> Result<u64, Error> {
     match parse_tags_lenient(s.as_bytes()) {
         (mask, true) => Ok(mask),
@@ -263,7 +266,10 @@ pub struct Stats {
     pub skipped_during_init: u64,
 }
 
-/// The error counters. Async-signal-safe.
+/// The error counters.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn stats() -> Stats {
     use core::sync::atomic::Ordering::Relaxed;
     Stats {
@@ -277,7 +283,10 @@ pub fn stats() -> Stats {
     }
 }
 
-/// Why markers are or are not written. Async-signal-safe.
+/// Why markers are or are not written.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn status() -> Status {
     writer::status()
 }
@@ -294,6 +303,10 @@ pub fn init() -> Status {
 /// file or a tmpfs mounted where tracefs should be, is refused with [`Error::InvalidInput`]. The fd number stays the same: threads writing
 /// concurrently write to the old file or the new one, never to a closed fd. On failure every
 /// call becomes a no-op and [`status`] says why. Normal context.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a file that is not on tracefs, [`Error::Sys`] when it cannot be
+/// opened.
 pub fn set_marker_path(path: impl AsRef<Path>) -> Result<(), Error> {
     writer::set_marker_path(path.as_ref())
 }
@@ -325,7 +338,7 @@ pub struct Tracer {
 /// The tracer of the free functions: [`TAG_APP`].
 pub const APP: Tracer = Tracer::new(TAG_APP);
 
-/// # Signal Safe Methods
+/// # Async-signal safety
 /// All of them.
 impl Tracer {
     /// A tracer for events tagged `tag` (one or more bits).

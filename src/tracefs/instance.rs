@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{io_error, parse, root};
-use crate::Error;
+use super::{parse, root, Error};
+use crate::Error as Kind;
 
 /// A private ftrace instance (`<tracefs>/instances/<name>`), with its own ring buffer, event
 /// enables and `trace_marker`. Removed (with everything recorded in it) when dropped, also
@@ -71,9 +71,10 @@ impl Instance {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         {
-            return Err(Error::InvalidInput(
+            return Err(Error::new(Kind::InvalidInput(
                 "instance prefix must be 1-64 ascii letters, digits, '_' or '-'",
-            ));
+            ))
+            .with_subject("instance prefix", prefix));
         }
         let root = root()?;
         let nanos = std::time::SystemTime::now()
@@ -86,7 +87,10 @@ impl Instance {
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let dir = root.join("instances").join(&name);
-        std::fs::create_dir(&dir).map_err(|e| io_error("mkdir", e, "tracefs instances"))?;
+        std::fs::create_dir(&dir).map_err(|e| {
+            Error::io("creating", &dir, "mkdir", "tracefs instances", e)
+                .with_subject("instance", &name)
+        })?;
         let lock = lock_dir(&dir, true);
         Ok(Instance {
             name,
@@ -122,7 +126,8 @@ impl Instance {
     fn copy_markers(&mut self) -> Result<(), Error> {
         let opt = self.dir.join("options/copy_trace_marker");
         if opt.exists() {
-            std::fs::write(&opt, "1").map_err(|e| io_error("write", e, "copy_trace_marker"))?;
+            std::fs::write(&opt, "1")
+                .map_err(|e| Error::io("writing", &opt, "write", "copy_trace_marker", e))?;
             self.copies_markers = true;
         }
         Ok(())
@@ -155,14 +160,16 @@ impl Instance {
 
     /// Writes `contents` to one of the instance's files (one `write`).
     pub fn write_file(&self, relative: &str, contents: &str) -> Result<(), Error> {
-        std::fs::write(self.dir.join(relative), contents)
-            .map_err(|e| io_error("write", e, "instance file"))
+        let path = self.dir.join(relative);
+        std::fs::write(&path, contents)
+            .map_err(|e| Error::io("writing", path, "write", "instance file", e))
     }
 
     /// Reads one of the instance's files.
     pub fn read_file(&self, relative: &str) -> Result<String, Error> {
-        std::fs::read_to_string(self.dir.join(relative))
-            .map_err(|e| io_error("read", e, "instance file"))
+        let path = self.dir.join(relative);
+        std::fs::read_to_string(&path)
+            .map_err(|e| Error::io("reading", path, "read", "instance file", e))
     }
 
     /// Turns recording in this instance on or off (`tracing_on`).
@@ -172,9 +179,10 @@ impl Instance {
     /// `EBADF`, for every process.
     pub fn set_tracing_on(&self, on: bool) -> Result<(), Error> {
         if !on && self.copies_markers {
-            return Err(Error::InvalidInput(
+            return Err(Error::new(Kind::InvalidInput(
                 "pausing an instance that copies trace_marker breaks every marker writer",
-            ));
+            ))
+            .with_subject("instance", &self.name));
         }
         self.write_file("tracing_on", if on { "1" } else { "0" })
     }
@@ -196,8 +204,15 @@ impl Instance {
         } else {
             format!("events/{system}/{event}/enable")
         };
-        std::fs::write(self.dir.join(rel), if on { "1" } else { "0" })
-            .map_err(|e| io_error("write", e, "event enable file"))
+        let path = self.dir.join(rel);
+        std::fs::write(&path, if on { "1" } else { "0" }).map_err(|e| {
+            let id = if event.is_empty() {
+                system.to_string()
+            } else {
+                format!("{system}/{event}")
+            };
+            Error::io("writing", path, "write", "event enable file", e).with_subject("event", id)
+        })
     }
 
     /// Empties the instance's ring buffer.
@@ -219,7 +234,9 @@ impl Instance {
     pub fn dropped_events(&self) -> Result<u64, Error> {
         let dir = self.dir.join("per_cpu");
         let mut total = 0u64;
-        for e in std::fs::read_dir(&dir).map_err(|e| io_error("readdir", e, "per_cpu"))? {
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| Error::io("listing", &dir, "readdir", "per_cpu", e))?;
+        for e in entries {
             let Ok(e) = e else { continue };
             let Ok(stats) = std::fs::read_to_string(e.path().join("stats")) else {
                 continue;
@@ -266,7 +283,7 @@ impl Instance {
 }
 
 fn read_lossy(path: &Path) -> Result<String, Error> {
-    let bytes = std::fs::read(path).map_err(|e| io_error("read", e, "trace"))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::io("reading", path, "read", "trace", e))?;
     Ok(match String::from_utf8(bytes) {
         Ok(s) => s,
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),

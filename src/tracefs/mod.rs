@@ -16,6 +16,11 @@
 //! Everything here runs in normal context and may allocate. tracefs is global to the machine:
 //! write only into instances you created, with names nobody else uses.
 //!
+//! Every fallible function returns this module's [`Error`]: the crate's `Copy`
+//! [`selftrace::Error`](crate::Error) as its [`kind`](Error::kind), with the tracefs or ELF
+//! file, the event and the kernel's explanation of a refused command
+//! ([`kernel_message`](Error::kernel_message)).
+//!
 //! ```no_run
 //! use selftrace::{trace, tracefs};
 //! let inst = tracefs::Instance::for_markers("example")?;
@@ -23,29 +28,45 @@
 //! for e in inst.read_markers()? {
 //!     println!("{} {:?} {}", e.timestamp_ns, e.kind, e.text);
 //! }
-//! # Ok::<(), selftrace::Error>(())
+//! # Ok::<(), tracefs::Error>(())
 //! ```
 
+// Without the `tracefs` feature (and with `trace`) this module is private and only the
+// discovery that the trace markers share is compiled: the constants, `ROOT` and `mountinfo`.
+#[cfg(feature = "tracefs")]
+mod error;
+#[cfg(feature = "tracefs")]
 mod instance;
 pub(crate) mod mountinfo;
+#[cfg(feature = "tracefs")]
 mod parse;
+#[cfg(feature = "tracefs")]
 mod session;
+#[cfg(feature = "tracefs")]
 mod symbols;
+#[cfg(feature = "tracefs")]
 pub mod uprobe;
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
+#[cfg(feature = "tracefs")]
+use std::{ffi::CString, os::unix::ffi::OsStrExt, path::Path};
 
+#[cfg(feature = "tracefs")]
+pub use error::Error;
+#[cfg(feature = "tracefs")]
 pub use instance::{Instance, OwnedRecord};
+#[cfg(feature = "tracefs")]
 pub use parse::{
     markers, parse_marker, parse_record, records, MarkerEvent, MarkerKind, MarkerParts, Record,
 };
+#[cfg(feature = "tracefs")]
 pub use session::{parse_hit_body, remove_stale_sessions, EventInfo, EventKind, Hit, Session};
+#[cfg(feature = "tracefs")]
 pub use symbols::{find_functions, function_offset, function_symbols, FunctionSymbol};
 
-use crate::{sys, Error};
+#[cfg(feature = "tracefs")]
+use crate::{sys, Error as Kind};
 
 /// `statfs` magic of tracefs (`TRACEFS_MAGIC`, "trac").
 pub const TRACEFS_MAGIC: i64 = 0x7472_6163;
@@ -55,6 +76,7 @@ pub const DEFAULT_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/
 
 pub(crate) static ROOT: OnceLock<PathBuf> = OnceLock::new();
 
+#[cfg(feature = "tracefs")]
 /// Where tracefs is mounted, found once and cached (see [`discover`]) unless set by
 /// [`set_root`]. A failure is not cached: a later call looks again.
 pub fn root() -> Result<&'static Path, Error> {
@@ -65,31 +87,38 @@ pub fn root() -> Result<&'static Path, Error> {
     Ok(ROOT.get_or_init(|| found))
 }
 
+#[cfg(feature = "tracefs")]
 /// Sets the tracefs root explicitly (e.g. a tracefs mounted elsewhere). Must come before the
 /// first [`root`] call and before the first trace marker; fails with
-/// [`Error::AlreadyExists`] once a root is in use, and with [`Error::NoTracefs`] if `path` is
-/// not a tracefs mount.
+/// [`AlreadyExists`](Kind::AlreadyExists) once a root is in use, and with
+/// [`NoTracefs`](Kind::NoTracefs) if `path` is not a tracefs mount.
 pub fn set_root(path: impl AsRef<Path>) -> Result<(), Error> {
     let path = path.as_ref();
+    let fail = |kind| {
+        Error::new(kind)
+            .with_op("setting the tracefs root to")
+            .with_path(path)
+    };
     match is_tracefs(path) {
         Ok(true) => {}
-        Ok(false) => return Err(Error::NoTracefs),
-        Err(e) => return Err(e),
+        Ok(false) => return Err(fail(Kind::NoTracefs)),
+        Err(e) => return Err(e.with_op("setting the tracefs root to")),
     }
     ROOT.set(path.to_path_buf())
-        .map_err(|_| Error::AlreadyExists("tracefs root already in use"))
+        .map_err(|_| fail(Kind::AlreadyExists("tracefs root already in use")))
 }
 
+#[cfg(feature = "tracefs")]
 /// Looks for tracefs (uncached): [`DEFAULT_ROOTS`], then the first `tracefs` mount in
-/// `/proc/self/mountinfo`. [`Error::PermissionDenied`] if a candidate exists but cannot be
-/// examined, [`Error::NoTracefs`] if there is none.
+/// `/proc/self/mountinfo`. [`PermissionDenied`](Kind::PermissionDenied) (with the path) if a
+/// candidate exists but cannot be examined, [`NoTracefs`](Kind::NoTracefs) if there is none.
 pub fn discover() -> Result<PathBuf, Error> {
-    let mut denied = false;
+    let mut denied = None;
     for cand in DEFAULT_ROOTS {
         match is_tracefs(Path::new(cand)) {
             Ok(true) => return Ok(PathBuf::from(cand)),
             Ok(false) => {}
-            Err(Error::PermissionDenied) => denied = true,
+            Err(e) if e.kind() == Kind::PermissionDenied => denied = denied.or(Some(e)),
             Err(_) => {}
         }
     }
@@ -100,52 +129,28 @@ pub fn discover() -> Result<PathBuf, Error> {
             return Ok(p);
         }
     }
-    if denied {
-        Err(Error::PermissionDenied)
-    } else {
-        Err(Error::NoTracefs)
-    }
+    Err(denied.unwrap_or_else(|| {
+        Error::new(Kind::NoTracefs).with_detail(
+            "not at /sys/kernel/tracing, /sys/kernel/debug/tracing or in /proc/self/mountinfo",
+        )
+    }))
 }
 
+#[cfg(feature = "tracefs")]
 /// Whether `path` is the root of a tracefs mount (by `statfs` magic).
 fn is_tracefs(path: &Path) -> Result<bool, Error> {
+    let fail = |kind| Error::new(kind).with_op("examining").with_path(path);
     let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| Error::InvalidInput("path contains a nul byte"))?;
+        .map_err(|_| fail(Kind::InvalidInput("path contains a nul byte")))?;
     match sys::statfs_type(&c) {
         Ok(t) => Ok(t == TRACEFS_MAGIC),
-        Err(libc::EACCES) | Err(libc::EPERM) => Err(Error::PermissionDenied),
         Err(libc::ENOENT) | Err(libc::ENOTDIR) => Ok(false),
-        Err(errno) => Err(Error::Sys {
-            call: "statfs",
-            errno,
-        }),
-    }
-}
-
-thread_local! {
-    static KERNEL_ERROR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
-}
-
-pub(crate) fn set_kernel_error(why: Option<String>) {
-    KERNEL_ERROR.with(|k| *k.borrow_mut() = why);
-}
-
-/// The kernel's explanation of the last tracefs command of this thread that failed, taken (and
-/// cleared): the message of its `error_log` entry and the word it points at
-/// (`Invalid register name at 'x=%zz'`), or the existing uprobe event that a new one conflicts
-/// with. `None` when the kernel gave no reason. [`Error`] is `Copy` and cannot carry it; call
-/// this right after a failed [`Session`] or [`uprobe::UprobeEvent`] call.
-pub fn last_kernel_error() -> Option<String> {
-    KERNEL_ERROR.with(|k| k.borrow_mut().take())
-}
-
-/// Maps an `io::Error` from a tracefs file operation onto [`Error`].
-pub(crate) fn io_error(call: &'static str, e: std::io::Error, what: &'static str) -> Error {
-    match e.raw_os_error() {
-        Some(libc::ENOENT) => Error::NotFound(what),
-        Some(libc::EACCES) | Some(libc::EPERM) => Error::PermissionDenied,
-        Some(libc::EEXIST) => Error::AlreadyExists(what),
-        Some(errno) => Error::Sys { call, errno },
-        None => Error::InvalidInput(what),
+        Err(errno) => Err(Error::io(
+            "examining",
+            path,
+            "statfs",
+            "tracefs",
+            std::io::Error::from_raw_os_error(errno),
+        )),
     }
 }

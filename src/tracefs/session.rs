@@ -16,14 +16,14 @@
 //! for hit in s.read_hits()? {
 //!     println!("{} {} {:?}", hit.timestamp_ns, hit.label, hit.args);
 //! }
-//! # Ok::<(), selftrace::Error>(())
+//! # Ok::<(), selftrace::tracefs::Error>(())
 //! ```
 
 use super::symbols::{function_offset, offset_in_code};
 use super::uprobe::UprobeEvent;
-use super::{io_error, parse, root, Instance};
+use super::{parse, root, Error, Instance};
 use crate::usdt::ProbeNote;
-use crate::Error;
+use crate::Error as Kind;
 use std::path::{Path, PathBuf};
 
 /// What a session's event attaches to.
@@ -231,9 +231,10 @@ impl Drop for Session {
 impl Session {
     /// Creates a session with an instance named after `prefix` (see [`Instance::create`]).
     ///
-    /// Errors: [`Error::NoTracefs`] without tracefs, [`Error::Unsupported`] for a kernel
-    /// without uprobe events, [`Error::PermissionDenied`] when not root. The group name is
-    /// `selftrace_<pid>_<n>`, with the first `n` that no event in `uprobe_events` uses.
+    /// Errors (their [`kind`](Error::kind)): [`NoTracefs`](Kind::NoTracefs) without tracefs,
+    /// [`Unsupported`](Kind::Unsupported) for a kernel without uprobe events,
+    /// [`PermissionDenied`](Kind::PermissionDenied) when not root. The group name is
+    /// `selftrace_<pid>_<seq>_<nanos>`, from the instance's name.
     pub fn new(prefix: &str) -> Result<Session, Error> {
         Self::create(prefix, false, None)
     }
@@ -258,14 +259,23 @@ impl Session {
         match std::fs::metadata(&uprobe_events) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::Unsupported(
+                return Err(Error::new(Kind::Unsupported(
                     "kernel without uprobe events (CONFIG_UPROBE_EVENTS)",
                 ))
+                .with_path(uprobe_events))
             }
-            Err(e) => return Err(io_error("stat", e, "uprobe_events")),
+            Err(e) => {
+                return Err(Error::io(
+                    "examining",
+                    uprobe_events,
+                    "stat",
+                    "uprobe_events",
+                    e,
+                ))
+            }
         }
         let existing = std::fs::read_to_string(&uprobe_events)
-            .map_err(|e| io_error("read", e, "uprobe_events"))?;
+            .map_err(|e| Error::io("reading", &uprobe_events, "read", "uprobe_events", e))?;
         let instance = match (markers, buffer_kb) {
             (true, Some(kib)) => Instance::for_markers_with_buffer(prefix, kib)?,
             (true, None) => Instance::for_markers(prefix)?,
@@ -279,12 +289,17 @@ impl Session {
         };
         // The group carries the instance's id (`<pid>-<seq>-<nanos>`), so that a group is
         // known dead exactly when its instance is (or is gone).
-        let id = instance_id(instance.name(), prefix).ok_or(Error::InvalidInput(
-            "instance name without a pid, sequence and time",
-        ))?;
+        let id = instance_id(instance.name(), prefix).ok_or_else(|| {
+            Error::new(Kind::InvalidInput(
+                "instance name without a pid, sequence and time",
+            ))
+            .with_subject("instance", instance.name())
+        })?;
         let group = format!("selftrace_{}_{}_{}", id.0, id.1, id.2);
         if existing.contains(&format!(":{group}/")) {
-            return Err(Error::AlreadyExists("uprobe event group"));
+            return Err(Error::new(Kind::AlreadyExists("uprobe event group"))
+                .with_path(uprobe_events)
+                .with_subject("group", group));
         }
         // The process id on every line: Perfetto groups threads into processes with it.
         let _ = instance.write_file("options/record-tgid", "1");
@@ -329,12 +344,14 @@ impl Session {
         name
     }
 
-    /// [`Error::AlreadyExists`] if somebody else created `name` in this session's group: the
-    /// kernel would silently add our probe to theirs.
+    /// [`AlreadyExists`](Kind::AlreadyExists) if somebody else created `name` in this
+    /// session's group: the kernel would silently add our probe to theirs.
     fn check_free(&self, name: &str) -> Result<(), Error> {
         let dir = root()?.join("events").join(&self.group).join(name);
         if dir.exists() {
-            return Err(Error::AlreadyExists("uprobe event"));
+            return Err(Error::new(Kind::AlreadyExists("uprobe event"))
+                .with_path(dir)
+                .with_subject("event", format!("{}/{name}", self.group)));
         }
         Ok(())
     }
@@ -366,20 +383,24 @@ impl Session {
     /// A `&str` / `&[u8]` argument also fetches the first
     /// [`BYTES_FETCHED`](super::uprobe::BYTES_FETCHED) bytes it points to, which
     /// [`parse_hit_body`] decodes into the text.
+    ///
+    /// An error names the file and the event (`GROUP/EVENT`), or the probe
+    /// (`provider:name`) when it failed before the event had a name.
     pub fn add_probe(&mut self, path: &Path, note: &ProbeNote) -> Result<&EventInfo, Error> {
-        let path = canonical(path)?;
+        let path = canonical(path).map_err(|e| e.with_subject("probe", probe_label(note)))?;
         let name = self.unique_event_name(&format!("{}_{}", note.provider, note.name));
         self.check_free(&name)?;
         let event = UprobeEvent::for_probe(&self.group, &name, &path, note)?;
         let offset = note.file_offset.unwrap_or(0);
-        let label = format!("{}:{}", note.provider, note.name);
-        Ok(self.push(event, label, EventKind::Probe, path, offset))
+        Ok(self.push(event, probe_label(note), EventKind::Probe, path, offset))
     }
 
     /// Adds an event on the entry (`ret == false`) or the return of the function `symbol` of the
     /// ELF file `path` (matched as [`find_functions`](super::find_functions) says).
     /// `args` are extra fetch arguments (`n=%di:u64`); a return probe without `args` fetches
-    /// `ret=$retval:u64`. [`Error::NotFound`] if no function has that name.
+    /// `ret=$retval:u64`. [`NotFound`](Kind::NotFound)`("symbol")` if no function has that
+    /// name, [`InvalidInput`](Kind::InvalidInput) if several do; the error names the file and
+    /// the symbol (or, once it has one, the event).
     pub fn add_function(
         &mut self,
         path: &Path,
@@ -387,7 +408,7 @@ impl Session {
         ret: bool,
         args: &str,
     ) -> Result<&EventInfo, Error> {
-        let path = canonical(path)?;
+        let path = canonical(path).map_err(|e| e.with_subject("symbol", symbol))?;
         let offset = function_offset(&path, symbol)?;
         let short = symbol.rsplit("::").next().unwrap_or(symbol);
         let (name, label) = if ret {
@@ -411,8 +432,9 @@ impl Session {
     }
 
     /// Adds an event at the raw file offset `offset` of `path` (a return probe when `ret`:
-    /// then `offset` must be a function's first instruction). [`Error::InvalidInput`] when the
-    /// offset lies in no executable segment of the file (0 is the ELF header, not code).
+    /// then `offset` must be a function's first instruction). [`InvalidInput`](Kind::InvalidInput)
+    /// when the offset lies in no executable segment of the file (0 is the ELF header, not
+    /// code).
     pub fn add_offset(
         &mut self,
         path: &Path,
@@ -420,11 +442,15 @@ impl Session {
         ret: bool,
         args: &str,
     ) -> Result<&EventInfo, Error> {
-        let path = canonical(path)?;
-        if !offset_in_code(&path, offset)? {
-            return Err(Error::InvalidInput(
+        let at = format!("0x{offset:x}");
+        let path = canonical(path).map_err(|e| e.with_subject("offset", &at))?;
+        if !offset_in_code(&path, offset).map_err(|e| e.with_subject("offset", &at))? {
+            return Err(Error::new(Kind::InvalidInput(
                 "offset is not in an executable segment of the file",
-            ));
+            ))
+            .with_op("attaching to")
+            .with_path(path)
+            .with_subject("offset", at));
         }
         let label = format!(
             "{}:0x{offset:x}{}",
@@ -554,7 +580,9 @@ pub fn remove_stale_sessions(instance_prefix: &str) -> Result<Vec<String>, Error
     let mut removed = Vec::new();
     let instances = root.join("instances");
     let mut live_ids: Vec<String> = Vec::new();
-    for entry in std::fs::read_dir(&instances).map_err(|e| io_error("readdir", e, "instances"))? {
+    let entries = std::fs::read_dir(&instances)
+        .map_err(|e| Error::io("listing", &instances, "readdir", "instances", e))?;
+    for entry in entries {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name().to_string_lossy().into_owned();
         // Any session's instance, whatever its prefix, keeps its group alive.
@@ -585,8 +613,15 @@ pub fn remove_stale_sessions(instance_prefix: &str) -> Result<Vec<String>, Error
         }
         drop(lock);
     }
-    let list = std::fs::read_to_string(root.join("uprobe_events"))
-        .map_err(|e| io_error("read", e, "uprobe_events"))?;
+    let list = std::fs::read_to_string(root.join("uprobe_events")).map_err(|e| {
+        Error::io(
+            "reading",
+            root.join("uprobe_events"),
+            "read",
+            "uprobe_events",
+            e,
+        )
+    })?;
     for line in list.lines() {
         // p:GROUP/EVENT PATH:OFFSET ...
         let Some(id) = line.split_whitespace().next().and_then(|h| h.get(2..)) else {
@@ -624,7 +659,12 @@ pub fn remove_stale_sessions(instance_prefix: &str) -> Result<Vec<String>, Error
 }
 
 fn canonical(path: &Path) -> Result<PathBuf, Error> {
-    std::fs::canonicalize(path).map_err(|e| io_error("realpath", e, "elf file"))
+    std::fs::canonicalize(path).map_err(|e| Error::io("resolving", path, "realpath", "elf file", e))
+}
+
+/// `provider:name` of a probe note: its [`EventInfo::label`].
+fn probe_label(note: &ProbeNote) -> String {
+    format!("{}:{}", note.provider, note.name)
 }
 
 #[cfg(test)]

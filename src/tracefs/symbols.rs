@@ -3,15 +3,21 @@
 //! `uprobe_events` takes `PATH:0xFILE_OFFSET`. A symbol's value is a virtual address; its file
 //! offset is `vaddr - p_vaddr + p_offset` of the `PT_LOAD` segment that contains it.
 
-use crate::Error;
+use super::Error;
+use crate::Error as Kind;
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use std::path::Path;
 
 /// Whether the file offset `offset` of the ELF file at `path` lies in an executable `PT_LOAD`
 /// segment (where a uprobe can be placed on an instruction).
 pub(crate) fn offset_in_code(path: &Path, offset: u64) -> Result<bool, Error> {
-    let data = crate::usdt::notes::open_elf(path)?;
-    let file = object::File::parse(&data).map_err(|_| Error::BadElf("not a readable elf file"))?;
+    const OP: &str = "reading the segments of";
+    let data = crate::usdt::notes::open_elf(path, OP)?;
+    let file = object::File::parse(&data).map_err(|_| {
+        Error::new(Kind::BadElf("not a readable elf file"))
+            .with_op(OP)
+            .with_path(path)
+    })?;
     Ok(file.segments().any(|s| {
         let (off, size) = s.file_range();
         let exec = match s.flags() {
@@ -38,12 +44,18 @@ pub struct FunctionSymbol {
 
 /// Every defined function symbol of the ELF file at `path` (`.symtab` and `.dynsym`) that lies
 /// in a `PT_LOAD` segment, deduplicated by address and name.
+/// Errors name the file: [`NotFound`](Kind::NotFound) when it is missing,
+/// [`BadElf`](Kind::BadElf) when it is not a readable ELF file,
+/// [`InvalidInput`](Kind::InvalidInput) when it is not a regular file.
 pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, Error> {
+    const OP: &str = "reading the symbols of";
+    let path = path.as_ref();
+    let bad = |what| Error::new(Kind::BadElf(what)).with_op(OP).with_path(path);
     // Only the headers and the symbol tables are read; a FIFO or device is refused.
-    let data = crate::usdt::notes::open_elf(path.as_ref())?;
-    let file = object::File::parse(&data).map_err(|_| Error::BadElf("not a readable elf file"))?;
+    let data = crate::usdt::notes::open_elf(path, OP)?;
+    let file = object::File::parse(&data).map_err(|_| bad("not a readable elf file"))?;
     if file.format() != object::BinaryFormat::Elf {
-        return Err(Error::BadElf("not an elf file"));
+        return Err(bad("not an elf file"));
     }
     // (vaddr, filesz, offset) of each PT_LOAD.
     let loads: Vec<(u64, u64, u64)> = file
@@ -84,9 +96,10 @@ pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, E
 
 /// The function symbols of `path` that `name` designates: the symbols whose stored name is
 /// `name` exactly, else those whose demangled name (without hash) is `name`, else those whose
-/// demangled name ends with `::name`. Symbols at one address count once (aliases).
+/// demangled name ends with `::name`. Symbols at one address count once (aliases). Errors are
+/// [`function_symbols`]'s, also naming the symbol.
 pub fn find_functions(path: impl AsRef<Path>, name: &str) -> Result<Vec<FunctionSymbol>, Error> {
-    let all = function_symbols(path)?;
+    let all = function_symbols(path).map_err(|e| e.with_subject("symbol", name))?;
     let suffix = format!("::{name}");
     let tiers: [&dyn Fn(&FunctionSymbol) -> bool; 3] =
         [&|s| s.name == name, &|s| s.demangled == name, &|s| {
@@ -103,16 +116,28 @@ pub fn find_functions(path: impl AsRef<Path>, name: &str) -> Result<Vec<Function
 }
 
 /// The file offset of the function `name` in the ELF file at `path` (see [`find_functions`]
-/// for how names match). [`Error::NotFound`] when no function has that name,
-/// [`Error::InvalidInput`] when several different functions match.
+/// for how names match). [`NotFound`](Kind::NotFound)`("symbol")` when no function has that
+/// name, [`InvalidInput`](Kind::InvalidInput) when several different functions match (the
+/// error lists them); the error names the file and the symbol.
 pub fn function_offset(path: impl AsRef<Path>, name: &str) -> Result<u64, Error> {
+    let path = path.as_ref();
     let found = find_functions(path, name)?;
+    let fail = |kind| {
+        Error::new(kind)
+            .with_op("looking up")
+            .with_path(path)
+            .with_subject("symbol", name)
+    };
     match found.as_slice() {
-        [] => Err(Error::NotFound("symbol")),
+        [] => Err(fail(Kind::NotFound("symbol"))),
         [one] => Ok(one.file_offset),
-        _ => Err(Error::InvalidInput(
-            "symbol name matches several functions; give the full path or mangled name",
-        )),
+        several => {
+            let names: Vec<&str> = several.iter().map(|f| f.demangled.as_str()).collect();
+            Err(fail(Kind::InvalidInput(
+                "symbol name matches several functions; give the full path or mangled name",
+            ))
+            .with_detail(names.join(", ")))
+        }
     }
 }
 
@@ -143,10 +168,15 @@ mod tests {
         // SAFETY: the function's code is mapped and readable, and longer than 8 bytes.
         let in_mem = unsafe { std::slice::from_raw_parts(code, 8) };
         assert_eq!(in_file, in_mem);
+        let e = function_offset(&exe, "no_such_function_anywhere_xyz").unwrap_err();
+        assert_eq!(e.kind(), Kind::NotFound("symbol"));
+        assert_eq!(e.event(), Some("no_such_function_anywhere_xyz"));
+        assert_eq!(e.path(), Some(exe.as_path()));
+        let e = function_symbols("/nonexistent/elf").unwrap_err();
+        assert_eq!(e.kind(), Kind::NotFound("elf file"));
         assert_eq!(
-            function_offset(&exe, "no_such_function_anywhere_xyz"),
-            Err(Error::NotFound("symbol"))
+            e.to_string(),
+            "reading the symbols of /nonexistent/elf: not found: elf file"
         );
-        assert!(function_symbols("/nonexistent/elf").is_err());
     }
 }

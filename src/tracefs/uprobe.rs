@@ -11,15 +11,19 @@
 //! let inst = Instance::create("myapp")?;
 //! inst.set_event_enabled(event.group(), event.event(), true)?;
 //! // ... hits appear in inst.read_trace()
-//! # Ok::<(), selftrace::Error>(())
+//! # Ok::<(), selftrace::tracefs::Error>(())
 //! ```
 //!
 //! `uprobe_events` is global to the machine: use a group name of your own (with the pid), and
 //! enable events in a private [`Instance`](super::Instance).
+//!
+//! When the kernel refuses a command, the [`Error`] names the event and `uprobe_events` and
+//! carries the kernel's reason ([`Error::kernel_message`]): the `error_log` entry with the
+//! word it points at, or the event already on the same address.
 
-use super::{io_error, root};
+use super::{root, Error};
 use crate::usdt::{ArgSpec, ProbeNote};
-use crate::Error;
+use crate::Error as Kind;
 use std::io::Write;
 use std::path::Path;
 
@@ -34,27 +38,33 @@ pub struct UprobeEvent {
     removed: bool,
 }
 
-fn check_name(s: &str, what: &'static str) -> Result<(), Error> {
+/// `s` (the `label`: `group`, `event`) as a name the kernel takes, else `what` is wrong.
+fn check_name(s: &str, label: &'static str, what: &'static str) -> Result<(), Error> {
     if s.is_empty()
         || s.len() > 64
         || s.starts_with(|c: char| c.is_ascii_digit())
         || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
     {
-        return Err(Error::InvalidInput(what));
+        return Err(Error::new(Kind::InvalidInput(what)).with_subject(label, s));
     }
     Ok(())
 }
 
-fn write_uprobe_events(line: &str) -> Result<(), Error> {
+/// Writes the command `line` (for the event `id`, `GROUP/EVENT`) to `uprobe_events`; a refusal
+/// carries the kernel's reason (see [`explain_failure`]).
+fn write_uprobe_events(line: &str, id: &str) -> Result<(), Error> {
     let path = root()?.join("uprobe_events");
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(&path)
-        .map_err(|e| io_error("open", e, "uprobe_events"))?;
+        .map_err(|e| {
+            Error::io("opening", &path, "open", "uprobe_events", e).with_subject("event", id)
+        })?;
     // One write per command: the kernel parses each write as one line.
     f.write_all(line.as_bytes()).map_err(|e| {
-        super::set_kernel_error(explain_failure(line.trim_end()));
-        io_error("write", e, "uprobe_events")
+        Error::io("writing", &path, "write", "uprobe_events", e)
+            .with_subject("event", id)
+            .with_kernel_message(explain_failure(line.trim_end()))
     })
 }
 
@@ -246,7 +256,18 @@ pub fn byte_pairs(note: &ProbeNote) -> Vec<(usize, String)> {
     out
 }
 
+/// A note argument as the note writes it: `-4@%edi`.
+fn arg_spec(arg: &ArgSpec) -> String {
+    format!(
+        "{}{}@{}",
+        if arg.signed { "-" } else { "" },
+        arg.size,
+        arg.location
+    )
+}
+
 /// The `uprobe_events` fetch argument for one note argument: `%di:s32`, `+8(%r9):u64`.
+/// [`Unsupported`](Kind::Unsupported) for a location the kernel cannot fetch (`%xmm0`).
 pub fn fetch_arg(arg: &ArgSpec) -> Result<String, Error> {
     let ty = format!(
         "{}{}",
@@ -257,7 +278,9 @@ pub fn fetch_arg(arg: &ArgSpec) -> Result<String, Error> {
         Some(Location::Register(r)) => Ok(format!("{r}:{ty}")),
         Some(Location::Immediate(v)) => Ok(format!("\\{v}:{ty}")),
         Some(Location::Memory(off, r)) => Ok(format!("{off:+}({r}):{ty}")),
-        None => Err(Error::Unsupported("probe argument location")),
+        None => {
+            Err(Error::new(Kind::Unsupported("probe argument location")).with_detail(arg_spec(arg)))
+        }
     }
 }
 
@@ -298,27 +321,35 @@ impl UprobeEvent {
     ) -> Result<UprobeEvent, Error> {
         check_name(
             group,
+            "group",
             "uprobe group must be 1-64 ascii letters, digits or '_'",
         )?;
         check_name(
             event,
+            "event",
             "uprobe event must be 1-64 ascii letters, digits or '_'",
         )?;
+        let id = format!("{group}/{event}");
+        let refuse = |what| {
+            Error::new(Kind::InvalidInput(what))
+                .with_op("attaching to")
+                .with_path(path)
+                .with_subject("event", &id)
+        };
         let path = path
             .to_str()
             .filter(|p| p.starts_with('/') && !p.contains([' ', '\n', ':', '\t']))
-            .ok_or(Error::InvalidInput(
-                "uprobe path must be absolute utf-8 without spaces or ':'",
-            ))?;
+            .ok_or_else(|| refuse("uprobe path must be absolute utf-8 without spaces or ':'"))?;
         if args.contains('\n') {
-            return Err(Error::InvalidInput("uprobe arguments contain a newline"));
+            return Err(refuse("uprobe arguments contain a newline"));
         }
         let refctr = ref_ctr_offset
             .map(|r| format!("(0x{r:x})"))
             .unwrap_or_default();
-        write_uprobe_events(&format!(
-            "{kind}:{group}/{event} {path}:0x{offset:x}{refctr} {args}\n"
-        ))?;
+        write_uprobe_events(
+            &format!("{kind}:{id} {path}:0x{offset:x}{refctr} {args}\n"),
+            &id,
+        )?;
         Ok(UprobeEvent {
             group: group.to_string(),
             event: event.to_string(),
@@ -335,15 +366,24 @@ impl UprobeEvent {
         path: &Path,
         note: &ProbeNote,
     ) -> Result<UprobeEvent, Error> {
-        let offset = note
-            .file_offset
-            .ok_or(Error::BadElf("probe address outside every PT_LOAD"))?;
+        let fail = |e: Error| {
+            e.with_op("attaching to")
+                .with_path(path)
+                .with_subject("event", format!("{group}/{event}"))
+        };
+        let offset = note.file_offset.ok_or_else(|| {
+            fail(Error::new(Kind::BadElf(
+                "probe address outside every PT_LOAD",
+            )))
+        })?;
         let mut args = String::new();
         for (i, a) in note.arguments.iter().enumerate() {
             if i > 0 {
                 args.push(' ');
             }
-            args.push_str(&format!("a{i}={}", fetch_arg(a)?));
+            let fetch = fetch_arg(a)
+                .map_err(|e| fail(e).with_detail(format!("{} (argument a{i})", arg_spec(a))))?;
+            args.push_str(&format!("a{i}={fetch}"));
         }
         // A `&str` / `&[u8]` argument of a selftrace probe is a pointer and a length in the 16
         // bytes one register points to (`8@0(%reg) 8@8(%reg)`): also fetch the first
@@ -370,8 +410,8 @@ impl UprobeEvent {
     /// (then dropping it tries again).
     pub fn remove_now(&mut self) -> bool {
         if !self.removed {
-            self.removed =
-                write_uprobe_events(&format!("-:{}/{}\n", self.group, self.event)).is_ok();
+            let id = format!("{}/{}", self.group, self.event);
+            self.removed = write_uprobe_events(&format!("-:{id}\n"), &id).is_ok();
         }
         self.removed
     }
@@ -392,7 +432,8 @@ impl Drop for UprobeEvent {
                 .join("enable");
             let _ = std::fs::write(enable, "0");
         }
-        let _ = write_uprobe_events(&format!("-:{}/{}\n", self.group, self.event));
+        let id = format!("{}/{}", self.group, self.event);
+        let _ = write_uprobe_events(&format!("-:{id}\n"), &id);
     }
 }
 

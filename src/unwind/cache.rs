@@ -95,13 +95,19 @@ impl RuleCache {
     }
 
     /// The compact rule of return address `pc`, if the cache holds one (see
-    /// [`CompactTable::get`]). Async-signal-safe, wait-free.
+    /// [`CompactTable::get`]).
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe, wait-free.
     #[inline(always)]
     pub(crate) fn compact(&self, pc: usize) -> Option<Compact> {
         self.compact.get(pc)
     }
 
-    /// The cached rule of `key`. Async-signal-safe, wait-free.
+    /// The cached rule of `key`.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe, wait-free.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<Rule> {
         self.get_raw(key).and_then(Rule::unpack)
@@ -120,7 +126,10 @@ impl RuleCache {
         self.get_words(key)
     }
 
-    /// The first `N` packed words of the cached rule of `key`. Async-signal-safe, wait-free.
+    /// The first `N` packed words of the cached rule of `key`.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe, wait-free.
     #[inline(always)]
     fn get_words<const N: usize>(&self, key: u64) -> Option<[u64; N]> {
         debug_assert!(N <= WORDS);
@@ -157,7 +166,10 @@ impl RuleCache {
 
     /// Stores the rule of `key`: in an empty entry of its home bucket, else of its spill
     /// bucket, else in place of an entry of its home bucket chosen by the key. Gives up if
-    /// another writer holds that entry. Async-signal-safe.
+    /// another writer holds that entry.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
     pub(crate) fn put(&self, key: u64, rule: &Rule) {
         if key > KEY_MASK {
             return;

@@ -118,6 +118,8 @@ impl UnwindData {
     /// full evaluator, that evaluation too
     /// (on `regs`), from the same pass over the CFI: a miss in code whose rules are expressions
     /// (OpenSSL's assembly, sampled at ever new pcs) derives the row once, not twice.
+    ///
+    /// # Async-signal safety
     /// Async-signal-safe.
     pub(crate) fn find_and_eval(
         &self,
@@ -139,6 +141,8 @@ impl UnwindData {
 
     /// Unwinds one frame with the full evaluator: `regs` becomes the caller's registers.
     /// Returns `Ok(false)` when the return address is undefined (the outermost frame).
+    ///
+    /// # Async-signal safety
     /// Async-signal-safe.
     pub(crate) fn step_full(
         &self,

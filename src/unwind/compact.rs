@@ -123,6 +123,8 @@ impl CompactTable {
     /// The compact rule of return address `pc`, if the table holds one: one load of one word,
     /// which a writer replaces whole. A pc at or above 2^47 (user space can reach there with
     /// 5-level page tables) has no compact rule: the tag holds bits up to 46 only.
+    ///
+    /// # Async-signal safety
     /// Async-signal-safe, wait-free.
     #[inline(always)]
     pub(crate) fn get(&self, pc: usize) -> Option<Compact> {
@@ -135,7 +137,10 @@ impl CompactTable {
 
     /// Stores the rule of return address `pc` if it has the compact form. It replaces the word
     /// of another pc with the same index (one in the same 8 bytes of code or a multiple of
-    /// 256 KiB away), which is then found in the buckets. Async-signal-safe.
+    /// 256 KiB away), which is then found in the buckets.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
     pub(crate) fn put(&self, pc: usize, rule: &Rule) {
         if let Some(c) = Compact::encode(pc, rule) {
             self.words[index(pc)].store(c.0, Ordering::Relaxed);

@@ -12,7 +12,10 @@ thread_local! {
     static THREAD_STACK: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
-/// The current thread's cached stack bounds, if known. Async-signal-safe.
+/// The current thread's cached stack bounds, if known.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub(crate) fn thread_stack() -> Option<Range<usize>> {
     let (lo, hi) = THREAD_STACK.try_with(Cell::get).unwrap_or((0, 0));
     (hi > lo).then_some(lo..hi)

@@ -131,7 +131,10 @@ impl State {
 
 static STATE: Published<State> = Published::new();
 
-/// Runs `f` with the published state (`None` before `init()`). Async-signal-safe.
+/// Runs `f` with the published state (`None` before `init()`).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 #[inline]
 pub(crate) fn with_state<R>(f: impl FnOnce(Option<&State>) -> R) -> R {
     STATE.read(f)

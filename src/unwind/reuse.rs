@@ -159,7 +159,10 @@ pub(crate) struct Claim {
 impl Claim {
     /// Claims the record of the thread whose stack ends at `high`, for a walk with the state of
     /// `generation`: this thread's own record if it has one, else a free one it may fill.
-    /// `None` when reuse is off or every candidate is held. Async-signal-safe, lock-free.
+    /// `None` when reuse is off or every candidate is held.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe, lock-free.
     #[inline]
     pub(crate) fn take(high: usize, generation: u64) -> Option<Claim> {
         if high == 0 || high & BUSY != 0 || !ENABLED.load(Ordering::Relaxed) {

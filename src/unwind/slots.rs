@@ -76,7 +76,10 @@ pub(crate) struct SlotGuard {
 }
 
 impl SlotGuard {
-    /// Claims a free slot, starting the search at one picked by `hint`. Async-signal-safe.
+    /// Claims a free slot, starting the search at one picked by `hint`.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
     pub(crate) fn claim(hint: usize) -> Option<SlotGuard> {
         for k in 0..POOL {
             let slot = &SLOTS[(hint + k) % POOL];

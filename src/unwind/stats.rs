@@ -16,7 +16,10 @@ pub(crate) fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The unwinder's counters ([`UnwindStats`]). Async-signal-safe.
+/// The unwinder's counters ([`UnwindStats`]).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub fn stats() -> UnwindStats {
     UnwindStats {
         copies: COPIES.load(Ordering::Relaxed),

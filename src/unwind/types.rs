@@ -154,6 +154,8 @@ impl core::fmt::Display for StopReason {
 }
 
 /// `complete`, `buffer full`, or `truncated: no unwind rule at 0x7f3a2c1d2e40`.
+///
+/// # Async-signal safety
 /// Async-signal-safe when the formatter's writer is (no allocation here).
 impl core::fmt::Display for WalkEnd {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {

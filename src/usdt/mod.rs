@@ -74,7 +74,7 @@ mod arg;
 pub(crate) mod notes;
 
 pub use arg::ProbeArg;
-pub use notes::{parse_probes, read_probes, ArgSpec, ProbeNote};
+pub use notes::{parse_probes, read_probes, ArgSpec, ProbeNote, ReadError};
 pub use selftrace_usdt_macros::probe;
 
 use std::collections::BTreeMap;

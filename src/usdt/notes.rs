@@ -5,7 +5,7 @@ use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
 use object::read::{ReadCache, ReadRef};
 use object::{elf, Endianness, FileKind};
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One probe site as its note describes it, with the addresses a tracer needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,27 +89,133 @@ impl ArgSpec {
 /// ours or built with SystemTap's `sys/sdt.h`).
 ///
 /// Only the ELF header, the program and section headers, the section names and the
-/// `.note.stapsdt` section are read (with `pread`), whatever the file's size. Anything but a
-/// regular file (a FIFO, a device such as `/dev/zero`, a directory) is refused with
-/// [`Error::InvalidInput`] before a byte is read; a missing file gives [`Error::NotFound`],
-/// an unreadable one [`Error::PermissionDenied`]. Malformed files give [`Error::BadElf`]; this
-/// never panics on any input.
-pub fn read_probes(path: impl AsRef<Path>) -> Result<Vec<ProbeNote>, Error> {
-    let cache = open_elf(path.as_ref())?;
-    probes_in(&cache)
+/// `.note.stapsdt` section are read (with `pread`), whatever the file's size.
+///
+/// The error is a [`ReadError`]: it names `path` ([`ReadError::path`]), says
+/// `reading probes of PATH: ...`, and has the [`std::io::Error`] of a failed `open` as its
+/// source. Its [`kind`](ReadError::kind): anything but a regular file (a FIFO, a device such
+/// as `/dev/zero`, a directory) is refused with [`Error::InvalidInput`] before a byte is read;
+/// a missing file gives [`Error::NotFound`]`("elf file")`, an unreadable one
+/// [`Error::PermissionDenied`]. Malformed files give [`Error::BadElf`]; this never panics on
+/// any input.
+pub fn read_probes(path: impl AsRef<Path>) -> Result<Vec<ProbeNote>, ReadError> {
+    const OP: &str = "reading probes of";
+    let path = path.as_ref();
+    let cache = open_elf(path, OP)?;
+    probes_in(&cache).map_err(|kind| ReadError::new(kind, OP, path, None))
+}
+
+/// The error of [`read_probes`]: which file, what was wrong with it (the crate's `Copy`
+/// [`Error`] as its [`kind`](Self::kind)), and the [`std::io::Error`] of a failed `open` or
+/// `fstat` as its [`source`](std::error::Error::source) (else the kind).
+///
+/// `Display` is one lowercase line: `reading probes of /usr/bin/app: not found: elf file`,
+/// `reading probes of /etc/hostname: malformed elf file: not an elf file`. [`From`] converts
+/// it into the crate's [`Error`] (its kind), into a [`std::io::Error`] (the errno's
+/// [`ErrorKind`](std::io::ErrorKind), this error as the payload) and, with the `tracefs`
+/// feature, into a `tracefs::Error` (path and source kept, so `read_probes(bin)?` works where
+/// that is returned).
+#[derive(Debug)]
+pub struct ReadError {
+    kind: Error,
+    /// `reading probes of`, `reading the symbols of`: printed before the path.
+    op: &'static str,
+    path: PathBuf,
+    io: Option<std::io::Error>,
+}
+
+impl ReadError {
+    fn new(kind: Error, op: &'static str, path: &Path, io: Option<std::io::Error>) -> ReadError {
+        ReadError {
+            kind,
+            op,
+            path: path.to_path_buf(),
+            io,
+        }
+    }
+
+    /// What was wrong: [`Error::NotFound`]`("elf file")`, [`Error::PermissionDenied`],
+    /// [`Error::InvalidInput`] (not a regular file), [`Error::BadElf`] (not an ELF file, or a
+    /// malformed one), or [`Error::Sys`] with the errno of another failed `open` or `fstat`.
+    pub fn kind(&self) -> Error {
+        self.kind
+    }
+
+    /// The file that was read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Everything, for the conversion into `tracefs::Error`.
+    #[allow(dead_code)]
+    pub(crate) fn into_parts(self) -> (Error, &'static str, PathBuf, Option<std::io::Error>) {
+        (self.kind, self.op, self.path, self.io)
+    }
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ", self.op)?;
+        crate::error::write_name(f, &self.path.to_string_lossy())?;
+        match (&self.kind, &self.io) {
+            // `open failed: ...` would repeat the operation: the OS's message is the cause.
+            (Error::Sys { .. }, Some(io)) => write!(f, ": {io}"),
+            (kind, _) => write!(f, ": {kind}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {
+    /// The `io::Error` of the failed `open` or `fstat`, else the [`kind`](ReadError::kind).
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.io {
+            Some(io) => Some(io),
+            None => Some(&self.kind),
+        }
+    }
+}
+
+/// The kind alone ([`ReadError::kind`]), for code that keeps the crate's `Copy` error.
+impl From<ReadError> for Error {
+    fn from(e: ReadError) -> Error {
+        e.kind
+    }
+}
+
+/// The errno's [`ErrorKind`](std::io::ErrorKind) (or the kind's: `NotFound`,
+/// `PermissionDenied`, `InvalidInput`, `InvalidData` for a malformed file), with the
+/// [`ReadError`] as its payload.
+impl From<ReadError> for std::io::Error {
+    fn from(e: ReadError) -> std::io::Error {
+        use std::io::ErrorKind as K;
+        let kind = match (&e.io, e.kind) {
+            (Some(io), _) => io.kind(),
+            (None, Error::NotFound(_)) => K::NotFound,
+            (None, Error::PermissionDenied) => K::PermissionDenied,
+            (None, Error::InvalidInput(_)) => K::InvalidInput,
+            (None, Error::BadElf(_)) => K::InvalidData,
+            (None, Error::Sys { errno, .. }) => std::io::Error::from_raw_os_error(errno).kind(),
+            (None, _) => K::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
 }
 
 /// Opens `path` for reading its parts on demand: only a regular file, opened with `O_NONBLOCK`
-/// (so that a FIFO does not block the open) and checked with `fstat` before any read.
-pub(crate) fn open_elf(path: &Path) -> Result<ReadCache<File>, Error> {
+/// (so that a FIFO does not block the open) and checked with `fstat` before any read. Errors
+/// say `{op} PATH: ...`.
+pub(crate) fn open_elf(path: &Path, op: &'static str) -> Result<ReadCache<File>, ReadError> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    let io = |e: std::io::Error, call: &'static str| match e.raw_os_error() {
-        Some(libc::ENOENT) | Some(libc::ENOTDIR) => Error::NotFound("elf file"),
-        Some(libc::EACCES) | Some(libc::EPERM) => Error::PermissionDenied,
-        errno => Error::Sys {
-            call,
-            errno: errno.unwrap_or(libc::EIO),
-        },
+    let io = |e: std::io::Error, call: &'static str| {
+        let kind = match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => Error::NotFound("elf file"),
+            Some(libc::EACCES) | Some(libc::EPERM) => Error::PermissionDenied,
+            errno => Error::Sys {
+                call,
+                errno: errno.unwrap_or(libc::EIO),
+            },
+        };
+        ReadError::new(kind, op, path, Some(e))
     };
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -118,14 +224,20 @@ pub(crate) fn open_elf(path: &Path) -> Result<ReadCache<File>, Error> {
         .map_err(|e| io(e, "open"))?;
     let meta = file.metadata().map_err(|e| io(e, "fstat"))?;
     if !meta.is_file() {
-        return Err(Error::InvalidInput(
-            "not a regular file (a fifo, device or directory is not an elf file)",
+        return Err(ReadError::new(
+            Error::InvalidInput(
+                "not a regular file (a fifo, device or directory is not an elf file)",
+            ),
+            op,
+            path,
+            None,
         ));
     }
     Ok(ReadCache::new(file))
 }
 
-/// [`read_probes`] on the bytes of an ELF file.
+/// [`read_probes`] on the bytes of an ELF file; its error is the crate's `Copy` one (there is
+/// no file to name).
 pub fn parse_probes(data: &[u8]) -> Result<Vec<ProbeNote>, Error> {
     probes_in(data)
 }
@@ -376,6 +488,36 @@ mod tests {
         assert!(parse_note(&d[..20], 8, true, None, &loads).is_err());
         let d = desc([1, 2, 3], false, b"\0n\0\0");
         assert!(parse_note(&d, 8, true, None, &loads).is_err());
+    }
+
+    #[test]
+    fn read_errors_name_the_file() {
+        use std::error::Error as _;
+        let e = read_probes("/nonexistent/dir/x").unwrap_err();
+        assert_eq!(e.kind(), Error::NotFound("elf file"));
+        assert_eq!(e.path(), Path::new("/nonexistent/dir/x"));
+        assert_eq!(
+            e.to_string(),
+            "reading probes of /nonexistent/dir/x: not found: elf file"
+        );
+        let io = e.source().unwrap().downcast_ref::<std::io::Error>();
+        assert_eq!(io.unwrap().raw_os_error(), Some(libc::ENOENT));
+        let e = read_probes("/").unwrap_err();
+        assert!(matches!(e.kind(), Error::InvalidInput(_)));
+        assert_eq!(e.source().unwrap().downcast_ref::<Error>(), Some(&e.kind()));
+        let io = std::io::Error::from(e);
+        assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(io.to_string().starts_with("reading probes of /: "), "{io}");
+        let e = ReadError::new(
+            Error::BadElf("bad elf header"),
+            "reading probes of",
+            Path::new("/a b"),
+            None,
+        );
+        assert_eq!(
+            e.to_string(),
+            "reading probes of \"/a b\": malformed elf file: bad elf header"
+        );
     }
 
     #[test]

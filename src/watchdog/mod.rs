@@ -162,7 +162,10 @@ impl fmt::Debug for Watch {
 }
 
 impl Watch {
-    /// Checks in: one relaxed load and one relaxed store. Async-signal-safe.
+    /// Checks in: one relaxed load and one relaxed store.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
     #[inline(always)]
     pub fn pet(&self) {
         self.slot
@@ -191,7 +194,10 @@ impl Drop for Watch {
 }
 
 /// Pets the calling thread's most recent [`Watch`] (nothing if it has none): a thread-local
-/// read, one relaxed load and one relaxed store. Async-signal-safe.
+/// read, one relaxed load and one relaxed store.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 #[inline(always)]
 pub fn pet() {
     let _ = CURRENT.try_with(|c| {
@@ -486,6 +492,7 @@ impl Stall {
 fn report(s: &Stall) {
     let fd = FD.load(Ordering::Relaxed);
     let secs = |d: Duration| format!("{}.{:03}s", d.as_secs(), d.subsec_millis());
+    #[cfg(feature = "trace")]
     crate::trace::instant(&format!(
         "watchdog: {} {}:{} stalled {}",
         if s.busy { "busy" } else { "blocked" },
@@ -503,7 +510,7 @@ fn report(s: &Stall) {
         secs(s.cpu),
         secs(s.observed)
     ));
-    let _lock = threads::lock::OutputLock::acquire();
+    let _lock = crate::crash::lock::OutputLock::acquire();
     let _ = sys::write_all(fd, text.as_bytes());
     let stack = match &s.stack {
         Ok(f) => Ok((&f[..], s.stack_end.unwrap_or(crate::WalkEnd::Complete))),
@@ -521,7 +528,8 @@ fn recovered(slot: &Slot, after_ms: u64) {
         after_ms / 1000,
         after_ms % 1000
     );
+    #[cfg(feature = "trace")]
     crate::trace::instant(&format!("watchdog: {}:{} recovered", slot.name, slot.tid));
-    let _lock = threads::lock::OutputLock::acquire();
+    let _lock = crate::crash::lock::OutputLock::acquire();
     let _ = sys::write_all(FD.load(Ordering::Relaxed), line.as_bytes());
 }

@@ -64,11 +64,34 @@ fn main() {
     let code = match run(args) {
         Ok(code) => code,
         Err(msg) => {
-            eprintln!("selftrace: {msg}");
+            eprintln!("selftrace: error: {msg}");
             2
         }
     };
     std::process::exit(code);
+}
+
+/// `e`, followed by each error of its [`source`](std::error::Error::source) chain that adds to
+/// what is said already (an `io::Error`'s `Not a directory (os error 20)` after
+/// `not found: elf file`; not a source whose text is in the message), joined by `: `.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        // `Permission denied (os error 13)` adds nothing to `...: permission denied`.
+        let plain = text
+            .split(" (os error ")
+            .next()
+            .unwrap_or(&text)
+            .to_lowercase();
+        if !msg.to_lowercase().contains(&plain) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
 }
 
 fn run(args: Vec<OsString>) -> Result<i32, String> {
@@ -84,7 +107,7 @@ fn run(args: Vec<OsString>) -> Result<i32, String> {
         Some(supervise::SUBCOMMAND) => supervise::main(it.collect()),
         Some("clean") => {
             let removed = selftrace::tracefs::remove_stale_sessions("selftrace-record")
-                .map_err(record::explain)?;
+                .map_err(|e| record::explain(&e))?;
             for r in &removed {
                 println!("removed {r}");
             }
@@ -101,8 +124,7 @@ fn run(args: Vec<OsString>) -> Result<i32, String> {
 }
 
 fn list(bin: &std::path::Path) -> Result<i32, String> {
-    let notes = selftrace::usdt::read_probes(bin)
-        .map_err(|e| format!("cannot read the probes of {}: {e}", bin.display()))?;
+    let notes = selftrace::usdt::read_probes(bin).map_err(|e| describe(&e))?;
     if notes.is_empty() {
         println!("{}: no USDT probes", bin.display());
         return Ok(0);

@@ -92,19 +92,26 @@ fn check_stop() -> Result<(), String> {
     }
 }
 
-/// A library error explained for a person at a terminal.
-pub fn explain(e: Error) -> String {
-    match e {
+/// A library error explained for a person at a terminal: everything it says (the file, the
+/// event, the kernel's reason, an errno that adds to it; see [`crate::describe`]) and, for a
+/// few kinds, what to do about it.
+pub fn explain(e: &tracefs::Error) -> String {
+    let mut msg = crate::describe(e);
+    if let Some(hint) = hint(e.kind()) {
+        msg.push_str(hint);
+    }
+    msg
+}
+
+/// What to do about an error of kind `kind`, appended to its message.
+fn hint(kind: Error) -> Option<&'static str> {
+    match kind {
         Error::PermissionDenied => {
-            "permission denied: recording needs root (write access to tracefs and uprobe_events)"
-                .into()
+            Some(": recording needs root (write access to tracefs and uprobe_events)")
         }
-        Error::NoTracefs => {
-            "tracefs is not mounted (try: mount -t tracefs nodev /sys/kernel/tracing)".into()
-        }
-        Error::Unsupported(w) => format!("this kernel cannot do it: {w}"),
-        Error::AlreadyExists(w) => format!("{w} already exists (left by a crashed recorder?)"),
-        other => other.to_string(),
+        Error::NoTracefs => Some(" (try: mount -t tracefs nodev /sys/kernel/tracing)"),
+        Error::AlreadyExists(_) => Some(" (left by a crashed recorder?)"),
+        _ => None,
     }
 }
 
@@ -137,12 +144,12 @@ fn select_probes(o: &RecordOptions, bin: &Path) -> Result<Vec<(PathBuf, ProbeNot
             // A script or another non-ELF command: record its markers (and children) anyway.
             Err(e) if i == 0 && o.probes.is_empty() => {
                 eprintln!(
-                    "selftrace: no USDT probes read from {}: {e}",
-                    file.display()
+                    "selftrace: warning: recording no USDT probes: {}",
+                    crate::describe(&e)
                 );
                 continue;
             }
-            Err(e) => return Err(format!("{}: {e}", file.display())),
+            Err(e) => return Err(crate::describe(&e)),
         };
         let file = std::fs::canonicalize(&file).map_err(|e| format!("{}: {e}", file.display()))?;
         for n in notes.into_iter().filter(|n| n.file_offset.is_some()) {
@@ -245,25 +252,16 @@ fn add_uprobe(s: &mut Session, spec: &str, bin: &Path) -> Result<(), String> {
         Some(off) => s.add_offset(&path, off, ret, args).map(|_| ()),
         None => s.add_function(&path, what, ret, args).map(|_| ()),
     };
-    r.map_err(|e| match e {
+    // The error names the file, the symbol or event, and the kernel's reason (and lists the
+    // functions a name matches several of).
+    r.map_err(|e| match e.kind() {
         Error::NotFound("symbol") => {
             format!(
                 "--uprobe {spec}: symbol {what} not found in {}",
                 path.display()
             )
         }
-        Error::InvalidInput(w) if w.starts_with("symbol name matches several") => {
-            let names = tracefs::find_functions(&path, what)
-                .map(|v| {
-                    v.into_iter()
-                        .map(|f| f.demangled)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
-                .unwrap_or_default();
-            format!("--uprobe {spec}: {what} matches several functions: {names}")
-        }
-        other => format!("--uprobe {spec}: {}{}", explain(other), kernel_reason()),
+        _ => format!("--uprobe {spec}: {}", explain(&e)),
     })
 }
 
@@ -271,22 +269,25 @@ fn add_uprobe(s: &mut Session, spec: &str, bin: &Path) -> Result<(), String> {
 /// tracefs, uprobe events. Checked first, so that an unprivileged user gets this message and
 /// not whatever a file they cannot read would say.
 fn preflight() -> Result<(), String> {
-    let root = tracefs::root().map_err(explain)?;
+    let root = tracefs::root().map_err(|e| explain(&e))?;
     let events = root.join("uprobe_events");
     let c = std::ffi::CString::new(events.as_os_str().as_encoded_bytes())
         .map_err(|_| "tracefs path contains a nul byte".to_string())?;
     // SAFETY: access(2) on a NUL-terminated path.
     if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::ENOENT) => explain(Error::Unsupported(
-                "kernel without uprobe events (CONFIG_UPROBE_EVENTS)",
-            )),
-            Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
-                explain(Error::PermissionDenied)
+        let kind = match e.raw_os_error() {
+            Some(libc::ENOENT) => {
+                Error::Unsupported("kernel without uprobe events (CONFIG_UPROBE_EVENTS)")
             }
-            _ => format!("cannot use {}: {e}", events.display()),
-        });
+            Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => Error::PermissionDenied,
+            _ => return Err(format!("cannot use {}: {e}", events.display())),
+        };
+        return Err(format!(
+            "{}: {kind}{}",
+            events.display(),
+            hint(kind).unwrap_or("")
+        ));
     }
     Ok(())
 }
@@ -322,14 +323,6 @@ fn check_buffer_memory(kib: u32) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// The kernel's reason for the last failed tracefs write of this thread, if it gave one.
-fn kernel_reason() -> String {
-    match tracefs::last_kernel_error() {
-        Some(why) => format!(" (kernel: {why})"),
-        None => String::new(),
-    }
 }
 
 /// Starts the command through the helper (supervise.rs); returns the helper and the command's
@@ -412,26 +405,24 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
     let probes = select_probes(&o, &bin)?;
 
     let mut session =
-        Session::with_options("selftrace-record", true, o.buffer_kb).map_err(|e| match e {
-            Error::Sys {
-                errno: libc::ENOMEM,
-                ..
-            } => format!(
-                "--buffer-kb {}: the kernel cannot allocate {} KiB per CPU",
-                o.buffer_kb, o.buffer_kb
-            ),
-            e => explain(e),
+        Session::with_options("selftrace-record", true, o.buffer_kb).map_err(|e| {
+            match e.kind() {
+                Error::Sys {
+                    errno: libc::ENOMEM,
+                    ..
+                } => format!(
+                    "--buffer-kb {}: the kernel cannot allocate {} KiB per CPU ({})",
+                    o.buffer_kb,
+                    o.buffer_kb,
+                    explain(&e)
+                ),
+                _ => explain(&e),
+            }
         })?;
     for (file, note) in &probes {
         if let Err(e) = session.add_probe(file, note) {
-            let msg = format!(
-                "probe {}:{}: {}{}",
-                note.provider,
-                note.name,
-                explain(e),
-                kernel_reason()
-            );
-            if o.probes.is_empty() && matches!(e, Error::Unsupported(_)) {
+            let msg = format!("probe {}:{}: {}", note.provider, note.name, explain(&e));
+            if o.probes.is_empty() && matches!(e.kind(), Error::Unsupported(_)) {
                 // Recording every probe: one the kernel cannot fetch is skipped, not fatal.
                 eprintln!("selftrace: skipping {msg}");
             } else {
@@ -447,21 +438,21 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
         eprintln!("selftrace: this kernel cannot copy trace markers into an instance (6.17+); markers are not recorded");
     }
     inst.set_event_enabled("sched", "sched_process_fork", true)
-        .map_err(explain)?;
+        .map_err(|e| explain(&e))?;
     if o.sched {
         inst.set_event_enabled("sched", "sched_switch", true)
-            .map_err(explain)?;
+            .map_err(|e| explain(&e))?;
     }
     // Events of this process and of every task it creates from now on: the helper, the command
     // and its children and threads.
     session
         .filter_pids(&[std::process::id()], true)
-        .map_err(explain)?;
+        .map_err(|e| explain(&e))?;
     // Consumed while the command runs; declared after the session, so dropped (stopped,
     // closed) before it on every path.
     let reader = PipeReader::start(&session.instance().file("trace_pipe"))
         .map_err(|e| format!("cannot read the instance's trace_pipe: {e}"))?;
-    session.enable().map_err(explain)?;
+    session.enable().map_err(|e| explain(&e))?;
     check_stop()?;
 
     let (mut helper, pid) = spawn_supervised(&o, &bin)?;

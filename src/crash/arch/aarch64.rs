@@ -5,10 +5,13 @@
 use super::super::report::{push_hex16, Out, FRAME_OPTS};
 use crate::symbolize::{self, FixedBuf, FrameKind};
 
-/// Registers of the interrupted context. Async-signal-safe.
+/// Registers of the interrupted context.
 ///
 /// # Safety
 /// `uc` is the kernel's `ucontext_t` for the signal being handled.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t) {
     // SAFETY: uc is the kernel's ucontext for the signal being handled.
     let m = unsafe { &(*uc).uc_mcontext };
@@ -79,10 +82,13 @@ const RESERVED: usize = 4096;
 const RESERVED_AT: usize = (core::mem::offset_of!(libc::mcontext_t, pstate) + 8 + 15) & !15;
 const _: () = assert!(core::mem::size_of::<libc::mcontext_t>() == RESERVED_AT + RESERVED);
 
-/// The ESR the kernel saved for a fault, from the records of `__reserved`. Async-signal-safe.
+/// The ESR the kernel saved for a fault, from the records of `__reserved`.
 ///
 /// # Safety
 /// `uc` is a readable `ucontext_t`.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 unsafe fn esr(uc: *const libc::ucontext_t) -> Option<u64> {
     let base = uc as usize + core::mem::offset_of!(libc::ucontext_t, uc_mcontext) + RESERVED_AT;
     // SAFETY: the caller vouches for the ucontext_t, which holds the 4096 reserved bytes.

@@ -4,10 +4,13 @@
 
 use super::super::report::Out;
 
-/// Says that the registers are not decoded here. Async-signal-safe.
+/// Says that the registers are not decoded here.
 ///
 /// # Safety
 /// None beyond the other ports' (`uc` is not read).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub(crate) unsafe fn registers(out: Out, _uc: *const libc::ucontext_t) {
     out.line(|w| {
         w.push_bytes(b"registers: not decoded on this architecture");

@@ -4,10 +4,13 @@
 use super::super::report::{push_hex16, Out, FRAME_OPTS};
 use crate::symbolize::{self, FrameKind};
 
-/// Registers of the interrupted context. Async-signal-safe.
+/// Registers of the interrupted context.
 ///
 /// # Safety
 /// `uc` is the kernel's `ucontext_t` for the signal being handled.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t) {
     // SAFETY: uc is the kernel's ucontext for the signal being handled.
     let g = unsafe { (*uc).uc_mcontext.gregs };

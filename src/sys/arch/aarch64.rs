@@ -2,11 +2,14 @@
 #![allow(unsafe_code)]
 
 /// Calls `f(arg)` with the stack pointer switched to `top` (the high end of a stack the caller
-/// owns), and switches back when it returns. Async-signal-safe.
+/// owns), and switches back when it returns.
 ///
 /// # Safety
 /// `top` must be the 16-byte aligned high end of a writable stack, exclusively owned by this
 /// call and large enough for `f`; `f` must not unwind.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
 pub(crate) unsafe fn call_on_stack(
     top: usize,
     f: extern "C" fn(*mut libc::c_void),

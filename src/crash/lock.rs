@@ -1,7 +1,7 @@
 //! The output lock: one report at a time (crash reports, `dump_stack`, all-thread dumps, watchdog
 //! reports), across threads, so that each stays one uninterleaved block.
 //!
-//! # Signal Safe Methods
+//! # Async-signal safety
 //! [`OutputLock::acquire`] is async-signal-safe: a compare-and-swap, and `nanosleep` while
 //! another thread holds the lock. A thread that already holds it (a crash while reporting,
 //! `dump_stack` inside a report, a dump signal during a dump) goes on without waiting, and a
