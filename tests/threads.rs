@@ -1059,11 +1059,7 @@ fn frame_names(block: &str) -> Vec<&str> {
 fn a_spinning_thread_shows_the_function_it_spins_in() {
     let o = run("spin");
     assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
-    let frames: Vec<&str> = o
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("frame "))
-        .collect();
+    let frames = lines_after(&o.stdout, "frame ");
     // Frame 0 is the exact pc: inside the spin loop.
     assert_eq!(
         frames.first().copied(),
@@ -1468,11 +1464,7 @@ fn a_thread_in_uninterruptible_sleep_times_out_and_answers_once_awake() {
 fn handlers_are_chained_and_given_back() {
     let o = run("chain");
     assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
-    let frames: Vec<&str> = o
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("frame "))
-        .collect();
+    let frames = lines_after(&o.stdout, "frame ");
     assert!(frames.contains(&"threads::caller_spin"), "{}", o.stdout);
     for line in [
         "program handler calls after a capture 0",
@@ -1493,11 +1485,7 @@ fn the_request_signal_is_configurable() {
     assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
     assert!(o.stdout.contains("configured true"), "{}", o.stdout);
     // Captured through the configured signal, from a thread that blocks the default one.
-    let frames: Vec<&str> = o
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("frame "))
-        .collect();
+    let frames = lines_after(&o.stdout, "frame ");
     assert_eq!(
         frames.first().copied(),
         Some("threads::spinner::spin_until_stopped"),
@@ -1539,6 +1527,13 @@ fn the_request_signal_is_configurable() {
         "{}",
         o.stdout
     );
+}
+
+/// The rest of each line of `text` that starts with `prefix`.
+fn lines_after<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .collect()
 }
 
 /// A raw fd of this test's (or 1, stdout), borrowed for one call.

@@ -42,19 +42,10 @@ const SI_TIMER: i32 = -2;
 extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     // SAFETY: __errno_location returns this thread's errno, always valid.
     let errno = unsafe { *libc::__errno_location() };
+    let fields = signal_fields(info);
     ACTIVE.fetch_add(1, Ordering::SeqCst);
     let shared = SHARED.load(Ordering::SeqCst);
-    if !shared.is_null() && !info.is_null() {
-        // SAFETY: the kernel passes a valid siginfo_t; for SI_TIMER its union holds the
-        // timer id (offset 16), the overrun count (20) and the sigval (24).
-        let (code, overrun, value) = unsafe {
-            let base = info as *const u8;
-            (
-                (*info).si_code,
-                core::ptr::read_unaligned(base.add(20) as *const i32),
-                core::ptr::read_unaligned(base.add(24) as *const u64),
-            )
-        };
+    if let (false, Some((code, overrun, value))) = (shared.is_null(), fields) {
         // SAFETY: SHARED is freed only after it was cleared and ACTIVE dropped to zero; we
         // raised ACTIVE before loading it.
         let shared = unsafe { &*shared };
@@ -80,27 +71,37 @@ extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_v
         }
     }
     ACTIVE.fetch_sub(1, Ordering::SeqCst);
-    if !info.is_null() && !from_our_timer(info) {
-        // Someone else's signal (`kill`, `setitimer`, another timer): the handler that was
-        // installed before ours, if any.
-        sys::signal::call_previous(sig, info, uc);
+    if let Some((code, _, value)) = fields {
+        // A signal of one of the profiler's timers, this run's or an earlier one's, is ours
+        // (late ones are dropped). Anything else (`kill`, `setitimer`, another timer) goes to
+        // the handler that was installed before ours, if any.
+        let generation = (value >> 32) as u32;
+        let ours =
+            code == SI_TIMER && generation != 0 && generation <= GENERATION.load(Ordering::Relaxed);
+        if !ours {
+            sys::signal::call_previous(sig, info, uc);
+        }
     }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 
-/// Whether a signal came from one of the profiler's timers, this run's or an earlier one's
-/// (their late signals are dropped, never passed on).
-fn from_our_timer(info: *const libc::siginfo_t) -> bool {
-    // SAFETY: the kernel passes a valid siginfo_t; for SI_TIMER the sigval is at offset 24.
-    let (code, value) = unsafe {
+/// `si_code`, and for `SI_TIMER` the overrun count and the sigval, of a signal's `siginfo_t`
+/// (`None` for a null pointer).
+fn signal_fields(info: *const libc::siginfo_t) -> Option<(i32, i32, u64)> {
+    if info.is_null() {
+        return None;
+    }
+    // SAFETY: the kernel passes a valid siginfo_t; for SI_TIMER its union holds the timer id
+    // (offset 16), the overrun count (20) and the sigval (24).
+    Some(unsafe {
+        let base = info as *const u8;
         (
             (*info).si_code,
-            core::ptr::read_unaligned((info as *const u8).add(24) as *const u64),
+            core::ptr::read_unaligned(base.add(20) as *const i32),
+            core::ptr::read_unaligned(base.add(24) as *const u64),
         )
-    };
-    let generation = (value >> 32) as u32;
-    code == SI_TIMER && generation != 0 && generation <= GENERATION.load(Ordering::Relaxed)
+    })
 }
 
 /// Installs the handler for `sig` unless it is installed, keeping the handler that was there

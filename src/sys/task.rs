@@ -196,29 +196,6 @@ pub(crate) fn current_handler(sig: i32) -> Result<usize, i32> {
     Ok(old.sa_sigaction)
 }
 
-/// Installs an `SA_SIGINFO` handler for `sig` with `extra_flags` (e.g. `SA_RESTART`) and an
-/// empty mask. Returns the `errno` on failure.
-///
-/// # References
-/// sigaction(2)
-pub(crate) fn install_siginfo_handler(
-    sig: i32,
-    handler: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void),
-    extra_flags: i32,
-) -> Result<(), i32> {
-    // SAFETY: all-zero is a valid sigaction.
-    let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
-    sa.sa_sigaction = handler as *const () as usize;
-    sa.sa_flags = libc::SA_SIGINFO | extra_flags;
-    // SAFETY: sa.sa_mask is a valid sigset_t.
-    unsafe { libc::sigemptyset(&mut sa.sa_mask) };
-    // SAFETY: sa is fully initialised.
-    if unsafe { libc::sigaction(sig, &sa, core::ptr::null_mut()) } != 0 {
-        return Err(super::errno());
-    }
-    Ok(())
-}
-
 /// Whether `sig` is blocked in the calling thread's signal mask (`pthread_sigmask(3)` query).
 ///
 /// # References
