@@ -114,6 +114,24 @@ impl UnwindData {
         }
     }
 
+    /// Whether an FDE covers `addr`.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub(crate) fn covers(&self, addr: usize) -> bool {
+        let bases = self.bases();
+        let Ok(hdr) = EhFrameHdr::new(&self.hdr, LittleEndian).parse(&bases, ADDRESS_SIZE) else {
+            return false;
+        };
+        let Some(table) = hdr.table() else {
+            return false;
+        };
+        let eh_frame = self.eh_frame();
+        table
+            .fde_for_address(&eh_frame, &bases, addr as u64, EhFrame::cie_from_offset)
+            .is_ok()
+    }
+
     /// The rule for `lookup` (a pc, or a return address minus one), and when the rule needs the
     /// full evaluator, that evaluation too
     /// (on `regs`), from the same pass over the CFI: a miss in code whose rules are expressions

@@ -99,10 +99,7 @@ impl Walker<'_, '_> {
         let rule = match state.cache.get(key) {
             Some(r) => r,
             None => {
-                let r = if !exact
-                    && o.is_code(pc, arch::TRAMPOLINE.len())
-                    && is_trampoline_at(pc)
-                {
+                let r = if !exact && o.is_code(pc, arch::TRAMPOLINE.len()) && is_trampoline_at(pc) {
                     Rule::of(Kind::Trampoline)
                 } else {
                     match (&o.unwind, self.ctx.as_deref_mut()) {
@@ -297,7 +294,15 @@ impl Walker<'_, '_> {
         if let Some(lr) = arch::LR.filter(|_| exact) {
             let x30 = regs.get(lr).map(arch::strip_ra);
             if let Some(x30) = x30.filter(|&x| x != ra) {
-                match leaf_or_record(regs.pc(), x30, ra) {
+                let state = self.state;
+                let has_cfi = |at: usize| {
+                    state.is_some_and(|s| {
+                        s.find_near(at, 0).is_some_and(|i| {
+                            s.objects[i].unwind.as_ref().is_some_and(|u| u.covers(at))
+                        })
+                    })
+                };
+                match leaf_or_record(regs.pc(), x30, ra, has_cfi) {
                     Some(true) => {
                         if !self.plausible(x30, out) {
                             return Step::Stop(StopReason::BadReturnAddress);
@@ -442,11 +447,18 @@ impl Walker<'_, '_> {
 /// of its own (it returns through the link register), `Some(false)` when the record is its own,
 /// `None` when nothing tells. Told by the calls before the two return addresses: a `bl` (or a
 /// `bl` to a PLT entry, followed through its GOT slot) whose target starts the function at `pc`
-/// (at or below it, within 64 KiB) entered it; one whose target lies elsewhere did not; an
+/// (at or below it, within 64 KiB, and without CFI: `pc` has none, so a function that has CFI
+/// at its start is another one) entered it; one whose target lies elsewhere did not; an
 /// indirect call (`blr`) proves nothing. The nearest start wins where both entered one.
-fn leaf_or_record(pc: usize, lr: usize, record: usize) -> Option<bool> {
+/// (`has_cfi` tells whether an FDE covers an address.)
+fn leaf_or_record(
+    pc: usize,
+    lr: usize,
+    record: usize,
+    has_cfi: impl Fn(usize) -> bool,
+) -> Option<bool> {
     use Entered::*;
-    match (entered(lr, pc), entered(record, pc)) {
+    match (entered(lr, pc, &has_cfi), entered(record, pc, &has_cfi)) {
         (Yes(l), Yes(r)) => Some(l > r),
         (Yes(_), _) | (Unknown, No) => Some(true),
         (_, Yes(_)) | (No, Unknown) => Some(false),
@@ -465,8 +477,8 @@ enum Entered {
 }
 
 /// What the call before return address `ret` says of the function at `pc` (aarch64 code, read
-/// through the kernel).
-fn entered(ret: usize, pc: usize) -> Entered {
+/// through the kernel), which no CFI covers.
+fn entered(ret: usize, pc: usize, has_cfi: &impl Fn(usize) -> bool) -> Entered {
     let word = |at: usize| {
         let mut b = [0u8; 4];
         (sys::read_memory(at, &mut b) == 4).then(|| u32::from_le_bytes(b))
@@ -495,7 +507,9 @@ fn entered(ret: usize, pc: usize) -> Entered {
             target = usize::from_le_bytes(b);
         }
     }
-    if target <= pc && pc - target < 1 << 16 {
+    // A call to a function with CFI did not enter the one at pc (libcrypto's GHASH leaves,
+    // without CFI, follow CRYPTO_gcm128_finish, which has it, within 64 KiB).
+    if target <= pc && pc - target < 1 << 16 && !has_cfi(target) {
         Entered::Yes(target)
     } else {
         Entered::No
