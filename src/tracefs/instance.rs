@@ -64,6 +64,14 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 impl Instance {
     /// Creates an instance named `<prefix>-<pid>-<sequence>-<nanos>`. `prefix` may hold ASCII
     /// letters, digits, `_` and `-`.
+    ///
+    /// # Errors
+    /// [`InvalidInput`](Kind::InvalidInput) for a `prefix` that is not 1-64 such characters
+    /// (before tracefs is looked at); those of [`tracefs::root`](super::root); and, naming the
+    /// directory and the instance, those of its `mkdir` by errno:
+    /// [`PermissionDenied`](Kind::PermissionDenied) (`EACCES`, `EPERM`: typically not root),
+    /// [`NotFound`](Kind::NotFound)`("tracefs instances")` (`ENOENT`, `ENOTDIR`),
+    /// [`AlreadyExists`](Kind::AlreadyExists) (`EEXIST`), else [`Sys`](Kind::Sys) (`mkdir`).
     pub fn create(prefix: &str) -> Result<Instance, Error> {
         if prefix.is_empty()
             || prefix.len() > 64
@@ -105,6 +113,10 @@ impl Instance {
     /// `trace_marker` is also recorded here. On older kernels the option is missing,
     /// [`copies_markers`](Self::copies_markers) is false and [`read_markers`](Self::read_markers)
     /// reads the top-level buffer instead (without consuming it).
+    ///
+    /// # Errors
+    /// Those of [`create`](Self::create), and those of writing `options/copy_trace_marker` (as
+    /// for [`write_file`](Self::write_file)); then the new instance is removed again.
     pub fn for_markers(prefix: &str) -> Result<Instance, Error> {
         let mut inst = Instance::create(prefix)?;
         inst.copy_markers()?;
@@ -115,6 +127,11 @@ impl Instance {
     /// *before* markers are copied: on Linux 6.18, resizing an instance that copies markers
     /// makes every write to the top-level `trace_marker`, by any process, fail while the resize
     /// lasts (those markers are lost).
+    ///
+    /// # Errors
+    /// Those of [`create`](Self::create), of [`set_buffer_size_kb`](Self::set_buffer_size_kb)
+    /// and of writing `options/copy_trace_marker` (as for [`write_file`](Self::write_file));
+    /// after `create` succeeded, the new instance is removed again.
     pub fn for_markers_with_buffer(prefix: &str, kib: u32) -> Result<Instance, Error> {
         let mut inst = Instance::create(prefix)?;
         inst.set_buffer_size_kb(kib)?;
@@ -159,6 +176,13 @@ impl Instance {
     }
 
     /// Writes `contents` to one of the instance's files (one `write`).
+    ///
+    /// # Errors
+    /// When opening or writing the file fails, by errno: [`NotFound`](Kind::NotFound)`("instance
+    /// file")` (`ENOENT`, `ENOTDIR`), [`PermissionDenied`](Kind::PermissionDenied) (`EACCES`,
+    /// `EPERM`), [`AlreadyExists`](Kind::AlreadyExists) (`EEXIST`), else [`Sys`](Kind::Sys)
+    /// `{ call: "write", .. }`, e.g. for a value the kernel refuses. The error names the file and
+    /// has the [`std::io::Error`] as its source.
     pub fn write_file(&self, relative: &str, contents: &str) -> Result<(), Error> {
         let path = self.dir.join(relative);
         std::fs::write(&path, contents)
@@ -166,6 +190,11 @@ impl Instance {
     }
 
     /// Reads one of the instance's files.
+    ///
+    /// # Errors
+    /// As [`write_file`](Self::write_file), with [`Sys`](Kind::Sys) `{ call: "read", .. }`;
+    /// and [`InvalidInput`](Kind::InvalidInput)`("instance file")` when the contents are not
+    /// UTF-8. The error names the file.
     pub fn read_file(&self, relative: &str) -> Result<String, Error> {
         let path = self.dir.join(relative);
         std::fs::read_to_string(&path)
@@ -177,6 +206,11 @@ impl Instance {
     /// Refuses to turn off an instance that copies markers: on Linux 6.18 a paused instance with
     /// `copy_trace_marker` set makes *every* write to the top-level `trace_marker` fail with
     /// `EBADF`, for every process.
+    ///
+    /// # Errors
+    /// [`InvalidInput`](Kind::InvalidInput) (naming the instance) for `on == false` when the
+    /// instance [copies markers](Self::copies_markers), before anything is written; else those
+    /// of [`write_file`](Self::write_file) on `tracing_on`.
     pub fn set_tracing_on(&self, on: bool) -> Result<(), Error> {
         if !on && self.copies_markers {
             return Err(Error::new(Kind::InvalidInput(
@@ -192,12 +226,21 @@ impl Instance {
     /// On an instance that [copies markers](Self::copies_markers), every write to the top-level
     /// `trace_marker` (by any process) fails while the resize lasts; size the buffer first with
     /// [`for_markers_with_buffer`](Self::for_markers_with_buffer).
+    ///
+    /// # Errors
+    /// Those of [`write_file`](Self::write_file) on `buffer_size_kb`: a size the kernel refuses
+    /// is [`Sys`](Kind::Sys) with the errno of the `write`.
     pub fn set_buffer_size_kb(&self, kib: u32) -> Result<(), Error> {
         self.write_file("buffer_size_kb", &kib.to_string())
     }
 
     /// Enables (`true`) or disables an event in this instance: `events/<system>/<event>/enable`
     /// (e.g. `("uprobes", "my_probe")`). `event` may be empty to switch the whole system.
+    ///
+    /// # Errors
+    /// As [`write_file`](Self::write_file) on the `enable` file, with
+    /// [`NotFound`](Kind::NotFound)`("event enable file")` for `ENOENT` (no such system or event
+    /// in this instance). The error names the file and the event (`system/event`, or `system`).
     pub fn set_event_enabled(&self, system: &str, event: &str, on: bool) -> Result<(), Error> {
         let rel = if event.is_empty() {
             format!("events/{system}/enable")
@@ -216,12 +259,20 @@ impl Instance {
     }
 
     /// Empties the instance's ring buffer.
+    ///
+    /// # Errors
+    /// Those of [`write_file`](Self::write_file) on `trace`.
     pub fn clear(&self) -> Result<(), Error> {
         self.write_file("trace", "")
     }
 
     /// The instance's `trace` text (reading does not consume it). Invalid UTF-8 (another
     /// process may write any bytes into `trace_marker`) is replaced by U+FFFD.
+    ///
+    /// # Errors
+    /// When reading `trace` fails, by errno: [`NotFound`](Kind::NotFound)`("trace")` (`ENOENT`,
+    /// `ENOTDIR`), [`PermissionDenied`](Kind::PermissionDenied) (`EACCES`, `EPERM`), else
+    /// [`Sys`](Kind::Sys) `{ call: "read", .. }`; the error names the file.
     pub fn read_trace(&self) -> Result<String, Error> {
         read_lossy(&self.dir.join("trace"))
     }
@@ -231,6 +282,13 @@ impl Instance {
     /// too small) plus `dropped events` (not written: the buffer was full in no-overwrite
     /// mode). What [`read_markers`](Self::read_markers) and [`read_trace`](Self::read_trace)
     /// return misses exactly these; check it after reading.
+    ///
+    /// # Errors
+    /// When the `per_cpu` directory cannot be listed, by errno:
+    /// [`NotFound`](Kind::NotFound)`("per_cpu")` (`ENOENT`, `ENOTDIR`),
+    /// [`PermissionDenied`](Kind::PermissionDenied) (`EACCES`, `EPERM`), else
+    /// [`Sys`](Kind::Sys) (`readdir`); the error names the directory. A CPU whose `stats`
+    /// cannot be read counts 0.
     pub fn dropped_events(&self) -> Result<u64, Error> {
         let dir = self.dir.join("per_cpu");
         let mut total = 0u64;
@@ -258,6 +316,11 @@ impl Instance {
     /// without consuming it. Markers the kernel had to drop (a buffer too small for the rate
     /// they were written at) are missing: [`dropped_events`](Self::dropped_events) counts them,
     /// and [`read_markers_counted`](Self::read_markers_counted) returns both.
+    ///
+    /// # Errors
+    /// Those of [`read_trace`](Self::read_trace); when the instance does not copy markers, also
+    /// those of [`tracefs::root`](super::root) and of reading the top-level `trace` (as
+    /// `read_trace`).
     pub fn read_markers(&self) -> Result<Vec<parse::MarkerEvent>, Error> {
         let mut events = parse::markers(&self.read_trace()?);
         if !self.copies_markers {
@@ -270,12 +333,19 @@ impl Instance {
 
     /// [`read_markers`](Self::read_markers) and the number of events the kernel dropped
     /// ([`dropped_events`](Self::dropped_events)), read right after: 0 means nothing is missing.
+    ///
+    /// # Errors
+    /// Those of [`read_markers`](Self::read_markers), then those of
+    /// [`dropped_events`](Self::dropped_events).
     pub fn read_markers_counted(&self) -> Result<(Vec<parse::MarkerEvent>, u64), Error> {
         let events = self.read_markers()?;
         Ok((events, self.dropped_events()?))
     }
 
     /// Every record of the instance's `trace` (markers, uprobe hits, other events), owned.
+    ///
+    /// # Errors
+    /// Those of [`read_trace`](Self::read_trace).
     pub fn read_records(&self) -> Result<Vec<OwnedRecord>, Error> {
         let text = self.read_trace()?;
         Ok(parse::records(&text).map(OwnedRecord::from).collect())

@@ -79,6 +79,9 @@ pub(crate) static ROOT: OnceLock<PathBuf> = OnceLock::new();
 #[cfg(feature = "tracefs")]
 /// Where tracefs is mounted, found once and cached (see [`discover`]) unless set by
 /// [`set_root`]. A failure is not cached: a later call looks again.
+///
+/// # Errors
+/// Those of [`discover`], until a root is found or set.
 pub fn root() -> Result<&'static Path, Error> {
     if let Some(p) = ROOT.get() {
         return Ok(p);
@@ -89,9 +92,14 @@ pub fn root() -> Result<&'static Path, Error> {
 
 #[cfg(feature = "tracefs")]
 /// Sets the tracefs root explicitly (e.g. a tracefs mounted elsewhere). Must come before the
-/// first [`root`] call and before the first trace marker; fails with
-/// [`AlreadyExists`](Kind::AlreadyExists) once a root is in use, and with
-/// [`NoTracefs`](Kind::NoTracefs) if `path` is not a tracefs mount.
+/// first [`root`] call and before the first trace marker.
+///
+/// # Errors
+/// [`AlreadyExists`](Kind::AlreadyExists) once a root is in use (set before, or found by
+/// [`root`]); [`NoTracefs`](Kind::NoTracefs) if `path` is not a tracefs mount (or does not
+/// exist); [`PermissionDenied`](Kind::PermissionDenied) or [`Sys`](Kind::Sys) when `statfs`
+/// on it fails otherwise; [`InvalidInput`](Kind::InvalidInput) for a path with a nul byte.
+/// The error names `path`.
 pub fn set_root(path: impl AsRef<Path>) -> Result<(), Error> {
     let path = path.as_ref();
     let fail = |kind| {
@@ -110,8 +118,12 @@ pub fn set_root(path: impl AsRef<Path>) -> Result<(), Error> {
 
 #[cfg(feature = "tracefs")]
 /// Looks for tracefs (uncached): [`DEFAULT_ROOTS`], then the first `tracefs` mount in
-/// `/proc/self/mountinfo`. [`PermissionDenied`](Kind::PermissionDenied) (with the path) if a
-/// candidate exists but cannot be examined, [`NoTracefs`](Kind::NoTracefs) if there is none.
+/// `/proc/self/mountinfo`.
+///
+/// # Errors
+/// When no tracefs is found: [`PermissionDenied`](Kind::PermissionDenied) (with the path) if
+/// `statfs` on one of [`DEFAULT_ROOTS`] was refused (`EACCES`, `EPERM`), else
+/// [`NoTracefs`](Kind::NoTracefs).
 pub fn discover() -> Result<PathBuf, Error> {
     let mut denied = None;
     for cand in DEFAULT_ROOTS {

@@ -230,17 +230,25 @@ impl Drop for Session {
 
 impl Session {
     /// Creates a session with an instance named after `prefix` (see [`Instance::create`]).
+    /// The group name is `selftrace_<pid>_<seq>_<nanos>`, from the instance's name.
     ///
-    /// Errors (their [`kind`](Error::kind)): [`NoTracefs`](Kind::NoTracefs) without tracefs,
-    /// [`Unsupported`](Kind::Unsupported) for a kernel without uprobe events,
-    /// [`PermissionDenied`](Kind::PermissionDenied) when not root. The group name is
-    /// `selftrace_<pid>_<seq>_<nanos>`, from the instance's name.
+    /// # Errors
+    /// Those of [`tracefs::root`](super::root) ([`NoTracefs`](Kind::NoTracefs) without tracefs);
+    /// [`Unsupported`](Kind::Unsupported) for a kernel without uprobe events (no
+    /// `uprobe_events`); [`PermissionDenied`](Kind::PermissionDenied) (typically not root) or
+    /// [`Sys`](Kind::Sys) when `uprobe_events` cannot be examined or read, naming it; those of
+    /// [`Instance::create`] (e.g. [`InvalidInput`](Kind::InvalidInput) for a bad `prefix`);
+    /// [`AlreadyExists`](Kind::AlreadyExists)`("uprobe event group")` when `uprobe_events`
+    /// already has events in the new group.
     pub fn new(prefix: &str) -> Result<Session, Error> {
         Self::create(prefix, false, None)
     }
 
     /// Like [`new`](Self::new), and the instance also records the trace markers written to the
     /// top-level `trace_marker` (see [`Instance::for_markers`]).
+    ///
+    /// # Errors
+    /// Those of [`new`](Self::new), with those of [`Instance::for_markers`] for the instance.
     pub fn with_markers(prefix: &str) -> Result<Session, Error> {
         Self::create(prefix, true, None)
     }
@@ -249,6 +257,10 @@ impl Session {
     /// `markers` is true. Use this rather than resizing the instance afterwards: resizing an
     /// instance that copies markers loses every process's markers while it lasts (see
     /// [`Instance::for_markers_with_buffer`]).
+    ///
+    /// # Errors
+    /// Those of [`new`](Self::new), with those of [`Instance::set_buffer_size_kb`] (a size the
+    /// kernel refuses) and, when `markers` is true, of [`Instance::for_markers_with_buffer`].
     pub fn with_options(prefix: &str, markers: bool, buffer_kb: u32) -> Result<Session, Error> {
         Self::create(prefix, markers, Some(buffer_kb))
     }
@@ -384,8 +396,15 @@ impl Session {
     /// [`BYTES_FETCHED`](super::uprobe::BYTES_FETCHED) bytes it points to, which
     /// [`parse_hit_body`] decodes into the text.
     ///
-    /// An error names the file and the event (`GROUP/EVENT`), or the probe
-    /// (`provider:name`) when it failed before the event had a name.
+    /// # Errors
+    /// [`NotFound`](Kind::NotFound)`("elf file")`, [`PermissionDenied`](Kind::PermissionDenied)
+    /// or [`Sys`](Kind::Sys) when `path` cannot be resolved (`realpath`);
+    /// [`AlreadyExists`](Kind::AlreadyExists)`("uprobe event")` when somebody else created the
+    /// event's name in this session's group; and those of [`UprobeEvent::for_probe`] (a note
+    /// without a file offset, an argument the kernel cannot fetch, a path with a space or `:`,
+    /// a command the kernel refuses, with its reason). An error names the file and the event
+    /// (`GROUP/EVENT`), or the probe (`provider:name`) when it failed before the event had a
+    /// name.
     pub fn add_probe(&mut self, path: &Path, note: &ProbeNote) -> Result<&EventInfo, Error> {
         let path = canonical(path).map_err(|e| e.with_subject("probe", probe_label(note)))?;
         let name = self.unique_event_name(&format!("{}_{}", note.provider, note.name));
@@ -398,9 +417,19 @@ impl Session {
     /// Adds an event on the entry (`ret == false`) or the return of the function `symbol` of the
     /// ELF file `path` (matched as [`find_functions`](super::find_functions) says).
     /// `args` are extra fetch arguments (`n=%di:u64`); a return probe without `args` fetches
-    /// `ret=$retval:u64`. [`NotFound`](Kind::NotFound)`("symbol")` if no function has that
-    /// name, [`InvalidInput`](Kind::InvalidInput) if several do; the error names the file and
-    /// the symbol (or, once it has one, the event).
+    /// `ret=$retval:u64`.
+    ///
+    /// # Errors
+    /// [`NotFound`](Kind::NotFound)`("elf file")`, [`PermissionDenied`](Kind::PermissionDenied)
+    /// or [`Sys`](Kind::Sys) when `path` cannot be resolved (`realpath`); those of
+    /// [`function_offset`](super::function_offset) ([`NotFound`](Kind::NotFound)`("symbol")` if
+    /// no function has that name, [`InvalidInput`](Kind::InvalidInput) if several do, and those
+    /// of [`function_symbols`](super::function_symbols) for a file that cannot be read as ELF);
+    /// [`AlreadyExists`](Kind::AlreadyExists)`("uprobe event")` when somebody else created the
+    /// event's name in this session's group; and those of [`UprobeEvent::create`] /
+    /// [`UprobeEvent::create_return`] (a path with a space or `:`, `args` with a newline, a
+    /// command the kernel refuses, with its reason). The error names the file and the symbol
+    /// (or, once it has one, the event).
     pub fn add_function(
         &mut self,
         path: &Path,
@@ -432,9 +461,18 @@ impl Session {
     }
 
     /// Adds an event at the raw file offset `offset` of `path` (a return probe when `ret`:
-    /// then `offset` must be a function's first instruction). [`InvalidInput`](Kind::InvalidInput)
-    /// when the offset lies in no executable segment of the file (0 is the ELF header, not
-    /// code).
+    /// then `offset` must be a function's first instruction).
+    ///
+    /// # Errors
+    /// [`InvalidInput`](Kind::InvalidInput) when the offset lies in no executable segment of
+    /// the file (0 is the ELF header, not code); [`NotFound`](Kind::NotFound)`("elf file")`,
+    /// [`PermissionDenied`](Kind::PermissionDenied) or [`Sys`](Kind::Sys) when `path` cannot be
+    /// resolved or opened, [`InvalidInput`](Kind::InvalidInput) when it is not a regular file,
+    /// [`BadElf`](Kind::BadElf) when it is not a readable ELF file (these name the file and the
+    /// offset); [`AlreadyExists`](Kind::AlreadyExists)`("uprobe event")` when somebody else
+    /// created the event's name in this session's group; and those of [`UprobeEvent::create`]
+    /// / [`UprobeEvent::create_return`] (a path with a space or `:`, `args` with a newline, a
+    /// command the kernel refuses, with its reason).
     pub fn add_offset(
         &mut self,
         path: &Path,
@@ -488,11 +526,19 @@ impl Session {
     }
 
     /// Enables every event of the session in its instance.
+    ///
+    /// # Errors
+    /// Those of [`Instance::set_event_enabled`] for the first event that fails; the events
+    /// before it stay enabled.
     pub fn enable(&self) -> Result<(), Error> {
         self.set_enabled(true)
     }
 
     /// Disables every event of the session in its instance.
+    ///
+    /// # Errors
+    /// Those of [`Instance::set_event_enabled`] for the first event that fails; the events
+    /// before it stay disabled.
     pub fn disable(&self) -> Result<(), Error> {
         self.set_enabled(false)
     }
@@ -509,6 +555,10 @@ impl Session {
     /// they create from then on (`options/event-fork`). The kernel filters by task, that is by
     /// thread id: to follow the processes a thread spawns, give that thread's id (`gettid`),
     /// not only the process id. Trace markers are not filtered by this.
+    ///
+    /// # Errors
+    /// Those of [`Instance::write_file`] on `options/event-fork` (then `set_event_pid` is left
+    /// as it was) or on `set_event_pid`.
     pub fn filter_pids(&self, pids: &[u32], follow_forks: bool) -> Result<(), Error> {
         let list: Vec<String> = pids.iter().map(u32::to_string).collect();
         self.instance
@@ -519,11 +569,17 @@ impl Session {
     /// Events the kernel dropped in the session's ring buffer (see
     /// [`Instance::dropped_events`]): hits and markers that [`read_hits`](Self::read_hits) and
     /// the trace miss.
+    ///
+    /// # Errors
+    /// Those of [`Instance::dropped_events`].
     pub fn dropped_events(&self) -> Result<u64, Error> {
         self.instance.dropped_events()
     }
 
     /// Every hit of the session's events recorded so far (reading does not consume them).
+    ///
+    /// # Errors
+    /// Those of [`Instance::read_trace`].
     pub fn read_hits(&self) -> Result<Vec<Hit>, Error> {
         Ok(self.hits(&self.instance.read_trace()?))
     }
@@ -575,6 +631,14 @@ fn split_instance_name(name: &str) -> Option<(&str, &str, &str, &str)> {
 /// only when its instance was removed now or is gone (a live session removes its events before
 /// its instance). Process ids are never used to judge liveness. Returns what was removed
 /// (`instances/NAME`, `GROUP/EVENT`).
+///
+/// # Errors
+/// Those of [`tracefs::root`](super::root); and, naming the file, by errno
+/// ([`NotFound`](Kind::NotFound) for `ENOENT`, [`PermissionDenied`](Kind::PermissionDenied)
+/// for `EACCES`/`EPERM`, else [`Sys`](Kind::Sys)), when `instances` cannot be listed (nothing
+/// is removed) or `uprobe_events` cannot be read (the instances removed before are not
+/// reported). An instance or event that cannot be removed is no error: it is left out of the
+/// list.
 pub fn remove_stale_sessions(instance_prefix: &str) -> Result<Vec<String>, Error> {
     let root = root()?;
     let mut removed = Vec::new();

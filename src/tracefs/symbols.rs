@@ -44,9 +44,13 @@ pub struct FunctionSymbol {
 
 /// Every defined function symbol of the ELF file at `path` (`.symtab` and `.dynsym`) that lies
 /// in a `PT_LOAD` segment, deduplicated by address and name.
-/// Errors name the file: [`NotFound`](Kind::NotFound) when it is missing,
-/// [`BadElf`](Kind::BadElf) when it is not a readable ELF file,
-/// [`InvalidInput`](Kind::InvalidInput) when it is not a regular file.
+///
+/// # Errors
+/// Errors name the file: [`NotFound`](Kind::NotFound)`("elf file")` when it is missing,
+/// [`PermissionDenied`](Kind::PermissionDenied) when it cannot be opened for reading,
+/// [`Sys`](Kind::Sys) when `open` or `fstat` fails otherwise,
+/// [`InvalidInput`](Kind::InvalidInput) when it is not a regular file (before anything is
+/// read), [`BadElf`](Kind::BadElf) when it is not a readable ELF file.
 pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, Error> {
     const OP: &str = "reading the symbols of";
     let path = path.as_ref();
@@ -96,8 +100,11 @@ pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, E
 
 /// The function symbols of `path` that `name` designates: the symbols whose stored name is
 /// `name` exactly, else those whose demangled name (without hash) is `name`, else those whose
-/// demangled name ends with `::name`. Symbols at one address count once (aliases). Errors are
-/// [`function_symbols`]'s, also naming the symbol.
+/// demangled name ends with `::name`. Symbols at one address count once (aliases).
+///
+/// # Errors
+/// Those of [`function_symbols`], also naming the symbol. No match is no error: the vector is
+/// empty.
 pub fn find_functions(path: impl AsRef<Path>, name: &str) -> Result<Vec<FunctionSymbol>, Error> {
     let all = function_symbols(path).map_err(|e| e.with_subject("symbol", name))?;
     let suffix = format!("::{name}");
@@ -116,9 +123,12 @@ pub fn find_functions(path: impl AsRef<Path>, name: &str) -> Result<Vec<Function
 }
 
 /// The file offset of the function `name` in the ELF file at `path` (see [`find_functions`]
-/// for how names match). [`NotFound`](Kind::NotFound)`("symbol")` when no function has that
-/// name, [`InvalidInput`](Kind::InvalidInput) when several different functions match (the
-/// error lists them); the error names the file and the symbol.
+/// for how names match).
+///
+/// # Errors
+/// Those of [`find_functions`]; [`NotFound`](Kind::NotFound)`("symbol")` when no function has
+/// that name, [`InvalidInput`](Kind::InvalidInput) when several different functions match
+/// (the error lists them). The error names the file and the symbol.
 pub fn function_offset(path: impl AsRef<Path>, name: &str) -> Result<u64, Error> {
     let path = path.as_ref();
     let found = find_functions(path, name)?;

@@ -267,7 +267,10 @@ fn arg_spec(arg: &ArgSpec) -> String {
 }
 
 /// The `uprobe_events` fetch argument for one note argument: `%di:s32`, `+8(%r9):u64`.
-/// [`Unsupported`](Kind::Unsupported) for a location the kernel cannot fetch (`%xmm0`).
+///
+/// # Errors
+/// [`Unsupported`](Kind::Unsupported)`("probe argument location")` for a location the kernel
+/// cannot fetch (`%xmm0`), with the argument as the note writes it (`8@%xmm0`) as detail.
 pub fn fetch_arg(arg: &ArgSpec) -> Result<String, Error> {
     let ty = format!(
         "{}{}",
@@ -287,6 +290,21 @@ pub fn fetch_arg(arg: &ArgSpec) -> Result<String, Error> {
 impl UprobeEvent {
     /// Registers `p:GROUP/EVENT PATH:0xOFFSET[(0xREF_CTR)] ARGS` in `uprobe_events`. `args`
     /// are fetch arguments (`name=%di:s32 ...`), possibly empty.
+    ///
+    /// # Errors
+    /// [`InvalidInput`](Kind::InvalidInput), before anything is written, for a `group` or
+    /// `event` that is not 1-64 ASCII letters, digits or `_` not starting with a digit (naming
+    /// it), for a `path` that is not absolute UTF-8 without spaces, tabs, newlines or `:`, and
+    /// for `args` with a newline (naming `path` and the event); those of
+    /// [`tracefs::root`](super::root); and, naming `uprobe_events` and the event
+    /// (`GROUP/EVENT`), when opening or writing `uprobe_events` fails, by errno:
+    /// [`NotFound`](Kind::NotFound)`("uprobe_events")` (`ENOENT`, `ENOTDIR`),
+    /// [`PermissionDenied`](Kind::PermissionDenied) (`EACCES`, `EPERM`: typically not root),
+    /// [`AlreadyExists`](Kind::AlreadyExists)`("uprobe_events")` (`EEXIST`), else
+    /// [`Sys`](Kind::Sys) with the call (`open`, or `write` for a command the kernel refuses).
+    /// A failed write carries the kernel's reason in
+    /// [`kernel_message`](Error::kernel_message) when one is found: its `error_log` entry, or
+    /// the event already on the same address.
     pub fn create(
         group: &str,
         event: &str,
@@ -300,6 +318,9 @@ impl UprobeEvent {
 
     /// Registers a return probe `r:GROUP/EVENT PATH:0xOFFSET ARGS`: it fires when the function
     /// that starts at `offset` returns (`args` may fetch `$retval`).
+    ///
+    /// # Errors
+    /// As [`create`](Self::create).
     pub fn create_return(
         group: &str,
         event: &str,
@@ -360,6 +381,12 @@ impl UprobeEvent {
     /// Registers a uprobe on the USDT probe site `note` of the file `path` (from
     /// [`read_probes`](crate::usdt::read_probes)), with the probe's semaphore as reference
     /// counter and one fetch argument `aN` per probe argument, with its size and sign.
+    ///
+    /// # Errors
+    /// [`BadElf`](Kind::BadElf)`("probe address outside every PT_LOAD")` when `note` has no
+    /// [`file_offset`](ProbeNote::file_offset), [`Unsupported`](Kind::Unsupported) for an
+    /// argument the kernel cannot fetch (see [`fetch_arg`]; the detail names the argument
+    /// `aN`), both naming `path` and the event; else those of [`create`](Self::create).
     pub fn for_probe(
         group: &str,
         event: &str,

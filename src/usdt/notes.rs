@@ -52,6 +52,10 @@ pub struct ArgSpec {
 impl ArgSpec {
     /// Parses one `[-]N@LOCATION` (a bare location, without size, is read as 8 unsigned bytes,
     /// as old SystemTap notes wrote them).
+    ///
+    /// # Errors
+    /// [`Error::BadElf`] for an empty `s`, a size other than 1, 2, 4 or 8 (with or without
+    /// `-`), or an empty location.
     pub fn parse(s: &str) -> Result<ArgSpec, Error> {
         let Some((size, location)) = s.split_once('@') else {
             if s.is_empty() {
@@ -91,13 +95,14 @@ impl ArgSpec {
 /// Only the ELF header, the program and section headers, the section names and the
 /// `.note.stapsdt` section are read (with `pread`), whatever the file's size.
 ///
+/// # Errors
 /// The error is a [`ReadError`]: it names `path` ([`ReadError::path`]), says
-/// `reading probes of PATH: ...`, and has the [`std::io::Error`] of a failed `open` as its
-/// source. Its [`kind`](ReadError::kind): anything but a regular file (a FIFO, a device such
-/// as `/dev/zero`, a directory) is refused with [`Error::InvalidInput`] before a byte is read;
-/// a missing file gives [`Error::NotFound`]`("elf file")`, an unreadable one
-/// [`Error::PermissionDenied`]. Malformed files give [`Error::BadElf`]; this never panics on
-/// any input.
+/// `reading probes of PATH: ...`, and has the [`std::io::Error`] of a failed `open` or
+/// `fstat` as its source. Its [`kind`](ReadError::kind): anything but a regular file (a FIFO,
+/// a device such as `/dev/zero`, a directory) is refused with [`Error::InvalidInput`] before a
+/// byte is read; a missing file gives [`Error::NotFound`]`("elf file")`, an unreadable one
+/// [`Error::PermissionDenied`], another failed `open` or `fstat` [`Error::Sys`] with its errno.
+/// Malformed files give [`Error::BadElf`]; this never panics on any input.
 pub fn read_probes(path: impl AsRef<Path>) -> Result<Vec<ProbeNote>, ReadError> {
     const OP: &str = "reading probes of";
     let path = path.as_ref();
@@ -238,6 +243,10 @@ pub(crate) fn open_elf(path: &Path, op: &'static str) -> Result<ReadCache<File>,
 
 /// [`read_probes`] on the bytes of an ELF file; its error is the crate's `Copy` one (there is
 /// no file to name).
+///
+/// # Errors
+/// [`Error::BadElf`] when `data` is not an ELF file or is malformed: its headers, its
+/// `.note.stapsdt` notes, or their argument strings (see [`ArgSpec::parse`]).
 pub fn parse_probes(data: &[u8]) -> Result<Vec<ProbeNote>, Error> {
     probes_in(data)
 }
