@@ -10,7 +10,6 @@ pub(crate) use super::memory::thread_stack;
 pub use super::refresh::set_auto_refresh;
 pub(crate) use super::refresh::{prepare, rebuild};
 pub use super::stats::stats;
-pub(crate) use super::step::is_trampoline_at as is_signal_trampoline;
 
 /// Captures the caller's stack (see [`super::Capture::walk`]); writes how the walk ended
 /// into `out`. Inlined into the public functions, so that the naked entry's caller is theirs.
@@ -79,4 +78,24 @@ pub(crate) fn set_walk_reuse(enabled: bool) {
 pub(crate) unsafe fn regs_from_ucontext(uc: *const libc::ucontext_t) -> Regs {
     // SAFETY: forwarded from the caller.
     unsafe { super::regs::from_ucontext(uc) }
+}
+
+/// Whether `addr` is the start of a signal trampoline (the frame after it in a captured stack is
+/// an exact pc): one of the known restorers; else what the walk that stepped through it as a
+/// return address derived and cached; else the bytes there, copied by the kernel. The first
+/// two cost no system call: symbolizing a stack asks this of every frame.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn is_signal_trampoline(addr: usize) -> bool {
+    use super::rule::{self, Kind};
+    let known = super::objects::with_state(|s| {
+        let s = s?;
+        if s.is_restorer(addr) {
+            return Some(true);
+        }
+        let rule = s.cache.get(rule::key(addr, false)?)?;
+        Some(matches!(rule.kind, Kind::Trampoline))
+    });
+    known.unwrap_or_else(|| super::step::is_trampoline_at(addr))
 }
