@@ -1,0 +1,246 @@
+//! The symbol index at scale: a program that loads rustc's `librustc_driver` (and with it
+//! `libLLVM`: together some 350 MB of code and 240,000 function symbols, from the rustup
+//! toolchain that builds this bench).
+//!
+//! Each measurement runs in a fresh child process, which `dlopen`s the driver (with
+//! `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=67108864`, without which glibc refuses its
+//! static TLS) and then:
+//! * `selftrace`: `selftrace::init()` before the `dlopen`, then the time of the
+//!   `selftrace::refresh()` that indexes the two objects, and the resident memory it added;
+//! * `backtrace_crate`: the time of the first `backtrace::resolve` of an address in the
+//!   driver, and the resident memory it added.
+//!
+//! Then both look up 2,000 pseudo-random addresses in the driver's code, each once (cold: the
+//! addresses are spread over 146 MB, so few lookups share a page of the index).
+//!
+//! criterion times the index build (`refresh`) and the first resolution; a summary line per
+//! tool, from children alternating between the two, gives resident memory and lookup time.
+
+use criterion::{criterion_group, Criterion};
+use std::ffi::CString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const CHILD_ENV: &str = "SELFTRACE_SCALE_CHILD";
+const TUNABLES: &str = "glibc.rtld.optional_static_tls=67108864";
+const LOOKUPS: usize = 2000;
+
+/// The rustup toolchain's `librustc_driver-*.so`, if there is one.
+fn driver() -> Option<PathBuf> {
+    let out = std::process::Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()?;
+    let lib = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("lib");
+    std::fs::read_dir(lib)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("librustc_driver-") && n.ends_with(".so"))
+        })
+}
+
+/// Resident memory of this process, in bytes (`/proc/self/statm`).
+fn resident() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
+/// The loaded driver's executable segment: (start, len).
+fn driver_code(name: &str) -> (usize, usize) {
+    use findshlibs::{Segment, SharedLibrary, TargetSharedLibrary};
+    let mut code = None;
+    TargetSharedLibrary::each(|lib| {
+        if lib.name().to_string_lossy().ends_with(name) {
+            for s in lib.segments() {
+                if s.is_code() {
+                    let start = s.actual_virtual_memory_address(lib).0;
+                    code = Some((start, s.len()));
+                }
+            }
+        }
+    });
+    code.expect("the driver's code segment")
+}
+
+/// `LOOKUPS` addresses spread over `code` (a fixed xorshift sequence).
+fn addresses((start, len): (usize, usize)) -> Vec<usize> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..LOOKUPS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            start + (x as usize % len)
+        })
+        .collect()
+}
+
+/// In a child: `build_ns resident_delta_bytes lookup_ns_per_address named_addresses symbols
+/// index_bytes name_bytes` (the last three: selftrace's whole symbol index after the refresh,
+/// all objects; zero for the backtrace crate).
+fn child(which: &str, path: &str) -> String {
+    if which == "selftrace" {
+        selftrace::init().expect("init");
+    }
+    let c = CString::new(path).unwrap();
+    // SAFETY: loads a library by path; its constructors run (rustc's driver has none that
+    // need more than a loaded libstd).
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null(), "dlopen {path} failed");
+    let name = std::path::Path::new(path)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let addrs = addresses(driver_code(name));
+    let before = resident();
+    let t = Instant::now();
+    let mut named = 0;
+    if which == "selftrace" {
+        selftrace::refresh();
+    } else {
+        backtrace::resolve(addrs[0] as *mut _, |s| {
+            std::hint::black_box(s.name());
+        });
+    }
+    let build = t.elapsed();
+    let grown = resident().saturating_sub(before);
+    let t = Instant::now();
+    for &a in &addrs {
+        if which == "selftrace" {
+            named += usize::from(selftrace::symbolize(a).is_some_and(|s| s.name.is_some()));
+        } else {
+            let mut any = false;
+            backtrace::resolve(a as *mut _, |s| any |= s.name().is_some());
+            named += usize::from(any);
+        }
+    }
+    let lookup = t.elapsed().as_nanos() / LOOKUPS as u128;
+    let (syms, bytes, names) = if which == "selftrace" {
+        let (n, b) = selftrace::symbolize::index_stats();
+        (n, b, selftrace::symbolize::index_name_bytes())
+    } else {
+        (0, 0, 0)
+    };
+    format!(
+        "{} {} {} {} {syms} {bytes} {names}",
+        build.as_nanos(),
+        grown,
+        lookup,
+        named
+    )
+}
+
+/// What a child measured (see [`child`]).
+struct Row {
+    build: Duration,
+    grown: u64,
+    lookup: u128,
+    named: usize,
+    syms: usize,
+    bytes: usize,
+    names: usize,
+}
+
+fn run_child(which: &str, driver: &std::path::Path) -> Row {
+    let me = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(me)
+        .env(CHILD_ENV, which)
+        .env("GLIBC_TUNABLES", TUNABLES)
+        .arg(driver)
+        .output()
+        .expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<&str> = text.split_whitespace().collect();
+    assert!(
+        out.status.success() && f.len() == 7,
+        "child {which}: {}{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Row {
+        build: Duration::from_nanos(f[0].parse().unwrap()),
+        grown: f[1].parse().unwrap(),
+        lookup: f[2].parse().unwrap(),
+        named: f[3].parse().unwrap(),
+        syms: f[4].parse().unwrap(),
+        bytes: f[5].parse().unwrap(),
+        names: f[6].parse().unwrap(),
+    }
+}
+
+fn median<T: Copy + Ord>(v: &mut [T]) -> T {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn scale(c: &mut Criterion) {
+    let Some(driver) = driver() else {
+        eprintln!("scale: no librustc_driver-*.so in `rustc --print sysroot`/lib: skipped");
+        return;
+    };
+    // Interleaved children for the memory and lookup figures.
+    let mut rows: Vec<(&str, Vec<Row>)> = vec![("selftrace", vec![]), ("backtrace_crate", vec![])];
+    for _ in 0..5 {
+        for (which, v) in rows.iter_mut() {
+            v.push(run_child(which, &driver));
+        }
+    }
+    eprintln!(
+        "scale: {} ({} lookups of addresses in its code per child, 5 children each, alternating; medians)",
+        driver.display(),
+        LOOKUPS
+    );
+    for (which, v) in &rows {
+        let mut build: Vec<Duration> = v.iter().map(|r| r.build).collect();
+        let mut rss: Vec<u64> = v.iter().map(|r| r.grown).collect();
+        let mut look: Vec<u128> = v.iter().map(|r| r.lookup).collect();
+        let r = &v[0];
+        eprintln!(
+            "scale: {which:16} first index/resolve {:7.1} ms, +{:5.1} MB resident, {:4} ns per cold lookup, {} of {LOOKUPS} addresses named",
+            median(&mut build).as_secs_f64() * 1e3,
+            median(&mut rss) as f64 / 1e6,
+            median(&mut look),
+            r.named,
+        );
+        if r.syms > 0 {
+            eprintln!(
+                "scale: {which:16} index of every loaded object: {} symbols, {:.1} MB ({:.1} MB of it names): {:.0} bytes per symbol; per symbol: {:.2} us of the refresh, {:.0} bytes of its resident growth",
+                r.syms,
+                r.bytes as f64 / 1e6,
+                r.names as f64 / 1e6,
+                r.bytes as f64 / r.syms as f64,
+                median(&mut build).as_secs_f64() * 1e6 / r.syms as f64,
+                median(&mut rss) as f64 / r.syms as f64,
+            );
+        }
+    }
+    let mut g = c.benchmark_group("scale_first_index");
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(10))
+        .warm_up_time(Duration::from_millis(1));
+    for which in ["selftrace", "backtrace_crate"] {
+        g.bench_function(which, |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| run_child(which, &driver).build).sum())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, scale);
+
+fn main() {
+    if let Ok(which) = std::env::var(CHILD_ENV) {
+        let path = std::env::args().nth(1).expect("the driver's path");
+        println!("{}", child(&which, &path));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
