@@ -497,16 +497,21 @@ fn run_fixture(f: Fixture) -> (Vec<String>, selftrace::Walk) {
     unsafe { f(callback) };
     black_box(());
     let (frames, walk) = CAPTURED.with(|c| c.borrow().clone());
-    let names = (0..frames.len())
+    (names_of(&frames, false), walk.expect("callback ran"))
+}
+
+/// The demangled name of each frame of a captured stack (its address where none is known);
+/// frame 0 is an exact pc when `first_exact` (a capture from a `ucontext_t`).
+fn names_of(frames: &[usize], first_exact: bool) -> Vec<String> {
+    (0..frames.len())
         .map(|i| {
-            let kind = selftrace::symbolize::frame_kind(&frames, i, false);
+            let kind = selftrace::symbolize::frame_kind(frames, i, first_exact);
             selftrace::symbolize(kind.lookup_address(frames[i]))
                 .and_then(|s| s.name.map(|n| String::from_utf8_lossy(n).into_owned()))
                 .map(|n| format!("{:#}", rustc_demangle::demangle(&n)))
                 .unwrap_or_else(|| format!("{:#x}", frames[i]))
         })
-        .collect();
-    (names, walk.expect("callback ran"))
+        .collect()
 }
 
 fn position(names: &[String], what: &str) -> usize {
@@ -805,16 +810,7 @@ fn a_leaf_without_cfi_after_its_caller_keeps_the_caller() {
         let mut buf = [0usize; 64];
         let walk = selftrace::threads::capture(tid, &mut buf, std::time::Duration::from_secs(5))
             .expect("the thread answers");
-        let frames = buf[..walk.frames].to_vec();
-        let names: Vec<String> = (0..frames.len())
-            .map(|i| {
-                let kind = selftrace::symbolize::frame_kind(&frames, i, true);
-                selftrace::symbolize(kind.lookup_address(frames[i]))
-                    .and_then(|s| s.name.map(|n| String::from_utf8_lossy(n).into_owned()))
-                    .map(|n| format!("{:#}", rustc_demangle::demangle(&n)))
-                    .unwrap_or_else(|| format!("{:#x}", frames[i]))
-            })
-            .collect();
+        let names = names_of(&buf[..walk.frames], true);
         if names.first().is_some_and(|n| n == "st_spin_leaf") {
             result = Some(names);
             break;
