@@ -19,6 +19,9 @@
 //!   (rounds of selftrace, libunwind and the stack alone taking turns), printed as one line:
 //!   on a VM whose speed drifts over seconds, the side-by-side criterion numbers can differ
 //!   by 30% from run to run, the interleaved ratio by much less.
+//! - `capture_dense_sites`: 64 functions with 32 direct call sites each (return addresses
+//!   10-20 bytes apart), a new 22-frame path through them each capture; the same comparison
+//!   interleaved with every frame stepped too, printed per frame with the stack's cost out.
 //! - `capture_through_libc_qsort`: the capture runs in a comparator that glibc's `qsort` calls,
 //!   so the walk goes through libc's frames (`qsort_no_capture` is the sort alone).
 //! - `capture_in_handler_libcrypto_leaf`: a thread runs OpenSSL SHA-512 (assembly whose CFA is
@@ -317,6 +320,167 @@ fn sites_interleaved(table: &[Site], unw: UnwBacktrace) {
         (min(me) - min(stack)) / (min(them) - min(stack)),
         (median(me) - median(stack)) / (median(them) - median(stack)),
     );
+}
+
+// ---- dense call sites: 64 functions x 32 call sites each -------------------------------------
+
+/// A function of the dense-site group: at `depth` 0 it runs `f`; else one of its 32 direct
+/// calls, to 32 different functions of the group, chosen by the low 5 bits of `path`. The call
+/// sites lie 10-20 bytes apart (an argument move or two, the call, a jump), many return
+/// addresses per function, as in code that calls `a(); b(); c();`.
+macro_rules! dense_fn {
+    ($name:ident; $($k:literal $t:ident),*) => {
+        #[inline(never)]
+        fn $name(path: u64, depth: usize, f: &mut dyn FnMut()) {
+            if depth == 0 {
+                f();
+            } else {
+                let next = dense_next(path);
+                match path & 31 {
+                    $($k => $t(next, depth - 1, f),)*
+                    _ => unreachable!(),
+                }
+            }
+            black_box(path);
+        }
+    };
+}
+
+/// Defines each function of a list with the 32 that follow it as its callees (the list is
+/// the 64 names followed by the first 32 again, so every function has 32).
+macro_rules! dense_windows {
+    ($head:ident $a0:ident $a1:ident $a2:ident $a3:ident $a4:ident $a5:ident $a6:ident $a7:ident $a8:ident $a9:ident $a10:ident $a11:ident $a12:ident $a13:ident $a14:ident $a15:ident $a16:ident $a17:ident $a18:ident $a19:ident $a20:ident $a21:ident $a22:ident $a23:ident $a24:ident $a25:ident $a26:ident $a27:ident $a28:ident $a29:ident $a30:ident $a31:ident $($rest:ident)*) => {
+        dense_fn!($head; 0 $a0, 1 $a1, 2 $a2, 3 $a3, 4 $a4, 5 $a5, 6 $a6, 7 $a7, 8 $a8, 9 $a9, 10 $a10, 11 $a11, 12 $a12, 13 $a13, 14 $a14, 15 $a15, 16 $a16, 17 $a17, 18 $a18, 19 $a19, 20 $a20, 21 $a21, 22 $a22, 23 $a23, 24 $a24, 25 $a25, 26 $a26, 27 $a27, 28 $a28, 29 $a29, 30 $a30, 31 $a31);
+        dense_windows!($a0 $a1 $a2 $a3 $a4 $a5 $a6 $a7 $a8 $a9 $a10 $a11 $a12 $a13 $a14 $a15 $a16 $a17 $a18 $a19 $a20 $a21 $a22 $a23 $a24 $a25 $a26 $a27 $a28 $a29 $a30 $a31 $($rest)*);
+    };
+    ($($tail:ident)*) => {};
+}
+
+dense_windows!(d0 d1 d2 d3 d4 d5 d6 d7 d8 d9 d10 d11 d12 d13 d14 d15 d16 d17 d18 d19 d20 d21 d22 d23 d24 d25 d26 d27 d28 d29 d30 d31 d32 d33 d34 d35 d36 d37 d38 d39 d40 d41 d42 d43 d44 d45 d46 d47 d48 d49 d50 d51 d52 d53 d54 d55 d56 d57 d58 d59 d60 d61 d62 d63 d0 d1 d2 d3 d4 d5 d6 d7 d8 d9 d10 d11 d12 d13 d14 d15 d16 d17 d18 d19 d20 d21 d22 d23 d24 d25 d26 d27 d28 d29 d30 d31);
+
+/// A function of the dense-site group.
+type DenseFn = fn(u64, usize, &mut dyn FnMut());
+
+/// The 64 functions, for a start chosen by the path.
+const DENSE: [DenseFn; 64] = [
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17, d18, d19, d20,
+    d21, d22, d23, d24, d25, d26, d27, d28, d29, d30, d31, d32, d33, d34, d35, d36, d37, d38, d39,
+    d40, d41, d42, d43, d44, d45, d46, d47, d48, d49, d50, d51, d52, d53, d54, d55, d56, d57, d58,
+    d59, d60, d61, d62, d63,
+];
+/// Frames of the group per capture (the path's length).
+const DENSE_DEPTH: usize = 22;
+/// Captures per round of the interleaved comparison: every round a new set of paths.
+const DENSE_CAPTURES: usize = 2048;
+
+/// xorshift64: the next part of a path.
+fn dense_next(x: u64) -> u64 {
+    let x = x ^ (x << 13);
+    let x = x ^ (x >> 7);
+    x ^ (x << 17)
+}
+
+/// Runs `f` at the bottom of a new path through the dense sites (seeded by `seed`).
+fn dense_path(seed: &mut u64, f: &mut dyn FnMut()) {
+    *seed = dense_next(*seed);
+    DENSE[(*seed >> 58) as usize](*seed, DENSE_DEPTH, f);
+}
+
+/// Interleaved rounds of [`DENSE_CAPTURES`] captures through the dense sites, each from a new
+/// path: selftrace with walk reuse, selftrace stepping every frame, libunwind and the stack
+/// alone take turns in a rotating order. Prints per-frame times (the stack's cost taken out)
+/// of the fastest and the median round, and selftrace's over libunwind's.
+fn bench_dense(c: &mut Criterion, unw: Option<UnwBacktrace>) {
+    let mut buf = [0usize; 256];
+    let mut seen = std::collections::HashSet::new();
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut frames = 0;
+    for _ in 0..DENSE_CAPTURES {
+        dense_path(&mut seed, &mut || {
+            frames = selftrace::capture(&mut buf);
+            seen.extend(buf[..frames].iter().copied());
+        });
+    }
+    eprintln!(
+        "capture_dense_sites: {frames} frames per capture ({DENSE_DEPTH} in 64 functions with \
+         32 call sites each), {} distinct return addresses over {DENSE_CAPTURES} captures",
+        seen.len()
+    );
+    let mut g = c.benchmark_group("capture_dense_sites");
+    for (name, reuse) in [
+        ("selftrace_capture_dwarf", true),
+        ("selftrace_capture_dwarf_no_reuse", false),
+    ] {
+        g.bench_function(name, |b| {
+            let mut seed = 1u64;
+            selftrace::unwind::set_walk_reuse(reuse);
+            b.iter(|| {
+                let mut n = 0;
+                dense_path(&mut seed, &mut || n = selftrace::capture(&mut buf));
+                black_box(n)
+            });
+            selftrace::unwind::set_walk_reuse(true);
+        });
+    }
+    if let Some(f) = unw {
+        g.bench_function("libunwind_unw_backtrace", |b| {
+            let mut ptrs = [std::ptr::null_mut::<c_void>(); 256];
+            let mut seed = 1u64;
+            b.iter(|| {
+                let mut n = 0;
+                // SAFETY: ptrs is valid for 256 entries.
+                dense_path(&mut seed, &mut || n = unsafe { f(ptrs.as_mut_ptr(), 256) });
+                black_box(n)
+            });
+        });
+    }
+    g.bench_function("stack_only_no_capture", |b| {
+        let mut seed = 1u64;
+        b.iter(|| dense_path(&mut seed, &mut || black_box(())));
+    });
+    g.finish();
+    let Some(unw) = unw else { return };
+    const ROUNDS: usize = 200;
+    let mut ptrs = [std::ptr::null_mut::<c_void>(); 256];
+    let mut ns: [Vec<f64>; 4] = Default::default();
+    for round in 0..ROUNDS {
+        for turn in 0..4 {
+            let which = (turn + round) % 4;
+            selftrace::unwind::set_walk_reuse(which != 1);
+            // The same paths for all four in a round, new ones every round.
+            let mut seed = 0x9e37_79b9_7f4a_7c15_u64 ^ round as u64;
+            let t = Instant::now();
+            for _ in 0..DENSE_CAPTURES {
+                match which {
+                    0 | 1 => dense_path(&mut seed, &mut || {
+                        black_box(selftrace::capture(&mut buf));
+                    }),
+                    // SAFETY: ptrs is valid for 256 entries.
+                    2 => dense_path(&mut seed, &mut || {
+                        black_box(unsafe { unw(ptrs.as_mut_ptr(), 256) });
+                    }),
+                    _ => dense_path(&mut seed, &mut || black_box(())),
+                }
+            }
+            ns[which].push(t.elapsed().as_nanos() as f64 / (DENSE_CAPTURES * frames) as f64);
+        }
+    }
+    selftrace::unwind::set_walk_reuse(true);
+    for v in &mut ns {
+        v.sort_by(f64::total_cmp);
+    }
+    let pick = |v: &Vec<f64>, median: bool| if median { v[v.len() / 2] } else { v[0] };
+    for (label, median) in [("fastest", false), ("median", true)] {
+        let st = pick(&ns[3], median);
+        let [reuse, step, lu] = [0, 1, 2].map(|i| pick(&ns[i], median) - st);
+        eprintln!(
+            "capture_dense_sites interleaved, {ROUNDS} rounds of {DENSE_CAPTURES} captures, {label} \
+             round, ns per frame without the stack's cost: selftrace {reuse:.2} ({:.2}x \
+             libunwind), every frame stepped {step:.2} ({:.2}x), libunwind {lu:.2}",
+            reuse / lu,
+            step / lu,
+        );
+    }
 }
 
 // ---- through libc's qsort -------------------------------------------------------------------
@@ -661,6 +825,7 @@ fn bench(c: &mut Criterion) {
     }
     g.finish();
     bench_sites(c, unw);
+    bench_dense(c, unw);
     bench_qsort(c, unw);
     bench_handler_libcrypto(c);
     fp_mode();
