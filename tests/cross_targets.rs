@@ -95,6 +95,7 @@ fn skip(test: &str, why: &str) {
     eprintln!("{test}: skipped: {why}");
 }
 
+#[cfg(target_arch = "x86_64")]
 fn on_path(name: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))

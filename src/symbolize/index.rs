@@ -752,9 +752,10 @@ fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthet
         if shndx == elf::SHN_UNDEF || shndx == elf::SHN_ABS || s.st_name(endian) == 0 {
             continue;
         }
-        let section = sections.section(object::SectionIndex(shndx as usize)).ok();
-        let exec =
-            || section.is_some_and(|sh| sh.sh_flags(endian) & u64::from(elf::SHF_EXECINSTR) != 0);
+        let section = sections
+            .section(object::SectionIndex(usize::from(shndx.0)))
+            .ok();
+        let exec = || section.is_some_and(|sh| sh.sh_flags(endian).contains(elf::SHF_EXECINSTR));
         let rank = if dynamic {
             // glibc's dladdr: every defined symbol but TLS, first in table order wins.
             match ty {

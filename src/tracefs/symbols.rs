@@ -21,7 +21,7 @@ pub(crate) fn offset_in_code(path: &Path, offset: u64) -> Result<bool, Error> {
     Ok(file.segments().any(|s| {
         let (off, size) = s.file_range();
         let exec = match s.flags() {
-            object::SegmentFlags::Elf { p_flags } => p_flags & object::elf::PF_X != 0,
+            object::SegmentFlags::Elf { p_flags, .. } => p_flags.contains(object::elf::PF_X),
             _ => false,
         };
         exec && offset >= off && offset - off < size

@@ -323,7 +323,7 @@ fn parse<'d, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'d>>(
             .next()
             .map_err(|_| Error::BadElf("bad note in .note.stapsdt"))?
         {
-            if note.name() != b"stapsdt" || note.n_type(endian) != 3 {
+            if note.name() != b"stapsdt" || note.n_type(endian) != object::elf::NoteType(3) {
                 continue;
             }
             let little = endian == Endianness::Little;
