@@ -85,13 +85,8 @@ impl UnwindData {
         f
     }
 
-    /// Runs `f` on the row of `lookup` and the section it came from.
-    fn with_row<T>(
-        &self,
-        ctx: &mut Ctx,
-        lookup: usize,
-        f: impl FnOnce(&UnwindTableRow<usize, CtxStore>, &EhFrame<R<'_>>, gimli::Encoding) -> T,
-    ) -> Result<T, Found> {
+    /// The FDE that covers `lookup`, found through `.eh_frame_hdr`'s table.
+    fn fde(&self, lookup: usize) -> Result<gimli::FrameDescriptionEntry<R<'_>>, Found> {
         let bases = self.bases();
         let hdr = EhFrameHdr::new(&self.hdr, LittleEndian)
             .parse(&bases, ADDRESS_SIZE)
@@ -100,14 +95,23 @@ impl UnwindData {
             return Err(Found::NoCfi);
         };
         let eh_frame = self.eh_frame();
-        let fde =
-            match table.fde_for_address(&eh_frame, &bases, lookup as u64, EhFrame::cie_from_offset)
-            {
-                Ok(fde) => fde,
-                Err(gimli::Error::NoUnwindInfoForAddress) => return Err(Found::NoCfi),
-                Err(_) => return Err(Found::Bad),
-            };
-        match fde.unwind_info_for_address(&eh_frame, &bases, ctx, lookup as u64) {
+        match table.fde_for_address(&eh_frame, &bases, lookup as u64, EhFrame::cie_from_offset) {
+            Ok(fde) => Ok(fde),
+            Err(gimli::Error::NoUnwindInfoForAddress) => Err(Found::NoCfi),
+            Err(_) => Err(Found::Bad),
+        }
+    }
+
+    /// Runs `f` on the row of `lookup` and the section it came from.
+    fn with_row<T>(
+        &self,
+        ctx: &mut Ctx,
+        lookup: usize,
+        f: impl FnOnce(&UnwindTableRow<usize, CtxStore>, &EhFrame<R<'_>>, gimli::Encoding) -> T,
+    ) -> Result<T, Found> {
+        let fde = self.fde(lookup)?;
+        let eh_frame = self.eh_frame();
+        match fde.unwind_info_for_address(&eh_frame, &self.bases(), ctx, lookup as u64) {
             Ok(row) => Ok(f(row, &eh_frame, fde.cie().encoding())),
             Err(gimli::Error::NoUnwindInfoForAddress) => Err(Found::NoCfi),
             Err(_) => Err(Found::Bad),
@@ -119,17 +123,7 @@ impl UnwindData {
     /// # Async-signal safety
     /// Async-signal-safe.
     pub(crate) fn covers(&self, addr: usize) -> bool {
-        let bases = self.bases();
-        let Ok(hdr) = EhFrameHdr::new(&self.hdr, LittleEndian).parse(&bases, ADDRESS_SIZE) else {
-            return false;
-        };
-        let Some(table) = hdr.table() else {
-            return false;
-        };
-        let eh_frame = self.eh_frame();
-        table
-            .fde_for_address(&eh_frame, &bases, addr as u64, EhFrame::cie_from_offset)
-            .is_ok()
+        self.fde(addr).is_ok()
     }
 
     /// The rule for `lookup` (a pc, or a return address minus one), and when the rule needs the
