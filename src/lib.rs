@@ -101,6 +101,7 @@ extern crate self as selftrace;
 
 pub mod crash;
 mod error;
+pub mod minidump;
 pub mod modules;
 #[cfg(feature = "profile")]
 #[cfg_attr(docsrs, doc(cfg(feature = "profile")))]

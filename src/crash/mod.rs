@@ -40,14 +40,17 @@ pub(crate) mod lock;
 mod names;
 pub(crate) mod report;
 mod symbolizer;
+pub mod upload;
 
 use crate::symbolize;
 use crate::sys;
 use crate::Error;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use report::Out;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -73,6 +76,15 @@ pub struct Builder {
     symbolizer: bool,
     symbolizer_timeout: std::time::Duration,
     all_threads: bool,
+    minidump: Option<MinidumpTo>,
+    minidump_options: crate::minidump::Options,
+}
+
+/// Where crash dumps go.
+#[derive(Clone, Debug)]
+enum MinidumpTo {
+    Dir(PathBuf),
+    Fd(Arc<OwnedFd>),
 }
 
 /// Options with their defaults: [`DEFAULT_SIGNALS`], stderr, a 64 KiB alternate stack, no
@@ -87,6 +99,8 @@ pub fn builder() -> Builder {
         symbolizer: true,
         symbolizer_timeout: std::time::Duration::from_secs(3),
         all_threads: false,
+        minidump: None,
+        minidump_options: crate::minidump::Options::new(),
     }
 }
 
@@ -166,6 +180,32 @@ impl Builder {
         self
     }
 
+    /// Also write a minidump of each crash into directory `dir` (see [`crate::minidump`]): a new
+    /// file `<uuid>.dmp` (mode 0600) per crash, written by the handler itself (no ptrace, no
+    /// helper process), after the text report, which names the file. The directory is opened
+    /// at install time (so it must exist then; a later rename still works). With the
+    /// `threads` feature the dump has every thread's registers and stack (this installs the
+    /// stack-request handler of [`crate::threads`]); without it, only the crashing thread's.
+    pub fn minidump(mut self, dir: impl Into<PathBuf>) -> Builder {
+        self.minidump = Some(MinidumpTo::Dir(dir.into()));
+        self
+    }
+
+    /// Like [`Builder::minidump`], writing the dump to this file (a regular file: dumps are
+    /// written with `pwrite`), from its position at the time of the crash. One crash ends the
+    /// process, so one dump is written.
+    pub fn minidump_fd(mut self, fd: impl Into<OwnedFd>) -> Builder {
+        self.minidump = Some(MinidumpTo::Fd(Arc::new(fd.into())));
+        self
+    }
+
+    /// What crash dumps copy (stack bytes per thread, the environment): see
+    /// [`crate::minidump::Options`].
+    pub fn minidump_options(mut self, options: crate::minidump::Options) -> Builder {
+        self.minidump_options = options;
+        self
+    }
+
     /// Installs the handler. Calls `selftrace::init()` first (symbol tables and unwinder must
     /// exist before any crash). Not async-signal-safe; call it early in `main`.
     ///
@@ -173,13 +213,19 @@ impl Builder {
     /// [`Error::InvalidInput`] for a signal that cannot be caught, [`Error::NoUnwindInfo`] from
     /// [`crate::init`], [`Error::Sys`] when opening the report file, mapping the report stack,
     /// `sigaltstack`, `sigaction` or forking the symbolizer failed, and the errors of
-    /// [`crate::threads::install`] with [`Builder::all_threads`].
+    /// [`crate::threads::install`] with [`Builder::all_threads`]. With [`Builder::minidump`]:
+    /// [`Error::Sys`] when the directory cannot be opened, [`Error::InvalidInput`] for a
+    /// [`Builder::minidump_fd`] that is not seekable, [`Error::Unsupported`] on a machine
+    /// without minidump support.
     pub fn install(self) -> Result<(), Error> {
         crate::init()?;
         for &sig in &self.signals {
             if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 return Err(Error::InvalidInput("signal cannot be handled"));
             }
+        }
+        if let Some(to) = &self.minidump {
+            install_minidump(to, self.minidump_options)?;
         }
         let fd = match (&self.path, self.fd) {
             (Some(path), _) => std::fs::OpenOptions::new()
@@ -528,7 +574,157 @@ fn write_report(c: &Crash) {
     if ALL_THREADS.load(Ordering::Relaxed) {
         crate::threads::write_other_threads(out.fd, sys::gettid());
     }
+    if !c.uc.is_null() {
+        let fault = crate::minidump::Fault {
+            sig: c.sig,
+            code,
+            addr,
+            tid: sys::gettid(),
+            uc: c.uc,
+        };
+        write_minidump(out, &fault);
+    }
     out.line(|w| w.push_bytes(b"---[ end of report ]---"));
+}
+
+// ---- minidumps -----------------------------------------------------------------------------
+
+/// The directory crash dumps go to (-1: none).
+static MINIDUMP_DIR: AtomicI32 = AtomicI32::new(-1);
+/// The file crash dumps go to (-1: none).
+static MINIDUMP_FD: AtomicI32 = AtomicI32::new(-1);
+static MINIDUMP_STACK: AtomicUsize = AtomicUsize::new(crate::minidump::DEFAULT_STACK_SIZE);
+static MINIDUMP_ENVIRON: AtomicBool = AtomicBool::new(false);
+/// The directory's path as given, for the report (`MINIDUMP_DIR_LEN` bytes; atomics, since a
+/// second install may write it while a crash reads it).
+static MINIDUMP_DIR_PATH: [AtomicU8; 512] = [const { AtomicU8::new(0) }; 512];
+static MINIDUMP_DIR_LEN: AtomicUsize = AtomicUsize::new(0);
+
+fn install_minidump(to: &MinidumpTo, options: crate::minidump::Options) -> Result<(), Error> {
+    if !crate::minidump::SUPPORTED {
+        return Err(Error::Unsupported("minidumps on this architecture"));
+    }
+    #[cfg(feature = "threads")]
+    crate::threads::install()?;
+    MINIDUMP_STACK.store(options.get_stack_size(), Ordering::Relaxed);
+    MINIDUMP_ENVIRON.store(options.get_environ(), Ordering::Relaxed);
+    match to {
+        MinidumpTo::Dir(dir) => {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY)
+                .open(dir)
+                .map_err(|e| Error::Sys {
+                    call: "open",
+                    errno: e.raw_os_error().unwrap_or(libc::EIO),
+                })?;
+            let path = dir.as_os_str().as_bytes();
+            let len = path.len().min(512);
+            for (slot, &b) in MINIDUMP_DIR_PATH.iter().zip(&path[..len]) {
+                slot.store(b, Ordering::Relaxed);
+            }
+            MINIDUMP_DIR_LEN.store(len, Ordering::Release);
+            let old = MINIDUMP_DIR.swap(sys::keep_open(OwnedFd::from(file)), Ordering::AcqRel);
+            // Never closed: a handler may be using it.
+            let _ = old;
+            MINIDUMP_FD.store(-1, Ordering::Release);
+        }
+        MinidumpTo::Fd(fd) => {
+            // SAFETY: lseek has no memory effects.
+            if unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_CUR) } < 0 {
+                return Err(Error::InvalidInput(
+                    "a minidump needs a seekable file, not a pipe or socket",
+                ));
+            }
+            MINIDUMP_FD.store(sys::keep_open(Arc::clone(fd)), Ordering::Release);
+            MINIDUMP_DIR.store(-1, Ordering::Release);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the crash's minidump, if configured, and says so in the report.
+fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
+    let dir = MINIDUMP_DIR.load(Ordering::Acquire);
+    let file = MINIDUMP_FD.load(Ordering::Acquire);
+    if dir < 0 && file < 0 {
+        return;
+    }
+    let mut name = [0u8; 48];
+    let (fd, name_len) = if dir >= 0 {
+        match crate::minidump::create_in(dir, &mut name) {
+            Ok(created) => created,
+            Err(errno) => {
+                out.line(|w| {
+                    w.push_bytes(b"minidump: not written: cannot create a file: errno ");
+                    w.push_dec(errno as u64);
+                });
+                return;
+            }
+        }
+    } else {
+        (file, 0)
+    };
+    let options = crate::minidump::Options::new()
+        .stack_size(MINIDUMP_STACK.load(Ordering::Relaxed))
+        .environ(MINIDUMP_ENVIRON.load(Ordering::Relaxed));
+    #[cfg(feature = "threads")]
+    let timeout = crate::threads::timeout().as_nanos() as u64;
+    #[cfg(not(feature = "threads"))]
+    let timeout = 0;
+    let result = crate::minidump::write(fd, Some(fault), &options, timeout);
+    if dir >= 0 {
+        // SAFETY: fsync has no memory effects; the dump should survive a power cut.
+        unsafe { libc::fsync(fd) };
+        sys::close(fd);
+    }
+    out.line(|w| {
+        match result {
+            Ok(s) => {
+                w.push_bytes(b"minidump: ");
+                if dir >= 0 {
+                    let len = MINIDUMP_DIR_LEN.load(Ordering::Acquire);
+                    for b in &MINIDUMP_DIR_PATH[..len] {
+                        w.push_bytes(&[b.load(Ordering::Relaxed)]);
+                    }
+                    w.push_bytes(b"/");
+                    w.push_bytes(&name[..name_len]);
+                } else {
+                    w.push_bytes(b"fd ");
+                    w.push_dec(fd as u64);
+                }
+                w.push_bytes(b" (");
+                w.push_dec(s.threads() as u64);
+                w.push_bytes(b" threads, ");
+                w.push_dec(s.threads_with_context() as u64);
+                w.push_bytes(b" with registers and stack, ");
+                w.push_dec(s.modules() as u64);
+                w.push_bytes(b" modules, ");
+                w.push_dec(s.bytes());
+                w.push_bytes(b" bytes)");
+            }
+            Err(e) => {
+                w.push_bytes(b"minidump: not written: ");
+                push_error(w, e);
+            }
+        };
+    });
+}
+
+/// An [`Error`] in a report line, without `fmt` (async-signal-safe).
+fn push_error(w: &mut crate::symbolize::FixedBuf<'_>, e: Error) {
+    match e {
+        Error::Sys { call, errno } => {
+            w.push_str(call);
+            w.push_bytes(b" failed: errno ");
+            w.push_dec(errno as u64);
+        }
+        Error::InvalidInput(what) | Error::Unsupported(what) | Error::NotFound(what) => {
+            w.push_str(what)
+        }
+        Error::Timeout => w.push_bytes(b"timeout"),
+        _ => w.push_bytes(b"error"),
+    }
 }
 
 /// file:line answers of the symbolizer for the current report.

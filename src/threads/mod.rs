@@ -296,6 +296,103 @@ pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::
     }
 }
 
+/// Writes a minidump of the running process to `fd` (a regular file, from its current
+/// position): every thread's registers and stack, the loaded objects, the system (see
+/// [`crate::minidump`]), for hang reports and "dump without crashing". The calling thread is
+/// in it too, stopped in this function. Waits up to [`timeout`] for each thread.
+///
+/// # Errors
+/// [`Error::InvalidInput`] when `fd` is not seekable or another dump is being written,
+/// [`Error::Sys`] when a write fails (`ENOSPC`, ...), [`Error::Unsupported`] on a machine
+/// without minidump support (not x86-64 or aarch64).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub fn write_minidump(fd: impl AsFd) -> Result<crate::minidump::Summary, Error> {
+    write_minidump_with(fd, &crate::minidump::Options::new())
+}
+
+/// [`write_minidump`] with options (stack size per thread, environment).
+///
+/// # Errors
+/// As [`write_minidump`].
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub fn write_minidump_with(
+    fd: impl AsFd,
+    options: &crate::minidump::Options,
+) -> Result<crate::minidump::Summary, Error> {
+    let _ = install();
+    let _lock = crate::crash::lock::OutputLock::acquire();
+    crate::minidump::write(
+        fd.as_fd().as_raw_fd(),
+        None,
+        options,
+        TIMEOUT_NS.load(Ordering::Relaxed),
+    )
+}
+
+/// How a request for a thread's register context ended.
+pub(crate) enum ContextAnswer {
+    /// The context is in the caller's buffer; the thread waits in its handler (if it was asked
+    /// to) until [`release_context`].
+    Context(request::Ticket),
+    /// No answer in time (or no handler).
+    Timeout,
+    /// The thread does not exist (any more).
+    Gone,
+}
+
+/// Asks thread `tid` for its register context (see [`crate::minidump`]); with `hold`, the
+/// thread stays in its handler, its stack unchanged, until [`release_context`].
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn request_context(
+    tid: i32,
+    hold: bool,
+    timeout_ns: u64,
+    out: &mut [u8; crate::minidump::CONTEXT_SIZE],
+) -> ContextAnswer {
+    if install().is_err() {
+        return ContextAnswer::Timeout;
+    }
+    if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
+        return ContextAnswer::Timeout;
+    }
+    let deadline = sys::monotonic_ns().saturating_add(timeout_ns);
+    loop {
+        match request::post_for(tid, request::WANT_CONTEXT, hold) {
+            Ok(Some(t)) => {
+                return match request::wait_answer(&t, deadline) {
+                    request::Answer::Frames(n, _) => {
+                        let ctx = request::context(&t, n);
+                        if ctx.len() == out.len() && !ctx.is_empty() {
+                            out.copy_from_slice(ctx);
+                            ContextAnswer::Context(t)
+                        } else {
+                            request::release(&t);
+                            ContextAnswer::Timeout
+                        }
+                    }
+                    request::Answer::Timeout => ContextAnswer::Timeout,
+                    request::Answer::Gone => ContextAnswer::Gone,
+                };
+            }
+            Err(request::Answer::Gone) => return ContextAnswer::Gone,
+            Err(_) => return ContextAnswer::Timeout,
+            Ok(None) if sys::monotonic_ns() < deadline => sys::sleep_ns(1_000_000),
+            Ok(None) => return ContextAnswer::Timeout,
+        }
+    }
+}
+
+/// Lets the thread of a [`ContextAnswer::Context`] go and frees its request.
+pub(crate) fn release_context(ticket: request::Ticket) {
+    request::release(&ticket);
+}
+
 /// Writes the ids of this process's threads (from `/proc/self/task`) into `buf`; returns how
 /// many there are (which may exceed `buf.len()`: only the first fit).
 ///

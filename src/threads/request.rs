@@ -54,11 +54,27 @@ fn with_state(w: u32, s: u32) -> u32 {
 struct Slot {
     word: AtomicU32,
     target: AtomicI32,
+    /// What the request asks for: [`WANT_FRAMES`] or [`WANT_CONTEXT`] (set before PENDING).
+    want: AtomicU32,
+    /// For a [`WANT_CONTEXT`] request: the PENDING word while the requester wants the thread to
+    /// stay in its handler after answering (its stack unchanged while the requester copies it);
+    /// 0 once it lets go. A new generation never matches an old handler's word.
+    hold: AtomicU32,
     frames: AtomicUsize,
     buf: UnsafeCell<[usize; SLOT_FRAMES]>,
     /// How the handler's walk ended (written and read like `buf`).
     end: UnsafeCell<crate::WalkEnd>,
+    /// The thread's register context in the minidump's `CONTEXT_*` layout (written and read
+    /// like `buf`); its length in `frames` for a [`WANT_CONTEXT`] request.
+    context: UnsafeCell<[u8; crate::minidump::CONTEXT_SIZE]>,
 }
+
+/// A request for the thread's stack (frames).
+pub(crate) const WANT_FRAMES: u32 = 0;
+/// A request for the thread's register context, holding it in its handler until released.
+pub(crate) const WANT_CONTEXT: u32 = 1;
+/// The longest a held thread waits in its handler for the requester to let it go.
+const HOLD_MAX_NS: u64 = 2_000_000_000;
 
 // SAFETY: `buf` is written only by the handler that moved the slot to RUNNING and read only by
 // the requester after it saw DONE (Acquire), so accesses never overlap.
@@ -68,9 +84,12 @@ static TABLE: [Slot; SLOTS] = [const {
     Slot {
         word: AtomicU32::new(0),
         target: AtomicI32::new(0),
+        want: AtomicU32::new(WANT_FRAMES),
+        hold: AtomicU32::new(0),
         frames: AtomicUsize::new(0),
         buf: UnsafeCell::new([0; SLOT_FRAMES]),
         end: UnsafeCell::new(crate::WalkEnd::Complete),
+        context: UnsafeCell::new([0; crate::minidump::CONTEXT_SIZE]),
     }
 }; SLOTS];
 
@@ -102,6 +121,13 @@ pub(crate) enum Answer {
 /// Claims a slot for `tid`, publishes the request and signals the thread. `Err(Answer::Gone)`
 /// when `tgkill` says the thread does not exist; `Ok(None)` when every slot is busy.
 pub(crate) fn post(tid: i32) -> Result<Option<Ticket>, Answer> {
+    post_for(tid, WANT_FRAMES, false)
+}
+
+/// [`post`] for what `want` says ([`WANT_FRAMES`], [`WANT_CONTEXT`]); with `hold` (only for
+/// [`WANT_CONTEXT`], never for the calling thread itself, whose handler runs inside `tgkill`)
+/// the thread stays in its handler after answering until [`let_go`] or [`release`].
+pub(crate) fn post_for(tid: i32, want: u32, hold: bool) -> Result<Option<Ticket>, Answer> {
     let sig = SIGNAL.load(Ordering::Acquire);
     if sig == 0 {
         // No handler (it could not be installed): nobody would answer.
@@ -121,7 +147,14 @@ pub(crate) fn post(tid: i32) -> Result<Option<Ticket>, Answer> {
             continue;
         }
         slot.target.store(tid, Ordering::Relaxed);
+        slot.want.store(want, Ordering::Relaxed);
         let pending = with_state(claimed, PENDING);
+        let hold = if want == WANT_CONTEXT && hold {
+            pending
+        } else {
+            0
+        };
+        slot.hold.store(hold, Ordering::Relaxed);
         slot.word.store(pending, Ordering::Release);
         if let Err(e) = sys::tgkill(tid, sig) {
             // Nobody got the signal; a handler of another thread ignores this target.
@@ -163,8 +196,29 @@ pub(crate) fn frames(t: &Ticket, n: usize) -> &[usize] {
     &buf[..n.min(SLOT_FRAMES)]
 }
 
+/// The register context of a finished [`WANT_CONTEXT`] request (valid until [`release`]):
+/// empty if the handler could not read it.
+pub(crate) fn context(t: &Ticket, n: usize) -> &[u8] {
+    // SAFETY: as for `frames`: DONE for this generation, nobody writes until released.
+    let ctx = unsafe { &*TABLE[t.slot].context.get() };
+    &ctx[..n.min(ctx.len())]
+}
+
+/// Lets a held thread (a [`WANT_CONTEXT`] request) leave its handler. [`release`] does it too.
+pub(crate) fn let_go(t: &Ticket) {
+    let slot = &TABLE[t.slot];
+    if slot
+        .hold
+        .compare_exchange(t.word, 0, Ordering::Release, Ordering::Relaxed)
+        .is_ok()
+    {
+        sys::futex_wake(&slot.hold, i32::MAX);
+    }
+}
+
 /// Releases a slot whose request is finished (after [`poll`] gave an answer).
 pub(crate) fn release(t: &Ticket) {
+    let_go(t);
     let slot = &TABLE[t.slot];
     let _ = slot.word.compare_exchange(
         with_state(t.word, DONE),
@@ -215,20 +269,27 @@ pub(crate) fn wait(seen: u32, timeout_ns: u64) {
 /// still exists, so an exit after the signal was queued gives [`Answer::Gone`] at once. The
 /// slot is released (or left to the handler) when this returns.
 pub(crate) fn wait_one(t: &Ticket, deadline: u64, out: &mut [usize]) -> Answer {
+    match wait_answer(t, deadline) {
+        a @ Answer::Frames(..) => finish(t, a, out),
+        other => other,
+    }
+}
+
+/// Waits for one request until `deadline` like [`wait_one`], but keeps the slot: after
+/// `Frames` the caller reads it ([`frames`], [`context`]) and must [`release`] it; after
+/// `Timeout` or `Gone` the slot is released (or left to the handler).
+pub(crate) fn wait_answer(t: &Ticket, deadline: u64) -> Answer {
     loop {
         let seen = answers();
         if let Some(a) = poll(t) {
-            return finish(t, a, out);
+            return a;
         }
         let now = sys::monotonic_ns();
         if now >= deadline {
-            return give_up(t, out);
+            return cancel(t).unwrap_or(Answer::Timeout);
         }
         if sys::tgkill(t.tid, 0) == Err(libc::ESRCH) {
-            if let Some(a) = cancel(t) {
-                return finish(t, a, out);
-            }
-            return Answer::Gone;
+            return cancel(t).unwrap_or(Answer::Gone);
         }
         wait(seen, (deadline - now).min(10_000_000));
     }
@@ -251,14 +312,6 @@ fn finish(t: &Ticket, a: Answer, out: &mut [usize]) -> Answer {
     };
     release(t);
     a
-}
-
-/// Timeout of one request: cancels it (or takes the answer that came in meanwhile).
-pub(crate) fn give_up(t: &Ticket, out: &mut [usize]) -> Answer {
-    match cancel(t) {
-        Some(a) => finish(t, a, out),
-        None => Answer::Timeout,
-    }
 }
 
 /// The signal handler: answers every request addressed to this thread.
@@ -289,14 +342,20 @@ pub(crate) extern "C" fn on_capture_signal(
         {
             continue;
         }
-        // SAFETY: RUNNING for this generation makes the buffer ours until DONE/FREE.
-        let buf = unsafe { &mut *slot.buf.get() };
-        // SAFETY: uc is the ucontext_t the kernel passed to this SA_SIGINFO handler.
-        let walk =
-            unsafe { crate::Capture::new().walk_ucontext(uc as *const libc::ucontext_t, buf) };
-        // SAFETY: RUNNING makes `end` ours too, like the buffer.
-        unsafe { *slot.end.get() = walk.end };
-        slot.frames.store(walk.frames, Ordering::Relaxed);
+        if slot.want.load(Ordering::Relaxed) == WANT_CONTEXT {
+            // SAFETY: RUNNING for this generation makes the context buffer ours until DONE.
+            let n = unsafe { write_context(slot, uc as *const libc::ucontext_t) };
+            slot.frames.store(n, Ordering::Relaxed);
+        } else {
+            // SAFETY: RUNNING for this generation makes the buffer ours until DONE/FREE.
+            let buf = unsafe { &mut *slot.buf.get() };
+            // SAFETY: uc is the ucontext_t the kernel passed to this SA_SIGINFO handler.
+            let walk =
+                unsafe { crate::Capture::new().walk_ucontext(uc as *const libc::ucontext_t, buf) };
+            // SAFETY: RUNNING makes `end` ours too, like the buffer.
+            unsafe { *slot.end.get() = walk.end };
+            slot.frames.store(walk.frames, Ordering::Relaxed);
+        }
         if slot
             .word
             .compare_exchange(
@@ -309,6 +368,18 @@ pub(crate) extern "C" fn on_capture_signal(
         {
             // The requester gave up (ABANDONED): the slot is ours to free.
             slot.word.store(with_state(w, FREE), Ordering::Release);
+        } else if slot.hold.load(Ordering::Acquire) == w {
+            // Held: stay here (the stack unchanged) until the requester copied it.
+            ANSWERS.fetch_add(1, Ordering::Release);
+            sys::futex_wake(&ANSWERS, i32::MAX);
+            let deadline = sys::monotonic_ns().saturating_add(HOLD_MAX_NS);
+            loop {
+                let now = sys::monotonic_ns();
+                if slot.hold.load(Ordering::Acquire) != w || now >= deadline {
+                    break;
+                }
+                sys::futex_wait(&slot.hold, w, deadline - now);
+            }
         }
         served = true;
     }
@@ -321,4 +392,16 @@ pub(crate) extern "C" fn on_capture_signal(
     }
     // SAFETY: restores the interrupted code's errno (tgkill/futex may have changed it).
     unsafe { *libc::__errno_location() = errno };
+}
+
+/// Writes the interrupted context into the slot's context buffer; returns its length (0 where
+/// minidumps are not supported).
+///
+/// # Safety
+/// The slot is RUNNING for this handler's generation; `uc` is the kernel's ucontext.
+unsafe fn write_context(slot: &Slot, uc: *const libc::ucontext_t) -> usize {
+    // SAFETY: RUNNING makes the buffer ours (the caller's contract).
+    let ctx = unsafe { &mut *slot.context.get() };
+    // SAFETY: uc is the kernel's ucontext (the caller's contract).
+    unsafe { crate::minidump::context_from_ucontext(uc, ctx) }
 }

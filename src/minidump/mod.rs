@@ -1,0 +1,1068 @@
+//! Minidumps, in the format Breakpad, Crashpad, Sentry and rust-minidump read, written by the
+//! process itself: no ptrace, no helper process, no `clone`.
+//!
+//! Every Linux minidump writer but this one stops the crashed process from outside with
+//! `ptrace` (Breakpad clones a child for it, Crashpad and `minidump-writer` run in another
+//! process), which fails where ptrace is not allowed: Yama's `ptrace_scope`, seccomp filters,
+//! containers, sandboxes. selftrace has what a dump needs in-process: each thread's registers
+//! and stack through its stack-request signal (see [`crate::threads`]), the loaded objects with
+//! their build-ids, and the signal. A dump is written by the crash handler
+//! ([`crate::crash::Builder::minidump`]) or on demand ([`crate::threads::write_minidump`]).
+//!
+//! # What a dump holds
+//! * **ThreadList**: every thread of `/proc/self/task`, with its register context (all general
+//!   registers, flags, and the x87/SSE or FP/SIMD state) and its stack memory from the stack
+//!   pointer (and the red zone below it) up to [`Options::stack_size`] bytes. Each thread
+//!   gives its context from its own signal handler and waits there while its stack is copied,
+//!   so registers and stack belong together. A thread that does not answer within
+//!   [`crate::threads::timeout`] (the signal blocked, stopped, uninterruptible sleep) is still
+//!   listed, with no context and no stack.
+//! * **Exception** (crash dumps): the signal, its `si_code`, the fault address, and the
+//!   crashing thread's context at the fault.
+//! * **ModuleList**: every object of the loader's list (`selftrace::init`/`refresh`), with
+//!   base, size, path, and a CodeView record (`BpEL` and the GNU build-id), from which
+//!   consumers take the code id and debug id.
+//! * **MemoryList**: the stacks, and 256 bytes around the crashing instruction.
+//! * **SystemInfo** (cpu, `uname`), **MiscInfo** (pid, start time, CPU times),
+//!   **ThreadNames**, and the Linux streams Breakpad writes: `/proc/cpuinfo`,
+//!   `/proc/self/status`, `/etc/lsb-release` (or `/etc/os-release`), `/proc/self/cmdline`,
+//!   `/proc/self/auxv`, `/proc/self/maps`, and `/proc/self/environ` only with
+//!   [`Options::environ`].
+//!
+//! # Async-signal safety
+//! Writing a dump is async-signal-safe: no allocation (fixed buffers in the program's data),
+//! no lock but selftrace's own output lock, raw system calls (`pwrite`, `open`, `read`,
+//! `process_vm_readv`, `tgkill`, `futex`). Memory is copied with checked reads, so a stack
+//! another thread unmaps meanwhile ends the copy instead of faulting. A dump is written at
+//! offsets from the file's position when it starts (`pwrite`), so the file must be seekable:
+//! a regular file, not a pipe.
+//!
+//! Only on x86-64 and aarch64 (elsewhere [`crate::Error::Unsupported`]).
+#![allow(unsafe_code)]
+
+mod arch;
+
+pub(crate) use arch::{context_from_ucontext, CONTEXT_SIZE};
+
+use crate::symbolize::FixedBuf;
+use crate::sys;
+use crate::Error;
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicI32, Ordering};
+
+// ---- stream types --------------------------------------------------------------------------
+
+const THREAD_LIST: u32 = 3;
+const MODULE_LIST: u32 = 4;
+const MEMORY_LIST: u32 = 5;
+const EXCEPTION: u32 = 6;
+const SYSTEM_INFO: u32 = 7;
+const MISC_INFO: u32 = 15;
+const THREAD_NAMES: u32 = 24;
+const LINUX_CPU_INFO: u32 = 0x4767_0003;
+const LINUX_PROC_STATUS: u32 = 0x4767_0004;
+const LINUX_LSB_RELEASE: u32 = 0x4767_0005;
+const LINUX_CMD_LINE: u32 = 0x4767_0006;
+const LINUX_ENVIRON: u32 = 0x4767_0007;
+const LINUX_AUXV: u32 = 0x4767_0008;
+const LINUX_MAPS: u32 = 0x4767_0009;
+
+const SIGNATURE: u32 = 0x504d_444d; // "MDMP"
+const VERSION: u32 = 0xa793;
+const HEADER_SIZE: u32 = 32;
+const MAX_STREAMS: usize = 16;
+const DIRECTORY_SIZE: u32 = 12 * MAX_STREAMS as u32;
+/// `CV_INFO_ELF`'s signature, "BpEL".
+const CV_ELF: u32 = 0x4270_454c;
+/// `PLATFORM_ID` of Linux in Breakpad's `MINIDUMP_SYSTEM_INFO`.
+const PLATFORM_LINUX: u32 = 0x8201;
+
+/// The most threads a dump lists (the rest are counted in [`Summary::threads_left_out`]).
+pub const MAX_THREADS: usize = 1024;
+/// The most objects a dump lists.
+const MAX_MODULES: usize = 4096;
+/// Memory regions besides the stacks.
+const MAX_EXTRA_REGIONS: usize = 4;
+/// Copy buffer (memory and files go through it to the dump).
+const CHUNK: usize = 64 * 1024;
+
+// ---- options and summary -------------------------------------------------------------------
+
+/// The default of [`Options::stack_size`]: 128 KiB per thread.
+pub const DEFAULT_STACK_SIZE: usize = 128 * 1024;
+
+/// What a dump copies besides what it always has. Create with [`Options::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Options {
+    stack_size: usize,
+    environ: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options::new()
+    }
+}
+
+impl Options {
+    /// [`DEFAULT_STACK_SIZE`] of stack per thread, no environment.
+    pub const fn new() -> Options {
+        Options {
+            stack_size: DEFAULT_STACK_SIZE,
+            environ: false,
+        }
+    }
+
+    /// The most stack memory copied per thread, from the stack pointer up (default 128 KiB;
+    /// at least 4 KiB, at most 64 MiB). A consumer walks a stack only as far as its memory
+    /// goes.
+    pub const fn stack_size(mut self, bytes: usize) -> Options {
+        self.stack_size = if bytes < 4096 {
+            4096
+        } else if bytes > 64 << 20 {
+            64 << 20
+        } else {
+            bytes
+        };
+        self
+    }
+
+    /// Also copy `/proc/self/environ` (default: off; environments hold secrets).
+    pub const fn environ(mut self, enabled: bool) -> Options {
+        self.environ = enabled;
+        self
+    }
+
+    /// The stack bytes copied per thread at most.
+    pub const fn get_stack_size(&self) -> usize {
+        self.stack_size
+    }
+
+    /// Whether the environment is copied.
+    pub const fn get_environ(&self) -> bool {
+        self.environ
+    }
+}
+
+/// What a written dump holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    threads: usize,
+    contexts: usize,
+    left_out: usize,
+    modules: usize,
+    bytes: u64,
+}
+
+impl Summary {
+    /// Threads listed.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Threads listed with their registers and stack (the others did not answer in time).
+    pub fn threads_with_context(&self) -> usize {
+        self.contexts
+    }
+
+    /// Threads not listed because the dump holds at most [`MAX_THREADS`].
+    pub fn threads_left_out(&self) -> usize {
+        self.left_out
+    }
+
+    /// Objects in the module list.
+    pub fn modules(&self) -> usize {
+        self.modules
+    }
+
+    /// Size of the dump in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// The fault a crash dump describes.
+pub(crate) struct Fault {
+    pub(crate) sig: i32,
+    pub(crate) code: i32,
+    pub(crate) addr: usize,
+    /// The crashing thread.
+    pub(crate) tid: i32,
+    /// Its context at the fault (never null).
+    pub(crate) uc: *const libc::ucontext_t,
+}
+
+// ---- little-endian helpers -----------------------------------------------------------------
+
+pub(crate) fn le16(b: &mut [u8], off: usize, v: u16) {
+    b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+}
+
+pub(crate) fn le32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+pub(crate) fn le64(b: &mut [u8], off: usize, v: u64) {
+    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+pub(crate) fn rd64(b: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+}
+
+// ---- state ---------------------------------------------------------------------------------
+
+/// A `MINIDUMP_LOCATION_DESCRIPTOR`.
+#[derive(Clone, Copy, Default)]
+struct Loc {
+    size: u32,
+    rva: u32,
+}
+
+#[derive(Clone, Copy)]
+struct ThreadRec {
+    tid: u32,
+    context: Loc,
+    stack_start: u64,
+    stack: Loc,
+    name: Loc,
+}
+
+const NO_THREAD: ThreadRec = ThreadRec {
+    tid: 0,
+    context: Loc { size: 0, rva: 0 },
+    stack_start: 0,
+    stack: Loc { size: 0, rva: 0 },
+    name: Loc { size: 0, rva: 0 },
+};
+
+#[derive(Clone, Copy)]
+struct ModuleRec {
+    base: u64,
+    size: u32,
+    name_rva: u32,
+    cv: Loc,
+}
+
+const NO_MODULE: ModuleRec = ModuleRec {
+    base: 0,
+    size: 0,
+    name_rva: 0,
+    cv: Loc { size: 0, rva: 0 },
+};
+
+/// The buffers of the dump being written (one at a time: [`BUSY`]).
+struct State {
+    tids: [i32; MAX_THREADS],
+    threads: [ThreadRec; MAX_THREADS],
+    modules: [ModuleRec; MAX_MODULES],
+    extra: [(u64, Loc); MAX_EXTRA_REGIONS],
+    directory: [(u32, Loc); MAX_STREAMS],
+    context: [u8; CONTEXT_SIZE],
+    chunk: [u8; CHUNK],
+}
+
+struct Shared(UnsafeCell<State>);
+// SAFETY: the state is used only by the thread that holds BUSY (set by compare-and-swap,
+// never taken over), so accesses never overlap.
+unsafe impl Sync for Shared {}
+
+static STATE: Shared = Shared(UnsafeCell::new(State {
+    tids: [0; MAX_THREADS],
+    threads: [NO_THREAD; MAX_THREADS],
+    modules: [NO_MODULE; MAX_MODULES],
+    extra: [(0, Loc { size: 0, rva: 0 }); MAX_EXTRA_REGIONS],
+    directory: [(0, Loc { size: 0, rva: 0 }); MAX_STREAMS],
+    context: [0; CONTEXT_SIZE],
+    chunk: [0; CHUNK],
+}));
+
+/// The thread writing a dump (0 = none).
+static BUSY: AtomicI32 = AtomicI32::new(0);
+
+// ---- the file ------------------------------------------------------------------------------
+
+/// The dump file: positioned writes relative to where the dump starts.
+struct File {
+    fd: i32,
+    base: i64,
+    /// The end of what was written (the next append goes here, aligned).
+    end: u32,
+    /// The first error (`errno`); nothing is written after it.
+    err: i32,
+}
+
+impl File {
+    fn write_at(&mut self, rva: u32, bytes: &[u8]) {
+        let mut done = 0usize;
+        while self.err == 0 && done < bytes.len() {
+            let rest = &bytes[done..];
+            let at = self.base + rva as i64 + done as i64;
+            // SAFETY: `rest` is readable for its length; pwrite has no other memory effects.
+            let r = unsafe { libc::pwrite(self.fd, rest.as_ptr().cast(), rest.len(), at) };
+            if r < 0 {
+                let e = sys::errno();
+                if e != libc::EINTR {
+                    self.err = e;
+                }
+            } else if r == 0 {
+                self.err = libc::EIO;
+            } else {
+                done += r as usize;
+            }
+        }
+        let end = rva as u64 + bytes.len() as u64;
+        if end > u32::MAX as u64 {
+            self.err = libc::EFBIG;
+        } else {
+            self.end = self.end.max(end as u32);
+        }
+    }
+
+    /// Where the next append goes (8-byte aligned).
+    fn next(&self) -> u32 {
+        self.end.saturating_add(7) & !7
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> Loc {
+        let rva = self.next();
+        self.write_at(rva, bytes);
+        Loc {
+            size: bytes.len() as u32,
+            rva,
+        }
+    }
+
+    /// Appends a `MINIDUMP_STRING` (UTF-16LE with a byte count and a terminating 0) of
+    /// `text`, invalid UTF-8 replaced by U+FFFD; `scratch` holds the encoding.
+    fn append_string(&mut self, text: &[u8], scratch: &mut [u8]) -> Loc {
+        let mut n = 4;
+        for chunk in text.utf8_chunks() {
+            let invalid = if chunk.invalid().is_empty() {
+                None
+            } else {
+                Some(0xfffd)
+            };
+            for unit in chunk.valid().encode_utf16().chain(invalid) {
+                if n + 4 > scratch.len() {
+                    break;
+                }
+                le16(scratch, n, unit);
+                n += 2;
+            }
+        }
+        le32(scratch, 0, (n - 4) as u32);
+        le16(scratch, n, 0);
+        self.append(&scratch[..n + 2])
+    }
+
+    /// Copies up to `max` bytes of this process's memory from `addr` (from the first readable
+    /// page within 64 KiB when `addr` itself is not readable) into the dump; the start
+    /// address and where the bytes are, or `None` when nothing was readable.
+    fn append_memory(&mut self, addr: usize, max: usize, chunk: &mut [u8]) -> Option<(u64, Loc)> {
+        let page = sys::page_size().max(4096);
+        let mut start = addr;
+        let mut probe = [0u8; 1];
+        let mut tries = 0;
+        while sys::read_memory(start, &mut probe) == 0 {
+            tries += 1;
+            if tries > 16 || start >= addr.saturating_add(max) {
+                return None;
+            }
+            start = (start / page + 1) * page;
+        }
+        let end = addr.saturating_add(max);
+        let rva = self.next();
+        let mut at = start;
+        while at < end && self.err == 0 {
+            let want = (end - at).min(chunk.len());
+            let got = sys::read_memory(at, &mut chunk[..want]);
+            if got == 0 {
+                break;
+            }
+            self.write_at(rva + (at - start) as u32, &chunk[..got]);
+            at += got;
+            if got < want {
+                break;
+            }
+        }
+        if at == start {
+            return None;
+        }
+        Some((
+            start as u64,
+            Loc {
+                size: (at - start) as u32,
+                rva,
+            },
+        ))
+    }
+
+    /// Appends the contents of a file (a `/proc` file, read to its end), `None` if it cannot
+    /// be opened.
+    fn append_file(&mut self, path: &core::ffi::CStr, chunk: &mut [u8]) -> Option<Loc> {
+        let fd = sys::open_cloexec(path, libc::O_RDONLY).ok()?;
+        let rva = self.next();
+        let mut size = 0u32;
+        while self.err == 0 {
+            match sys::read(fd, chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    self.write_at(rva + size, &chunk[..n]);
+                    size = size.saturating_add(n as u32);
+                }
+            }
+        }
+        sys::close(fd);
+        if size == 0 {
+            // Keep the stream (an empty file is an answer too) without a position past the end.
+            return Some(Loc { size: 0, rva });
+        }
+        Some(Loc { size, rva })
+    }
+}
+
+// ---- writing -------------------------------------------------------------------------------
+
+/// Whether dumps can be written on this machine.
+pub(crate) const SUPPORTED: bool = CONTEXT_SIZE != 0;
+
+/// Writes a dump to `fd` from its current position: a crash dump with `fault`, a dump of the
+/// running process without. Asks every other thread for its context (when the request handler
+/// of [`crate::threads`] is installed), waiting up to `timeout_ns` for each.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn write(
+    fd: i32,
+    fault: Option<&Fault>,
+    opts: &Options,
+    timeout_ns: u64,
+) -> Result<Summary, Error> {
+    if !SUPPORTED {
+        return Err(Error::Unsupported("minidumps on this architecture"));
+    }
+    let me = sys::gettid();
+    if BUSY
+        .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return Err(Error::InvalidInput("another minidump is being written"));
+    }
+    // SAFETY: BUSY is ours: nobody else uses the state until we clear it.
+    let st = unsafe { &mut *STATE.0.get() };
+    let result = write_locked(st, fd, fault, opts, timeout_ns, me);
+    BUSY.store(0, Ordering::Release);
+    result
+}
+
+fn write_locked(
+    st: &mut State,
+    fd: i32,
+    fault: Option<&Fault>,
+    opts: &Options,
+    timeout_ns: u64,
+    me: i32,
+) -> Result<Summary, Error> {
+    // SAFETY: lseek has no memory effects.
+    let base = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
+    if base < 0 {
+        let errno = sys::errno();
+        return Err(if errno == libc::ESPIPE {
+            Error::InvalidInput("a minidump needs a seekable file, not a pipe or socket")
+        } else {
+            Error::Sys {
+                call: "lseek",
+                errno,
+            }
+        });
+    }
+    let mut f = File {
+        fd,
+        base,
+        end: HEADER_SIZE + DIRECTORY_SIZE,
+        err: 0,
+    };
+    let mut streams = 0usize;
+    let mut summary = Summary::default();
+    let mut add = |st: &mut State, kind: u32, loc: Loc| {
+        if streams < MAX_STREAMS {
+            st.directory[streams] = (kind, loc);
+            streams += 1;
+        }
+    };
+
+    // Threads: the list first (threads come and go while the dump is written).
+    let mut count = 0usize;
+    let mut seen = 0usize;
+    let crashing = fault.map(|c| c.tid);
+    if let Some(tid) = crashing {
+        st.tids[0] = tid;
+        count = 1;
+        seen = 1;
+    }
+    let _ = sys::for_each_task(|tid| {
+        if Some(tid) == crashing {
+            return;
+        }
+        seen += 1;
+        if count < MAX_THREADS {
+            st.tids[count] = tid;
+            count += 1;
+        }
+    });
+    if count == 0 {
+        // /proc unreadable: at least the calling thread.
+        st.tids[0] = me;
+        count = 1;
+        seen = 1;
+    }
+    summary.left_out = seen - count;
+    let mut listed = 0usize;
+    let mut fault_pc = None;
+    for i in 0..count {
+        let tid = st.tids[i];
+        let mut rec = ThreadRec {
+            tid: tid as u32,
+            ..NO_THREAD
+        };
+        let got = match fault {
+            Some(c) if c.tid == tid => {
+                // SAFETY: the fault's ucontext is the kernel's (Fault's contract).
+                unsafe { context_from_ucontext(c.uc, &mut st.context) };
+                Ok(true)
+            }
+            _ => thread_context(tid, me, timeout_ns, st, &mut f, &mut rec, opts),
+        };
+        match got {
+            // Gone before it could answer: not a thread of the process any more.
+            Err(()) => continue,
+            Ok(true) if fault.is_some_and(|c| c.tid == tid) => {
+                rec.context = f.append(&st.context);
+                fault_pc = arch::sp_pc(&st.context).map(|(_, pc)| pc);
+                if let Some((sp, _)) = arch::sp_pc(&st.context) {
+                    let from = (sp as usize).saturating_sub(arch::RED_ZONE);
+                    if let Some((start, loc)) =
+                        f.append_memory(from, opts.stack_size, &mut st.chunk)
+                    {
+                        rec.stack_start = start;
+                        rec.stack = loc;
+                    }
+                }
+            }
+            Ok(_) => {}
+        }
+        if rec.context.size != 0 {
+            summary.contexts += 1;
+        }
+        let mut name = [0u8; 16];
+        let len = thread_name(tid, &mut name);
+        rec.name = f.append_string(&name[..len], &mut st.chunk);
+        st.threads[listed] = rec;
+        listed += 1;
+    }
+    summary.threads = listed;
+
+    // ThreadList.
+    {
+        let buf = &mut st.chunk;
+        le32(buf, 0, listed as u32);
+        for (k, t) in st.threads[..listed].iter().enumerate() {
+            let o = 4 + 48 * k;
+            buf[o..o + 48].fill(0);
+            le32(buf, o, t.tid);
+            le64(buf, o + 16, 0); // Teb
+            le64(buf, o + 24, t.stack_start);
+            le32(buf, o + 32, t.stack.size);
+            le32(buf, o + 36, t.stack.rva);
+            le32(buf, o + 40, t.context.size);
+            le32(buf, o + 44, t.context.rva);
+        }
+        let loc = f.append(&buf[..4 + 48 * listed]);
+        add(st, THREAD_LIST, loc);
+    }
+
+    // ThreadNames.
+    {
+        let buf = &mut st.chunk;
+        le32(buf, 0, listed as u32);
+        for (k, t) in st.threads[..listed].iter().enumerate() {
+            let o = 4 + 12 * k;
+            le32(buf, o, t.tid);
+            le64(buf, o + 4, t.name.rva as u64);
+        }
+        let loc = f.append(&buf[..4 + 12 * listed]);
+        add(st, THREAD_NAMES, loc);
+    }
+
+    // Exception, and the code around the faulting instruction.
+    let mut extra = 0usize;
+    if let Some(c) = fault {
+        let ctx = st.threads[..listed]
+            .iter()
+            .find(|t| t.tid == c.tid as u32)
+            .map(|t| t.context)
+            .unwrap_or_default();
+        let mut e = [0u8; 168];
+        le32(&mut e, 0, c.tid as u32);
+        le32(&mut e, 8, c.sig as u32);
+        le32(&mut e, 12, c.code as u32);
+        le64(&mut e, 24, c.addr as u64);
+        le32(&mut e, 160, ctx.size);
+        le32(&mut e, 164, ctx.rva);
+        let loc = f.append(&e);
+        add(st, EXCEPTION, loc);
+        if let Some(pc) = fault_pc {
+            let from = (pc as usize).saturating_sub(128);
+            if let Some(region) = f.append_memory(from, 256, &mut st.chunk) {
+                st.extra[extra] = region;
+                extra += 1;
+            }
+        }
+    }
+
+    // MemoryList: the stacks and the extra regions.
+    {
+        let buf = &mut st.chunk;
+        let mut n = 0usize;
+        let mut put = |buf: &mut [u8], start: u64, loc: Loc| {
+            let o = 4 + 16 * n;
+            le64(buf, o, start);
+            le32(buf, o + 8, loc.size);
+            le32(buf, o + 12, loc.rva);
+            n += 1;
+        };
+        for t in st.threads[..listed].iter().filter(|t| t.stack.size != 0) {
+            put(buf, t.stack_start, t.stack);
+        }
+        for &(start, loc) in &st.extra[..extra] {
+            put(buf, start, loc);
+        }
+        le32(buf, 0, n as u32);
+        let loc = f.append(&buf[..4 + 16 * n]);
+        add(st, MEMORY_LIST, loc);
+    }
+
+    // ModuleList.
+    let modules = crate::modules::with_current(|snap| {
+        let mut n = 0usize;
+        let Some(snap) = snap else { return 0 };
+        for o in snap.objects().iter().take(MAX_MODULES) {
+            let name_rva = f.append_string(o.path.as_bytes(), &mut st.chunk).rva;
+            let mut cv = Loc::default();
+            if let Some(id) = o.build_id.as_deref() {
+                let id = &id[..id.len().min(64)];
+                let mut rec = [0u8; 68];
+                le32(&mut rec, 0, CV_ELF);
+                rec[4..4 + id.len()].copy_from_slice(id);
+                cv = f.append(&rec[..4 + id.len()]);
+            }
+            st.modules[n] = ModuleRec {
+                base: o.range.start as u64,
+                size: o.range.len().min(u32::MAX as usize) as u32,
+                name_rva,
+                cv,
+            };
+            n += 1;
+        }
+        n
+    });
+    summary.modules = modules;
+    {
+        let list = f.next();
+        let mut head = [0u8; 4];
+        le32(&mut head, 0, modules as u32);
+        f.write_at(list, &head);
+        let buf = &mut st.chunk;
+        let per = buf.len() / 108;
+        let mut k = 0;
+        while k < modules {
+            let batch = (modules - k).min(per);
+            for j in 0..batch {
+                let m = st.modules[k + j];
+                let o = 108 * j;
+                buf[o..o + 108].fill(0);
+                le64(buf, o, m.base);
+                le32(buf, o + 8, m.size);
+                le32(buf, o + 20, m.name_rva);
+                le32(buf, o + 76, m.cv.size);
+                le32(buf, o + 80, m.cv.rva);
+            }
+            f.write_at(list + 4 + 108 * k as u32, &buf[..108 * batch]);
+            k += batch;
+        }
+        let loc = Loc {
+            size: 4 + 108 * modules as u32,
+            rva: list,
+        };
+        f.end = f.end.max(loc.rva + loc.size);
+        add(st, MODULE_LIST, loc);
+    }
+
+    // SystemInfo and MiscInfo.
+    let loc = system_info(&mut f, &mut st.chunk);
+    add(st, SYSTEM_INFO, loc);
+    let loc = misc_info(&mut f);
+    add(st, MISC_INFO, loc);
+
+    // The Linux streams.
+    let files: [(u32, &core::ffi::CStr, bool); 7] = [
+        (LINUX_CPU_INFO, c"/proc/cpuinfo", true),
+        (LINUX_PROC_STATUS, c"/proc/self/status", true),
+        (LINUX_CMD_LINE, c"/proc/self/cmdline", true),
+        (LINUX_ENVIRON, c"/proc/self/environ", opts.environ),
+        (LINUX_AUXV, c"/proc/self/auxv", true),
+        (LINUX_MAPS, c"/proc/self/maps", true),
+        (LINUX_LSB_RELEASE, c"/etc/lsb-release", true),
+    ];
+    for (kind, path, wanted) in files {
+        if !wanted {
+            continue;
+        }
+        let loc = f.append_file(path, &mut st.chunk).or_else(|| {
+            (kind == LINUX_LSB_RELEASE)
+                .then(|| f.append_file(c"/etc/os-release", &mut st.chunk))
+                .flatten()
+        });
+        if let Some(loc) = loc {
+            add(st, kind, loc);
+        }
+    }
+
+    // Header and directory last: a dump cut short has no valid header.
+    let mut dir = [0u8; DIRECTORY_SIZE as usize];
+    for (k, (kind, loc)) in st.directory[..streams].iter().enumerate() {
+        le32(&mut dir, 12 * k, *kind);
+        le32(&mut dir, 12 * k + 4, loc.size);
+        le32(&mut dir, 12 * k + 8, loc.rva);
+    }
+    f.write_at(HEADER_SIZE, &dir[..12 * streams]);
+    let mut header = [0u8; HEADER_SIZE as usize];
+    le32(&mut header, 0, SIGNATURE);
+    le32(&mut header, 4, VERSION);
+    le32(&mut header, 8, streams as u32);
+    le32(&mut header, 12, HEADER_SIZE);
+    le32(&mut header, 20, realtime().0 as u32);
+    f.write_at(0, &header);
+    if f.err != 0 {
+        return Err(Error::Sys {
+            call: "pwrite",
+            errno: f.err,
+        });
+    }
+    summary.bytes = f.end as u64;
+    Ok(summary)
+}
+
+/// Asks thread `tid` for its context (holding it in its handler) and copies its stack. `Ok(true)`
+/// with `rec` filled, `Ok(false)` when it did not answer (listed without context), `Err` when
+/// it is gone.
+fn thread_context(
+    tid: i32,
+    me: i32,
+    timeout_ns: u64,
+    st: &mut State,
+    f: &mut File,
+    rec: &mut ThreadRec,
+    opts: &Options,
+) -> Result<bool, ()> {
+    #[cfg(feature = "threads")]
+    {
+        match crate::threads::request_context(tid, tid != me, timeout_ns, &mut st.context) {
+            crate::threads::ContextAnswer::Context(ticket) => {
+                rec.context = f.append(&st.context);
+                if let Some((sp, _)) = arch::sp_pc(&st.context) {
+                    let from = (sp as usize).saturating_sub(arch::RED_ZONE);
+                    if let Some((start, loc)) =
+                        f.append_memory(from, opts.stack_size, &mut st.chunk)
+                    {
+                        rec.stack_start = start;
+                        rec.stack = loc;
+                    }
+                }
+                crate::threads::release_context(ticket);
+                Ok(true)
+            }
+            crate::threads::ContextAnswer::Timeout => Ok(false),
+            crate::threads::ContextAnswer::Gone => Err(()),
+        }
+    }
+    #[cfg(not(feature = "threads"))]
+    {
+        let _ = (tid, me, timeout_ns, st, f, rec, opts);
+        Ok(false)
+    }
+}
+
+/// Thread `tid`'s name from `/proc/self/task/TID/comm` into `out`; its length (0 if unreadable).
+fn thread_name(tid: i32, out: &mut [u8; 16]) -> usize {
+    let mut path = [0u8; 48];
+    let mut w = FixedBuf::new(&mut path);
+    w.push_bytes(b"/proc/self/task/");
+    w.push_dec(tid as u64);
+    w.push_bytes(b"/comm\0");
+    let len = w.len();
+    let Ok(path) = core::ffi::CStr::from_bytes_with_nul(&path[..len]) else {
+        return 0;
+    };
+    let Ok(fd) = sys::open_cloexec(path, libc::O_RDONLY) else {
+        return 0;
+    };
+    let n = sys::read(fd, out).unwrap_or(0);
+    sys::close(fd);
+    let text = &out[..n];
+    text.strip_suffix(b"\n").unwrap_or(text).len()
+}
+
+/// `CLOCK_REALTIME` as (seconds, nanoseconds).
+fn realtime() -> (u64, u64) {
+    clock(libc::CLOCK_REALTIME)
+}
+
+fn clock(id: libc::clockid_t) -> (u64, u64) {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec; clock_gettime is async-signal-safe.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    (ts.tv_sec as u64, ts.tv_nsec as u64)
+}
+
+/// `MINIDUMP_SYSTEM_INFO` and its CSD version string (`uname`: system, release, version,
+/// machine, as Breakpad writes it).
+fn system_info(f: &mut File, chunk: &mut [u8]) -> Loc {
+    // SAFETY: all-zero is a valid utsname; uname fills it.
+    let mut uts: libc::utsname = unsafe { core::mem::zeroed() };
+    // SAFETY: uts is valid for writing.
+    unsafe { libc::uname(&mut uts) };
+    let field = |a: &[libc::c_char]| {
+        // SAFETY: c_char and u8 have the same size and alignment.
+        let b = unsafe { core::slice::from_raw_parts(a.as_ptr().cast::<u8>(), a.len()) };
+        &b[..sys::strnlen(b)]
+    };
+    let mut csd = [0u8; 4 * 65 + 4];
+    let mut w = FixedBuf::new(&mut csd);
+    w.push_bytes(field(&uts.sysname));
+    w.push_bytes(b" ");
+    w.push_bytes(field(&uts.release));
+    w.push_bytes(b" ");
+    w.push_bytes(field(&uts.version));
+    w.push_bytes(b" ");
+    w.push_bytes(field(&uts.machine));
+    let n = w.len();
+    let csd_rva = f.append_string(&csd[..n], chunk).rva;
+    // "6.1.0-27-amd64": major, minor, build.
+    let mut version = [0u32; 3];
+    let mut k = 0;
+    for &b in field(&uts.release) {
+        match b {
+            b'0'..=b'9' => {
+                version[k] = version[k]
+                    .saturating_mul(10)
+                    .saturating_add((b - b'0') as u32)
+            }
+            b'.' if k < 2 => k += 1,
+            _ => break,
+        }
+    }
+    let mut cpu = [0u8; 24];
+    let (level, revision) = arch::cpu_information(&mut cpu);
+    let mut s = [0u8; 56];
+    le16(&mut s, 0, arch::PROCESSOR_ARCHITECTURE);
+    le16(&mut s, 2, level);
+    le16(&mut s, 4, revision);
+    s[6] = online_cpus().min(255) as u8;
+    le32(&mut s, 8, version[0]);
+    le32(&mut s, 12, version[1]);
+    le32(&mut s, 16, version[2]);
+    le32(&mut s, 20, PLATFORM_LINUX);
+    le32(&mut s, 24, csd_rva);
+    s[32..56].copy_from_slice(&cpu);
+    f.append(&s)
+}
+
+/// The number of online CPUs, from `/sys/devices/system/cpu/online` ("0-3,8-11").
+fn online_cpus() -> u32 {
+    let Ok(fd) = sys::open_cloexec(c"/sys/devices/system/cpu/online", libc::O_RDONLY) else {
+        return 0;
+    };
+    let mut buf = [0u8; 256];
+    let n = sys::read(fd, &mut buf).unwrap_or(0);
+    sys::close(fd);
+    count_cpu_list(&buf[..n])
+}
+
+/// Counts the CPUs of a kernel CPU list ("0-3,8,10-11").
+fn count_cpu_list(list: &[u8]) -> u32 {
+    let mut total = 0u32;
+    for part in list.split(|&b| b == b',') {
+        let part = part.trim_ascii();
+        let num = |s: &[u8]| sys::parse_decimal(s).map(|v| v as u32);
+        match part.iter().position(|&b| b == b'-') {
+            Some(dash) => {
+                if let (Some(a), Some(b)) = (num(&part[..dash]), num(&part[dash + 1..])) {
+                    total += b.saturating_sub(a) + 1;
+                }
+            }
+            None => {
+                if num(part).is_some() {
+                    total += 1;
+                }
+            }
+        }
+    }
+    total
+}
+
+/// `MINIDUMP_MISC_INFO`: pid, the process's start time (Unix seconds) and its user and system
+/// CPU seconds.
+fn misc_info(f: &mut File) -> Loc {
+    let mut m = [0u8; 24];
+    le32(&mut m, 0, 24);
+    let mut flags = 1u32; // MINIDUMP_MISC1_PROCESS_ID
+    le32(&mut m, 8, sys::getpid() as u32);
+    // SAFETY: all-zero is a valid rusage; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
+    // SAFETY: ru is valid for writing.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
+        if let Some(start) = start_time() {
+            flags |= 2; // MINIDUMP_MISC1_PROCESS_TIMES
+            le32(&mut m, 12, start as u32);
+            le32(&mut m, 16, ru.ru_utime.tv_sec as u32);
+            le32(&mut m, 20, ru.ru_stime.tv_sec as u32);
+        }
+    }
+    le32(&mut m, 4, flags);
+    f.append(&m)
+}
+
+/// The process's start time in Unix seconds: `starttime` of `/proc/self/stat` (clock ticks
+/// since boot) against `CLOCK_BOOTTIME` and `CLOCK_REALTIME` now.
+fn start_time() -> Option<u64> {
+    let fd = sys::open_cloexec(c"/proc/self/stat", libc::O_RDONLY).ok()?;
+    let mut buf = [0u8; 1024];
+    let n = sys::read(fd, &mut buf);
+    sys::close(fd);
+    let stat = &buf[..n.ok()?];
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    // Field 3 (state) follows ") "; starttime is field 22.
+    let field = stat[close + 2..].split(|&b| b == b' ').nth(19)?;
+    let ticks = field.iter().try_fold(0u64, |acc, &b| {
+        b.is_ascii_digit()
+            .then(|| acc.saturating_mul(10).saturating_add((b - b'0') as u64))
+    })?;
+    // SAFETY: getauxval reads the auxiliary vector the kernel gave the process.
+    let hz = unsafe { libc::getauxval(libc::AT_CLKTCK) }.max(1);
+    let up = clock(libc::CLOCK_BOOTTIME).0;
+    let now = realtime().0;
+    Some(now.saturating_sub(up.saturating_sub(ticks / hz)))
+}
+
+/// A new file for a crash dump in `dir_fd`: `<uuid>.dmp`, created exclusively with mode 0600.
+/// Returns the fd and writes the name (NUL-free) into `name`, returning its length too.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn create_in(dir_fd: i32, name: &mut [u8; 48]) -> Result<(i32, usize), i32> {
+    for _ in 0..8 {
+        let mut id = [0u8; 16];
+        random(&mut id);
+        // A version 4 UUID, as Breakpad names its dumps.
+        id[6] = (id[6] & 0x0f) | 0x40;
+        id[8] = (id[8] & 0x3f) | 0x80;
+        let mut w = FixedBuf::new(&mut name[..]);
+        for (k, b) in id.iter().enumerate() {
+            if matches!(k, 4 | 6 | 8 | 10) {
+                w.push_bytes(b"-");
+            }
+            let hex = b"0123456789abcdef";
+            w.push_bytes(&[hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
+        }
+        w.push_bytes(b".dmp");
+        let len = w.len();
+        let mut path = [0u8; 49];
+        path[..len].copy_from_slice(&name[..len]);
+        // SAFETY: path is NUL-terminated (the array's last bytes are 0).
+        let fd = unsafe {
+            libc::openat(
+                dir_fd,
+                path.as_ptr().cast(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd >= 0 {
+            return Ok((fd, len));
+        }
+        let e = sys::errno();
+        if e != libc::EEXIST {
+            return Err(e);
+        }
+    }
+    Err(libc::EEXIST)
+}
+
+/// Random bytes from `getrandom` (not blocking), or, should that fail, from the clock, pid
+/// and tid.
+fn random(out: &mut [u8; 16]) {
+    // SAFETY: out is writable for its length; GRND_NONBLOCK never waits.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_getrandom,
+            out.as_mut_ptr(),
+            out.len(),
+            libc::GRND_NONBLOCK,
+        )
+    };
+    if got == out.len() as libc::c_long {
+        return;
+    }
+    let (s, ns) = realtime();
+    let mix = s.wrapping_mul(1_000_000_007) ^ ns ^ ((sys::getpid() as u64) << 32);
+    out[..8].copy_from_slice(&mix.to_le_bytes());
+    out[8..].copy_from_slice(&(sys::gettid() as u64 ^ ns.rotate_left(17)).to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(count_cpu_list(b"0-3,8-11\n"), 8);
+        assert_eq!(count_cpu_list(b"0\n"), 1);
+        assert_eq!(count_cpu_list(b"0-1,3"), 3);
+        assert_eq!(count_cpu_list(b""), 0);
+    }
+
+    #[test]
+    fn strings_are_utf16_with_a_byte_count() {
+        let mut scratch = [0u8; 64];
+        let path = std::env::temp_dir().join(format!("selftrace-md-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        use std::os::fd::AsRawFd;
+        let mut f = File {
+            fd: file.as_raw_fd(),
+            base: 0,
+            end: 0,
+            err: 0,
+        };
+        let loc = f.append_string("añ\u{1F600}".as_bytes(), &mut scratch);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let body = &bytes[loc.rva as usize..(loc.rva + loc.size) as usize];
+        let units: Vec<u16> = "añ\u{1F600}".encode_utf16().collect();
+        assert_eq!(
+            u32::from_le_bytes(body[..4].try_into().unwrap()) as usize,
+            units.len() * 2
+        );
+        let got: Vec<u16> = body[4..4 + units.len() * 2]
+            .chunks(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        assert_eq!(got, units);
+        assert_eq!(&body[4 + units.len() * 2..], &[0, 0]);
+    }
+}
