@@ -40,6 +40,7 @@
 //! Only on x86-64 and aarch64 (elsewhere [`crate::Error::Unsupported`]).
 #![allow(unsafe_code)]
 
+#[macro_use]
 mod arch;
 
 pub(crate) use arch::{context_from_ucontext, CONTEXT_SIZE};
@@ -533,14 +534,23 @@ fn write_locked(
                 unsafe { context_from_ucontext(c.uc, &mut st.context) };
                 Ok(true)
             }
-            _ => thread_context(tid, me, timeout_ns, st, &mut f, &mut rec, opts),
+            // The writing thread itself: its registers here, in this function, whose frame
+            // and callers stay as they are while the stack is copied below it.
+            _ if tid == me => {
+                let regs = own_registers!();
+                arch::context_from_own(&regs, &mut st.context);
+                Ok(true)
+            }
+            _ => thread_context(tid, timeout_ns, st, &mut f, &mut rec, opts),
         };
         match got {
             // Gone before it could answer: not a thread of the process any more.
             Err(()) => continue,
-            Ok(true) if fault.is_some_and(|c| c.tid == tid) => {
+            Ok(true) if fault.is_some_and(|c| c.tid == tid) || tid == me => {
                 rec.context = f.append(&st.context);
-                fault_pc = arch::sp_pc(&st.context).map(|(_, pc)| pc);
+                if fault.is_some_and(|c| c.tid == tid) {
+                    fault_pc = arch::sp_pc(&st.context).map(|(_, pc)| pc);
+                }
                 if let Some((sp, _)) = arch::sp_pc(&st.context) {
                     let from = (sp as usize).saturating_sub(arch::RED_ZONE);
                     if let Some((start, loc)) =
@@ -760,7 +770,6 @@ fn write_locked(
 /// it is gone.
 fn thread_context(
     tid: i32,
-    me: i32,
     timeout_ns: u64,
     st: &mut State,
     f: &mut File,
@@ -769,7 +778,7 @@ fn thread_context(
 ) -> Result<bool, ()> {
     #[cfg(feature = "threads")]
     {
-        match crate::threads::request_context(tid, tid != me, timeout_ns, &mut st.context) {
+        match crate::threads::request_context(tid, true, timeout_ns, &mut st.context) {
             crate::threads::ContextAnswer::Context(ticket) => {
                 rec.context = f.append(&st.context);
                 if let Some((sp, _)) = arch::sp_pc(&st.context) {
@@ -790,7 +799,7 @@ fn thread_context(
     }
     #[cfg(not(feature = "threads"))]
     {
-        let _ = (tid, me, timeout_ns, st, f, rec, opts);
+        let _ = (tid, timeout_ns, st, f, rec, opts);
         Ok(false)
     }
 }

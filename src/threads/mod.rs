@@ -303,7 +303,8 @@ pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::
 ///
 /// # Errors
 /// [`Error::InvalidInput`] when `fd` is not seekable or another dump is being written,
-/// [`Error::Sys`] when a write fails (`ENOSPC`, ...), [`Error::Unsupported`] on a machine
+/// [`Error::NotFound`] before [`crate::init`] (no module list yet), [`Error::Sys`] when a write
+/// fails (`ENOSPC`, ...), [`Error::Unsupported`] on a machine
 /// without minidump support (not x86-64 or aarch64).
 ///
 /// # Async-signal safety
@@ -323,6 +324,11 @@ pub fn write_minidump_with(
     fd: impl AsFd,
     options: &crate::minidump::Options,
 ) -> Result<crate::minidump::Summary, Error> {
+    if !crate::modules::with_current(|s| s.is_some()) {
+        return Err(Error::NotFound(
+            "the module list: call selftrace::init() before writing a minidump",
+        ));
+    }
     let _ = install();
     let _lock = crate::crash::lock::OutputLock::acquire();
     crate::minidump::write(

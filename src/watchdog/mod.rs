@@ -65,7 +65,8 @@ pub enum Action {
     Callback(Arc<dyn Fn(&Stall) + Send + Sync>),
     /// Abort the process with an all-thread report: `abort()` after [`threads::dump_all`], or,
     /// when the crash handler is installed with [`crate::crash::Builder::all_threads`], through
-    /// the crash handler's report, which lists every thread.
+    /// the crash handler's report, which lists every thread. With [`Builder::minidump`], a
+    /// minidump of the stalled process (every thread's registers and stack) is written first.
     Abort,
 }
 
@@ -139,6 +140,9 @@ static FD: AtomicI32 = AtomicI32::new(2);
 static REGISTRY: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
 static ACTION: Mutex<Option<Action>> = Mutex::new(None);
 static MONITOR: Once = Once::new();
+/// The directory of [`Builder::minidump`] (-1: none).
+static MINIDUMP_DIR: AtomicI32 = AtomicI32::new(-1);
+static MINIDUMP_PATH: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
 
 thread_local! {
     static CURRENT: Cell<*const Slot> = const { Cell::new(core::ptr::null()) };
@@ -266,6 +270,7 @@ pub struct Builder {
     default_timeout: Duration,
     action: Action,
     fd: Option<Arc<std::os::fd::OwnedFd>>,
+    minidump: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -275,6 +280,7 @@ impl std::fmt::Debug for Builder {
             .field("default_timeout", &self.default_timeout)
             .field("action", &self.action)
             .field("fd", &self.fd)
+            .field("minidump", &self.minidump)
             .finish()
     }
 }
@@ -286,6 +292,7 @@ impl Default for Builder {
             default_timeout: Duration::from_secs(2),
             action: Action::Report,
             fd: None,
+            minidump: None,
         }
     }
 }
@@ -324,14 +331,45 @@ impl Builder {
         self
     }
 
+    /// Before [`Action::Abort`] aborts, write a minidump of the process (see
+    /// [`crate::minidump`]) into directory `dir` as `<uuid>.dmp`, named in the report. The
+    /// directory is opened by [`Builder::install`].
+    pub fn minidump(mut self, dir: impl Into<std::path::PathBuf>) -> Builder {
+        self.minidump = Some(dir.into());
+        self
+    }
+
     /// Applies the settings, installs the stack-request handler of [`crate::threads`] (the
     /// reports show the stalled thread's stack) and starts the monitor thread. Calling it is
     /// optional: [`watch`] starts the watchdog with the defaults. Normal context.
     ///
     /// # Errors
-    /// Those of [`crate::threads::install`].
+    /// Those of [`crate::threads::install`]; with [`Builder::minidump`], [`Error::Sys`] when the
+    /// directory cannot be opened and [`Error::Unsupported`] on a machine without minidumps.
     pub fn install(self) -> Result<(), Error> {
         threads::install()?;
+        if let Some(dir) = &self.minidump {
+            if !crate::minidump::SUPPORTED {
+                return Err(Error::Unsupported("minidumps on this architecture"));
+            }
+            use std::os::unix::fs::OpenOptionsExt;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY)
+                .open(dir)
+                .map_err(|e| Error::Sys {
+                    call: "open",
+                    errno: e.raw_os_error().unwrap_or(libc::EIO),
+                })?;
+            // Never closed: the monitor may be writing into it.
+            MINIDUMP_DIR.store(
+                sys::keep_open(std::os::fd::OwnedFd::from(file)),
+                Ordering::Relaxed,
+            );
+            if let Ok(mut p) = MINIDUMP_PATH.lock() {
+                *p = Some(dir.clone());
+            }
+        }
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
         PERIOD_MS.store(ms(self.period), Ordering::Relaxed);
         DEFAULT_TIMEOUT_MS.store(ms(self.default_timeout), Ordering::Relaxed);
@@ -448,12 +486,54 @@ fn check(slot: &Slot, now: u64) {
         Action::Abort => {
             let fd = FD.load(Ordering::Relaxed);
             let _ = sys::write_all(fd, b"watchdog: aborting (Action::Abort)\n");
+            write_minidump(fd);
             if !crate::crash::all_threads_enabled() {
                 threads::dump_all_raw(fd);
             }
             sys::abort();
         }
     }
+}
+
+/// The minidump of [`Builder::minidump`] before an abort (normal context: the monitor thread).
+fn write_minidump(fd: i32) {
+    let dir = MINIDUMP_DIR.load(Ordering::Relaxed);
+    if dir < 0 {
+        return;
+    }
+    let mut name = [0u8; 48];
+    let line = match crate::minidump::create_in(dir, &mut name) {
+        Err(errno) => format!(
+            "watchdog: minidump not written: {}\n",
+            std::io::Error::from_raw_os_error(errno)
+        ),
+        Ok((file, len)) => {
+            let result = {
+                let _lock = crate::crash::lock::OutputLock::acquire();
+                crate::minidump::write(
+                    file,
+                    None,
+                    &crate::minidump::Options::new(),
+                    threads::timeout().as_nanos() as u64,
+                )
+            };
+            sys::close(file);
+            let dir = MINIDUMP_PATH.lock().ok().and_then(|p| p.clone());
+            let path = dir
+                .unwrap_or_default()
+                .join(String::from_utf8_lossy(&name[..len]).as_ref());
+            match result {
+                Ok(s) => format!(
+                    "watchdog: minidump {} ({} threads, {} bytes)\n",
+                    path.display(),
+                    s.threads(),
+                    s.bytes()
+                ),
+                Err(e) => format!("watchdog: minidump {} not written: {e}\n", path.display()),
+            }
+        }
+    };
+    let _ = sys::write_all(fd, line.as_bytes());
 }
 
 /// The report's first line ([`Stall::headline`]).

@@ -85,6 +85,49 @@ pub(crate) unsafe fn context_from_ucontext(
     CONTEXT_SIZE
 }
 
+/// The calling function's own registers where the macro is expanded: sp, x29, x19-x28, x30
+/// and the address of an instruction there (`[u64; 14]`); see the x86-64 version.
+macro_rules! own_registers {
+    () => {{
+        let mut regs = [0u64; 14];
+        // SAFETY: stores registers into `regs` (14 u64s, written at offsets 0-104); no stack
+        // use, flags kept.
+        unsafe {
+            core::arch::asm!(
+                "mov {t}, sp",
+                "str {t}, [{p}]",
+                "str x29, [{p}, #8]",
+                "stp x19, x20, [{p}, #16]",
+                "stp x21, x22, [{p}, #32]",
+                "stp x23, x24, [{p}, #48]",
+                "stp x25, x26, [{p}, #64]",
+                "stp x27, x28, [{p}, #80]",
+                "str x30, [{p}, #96]",
+                "adr {t}, .",
+                "str {t}, [{p}, #104]",
+                p = in(reg) regs.as_mut_ptr(),
+                t = out(reg) _,
+                options(nostack, preserves_flags),
+            )
+        };
+        regs
+    }};
+}
+
+/// Writes the `CONTEXT_ARM64` of registers from [`own_registers`]; returns its size.
+pub(crate) fn context_from_own(regs: &[u64; 14], out: &mut [u8; CONTEXT_SIZE]) -> usize {
+    out.fill(0);
+    le32(out, FLAGS, CONTEXT_ARM64 | CONTROL | INTEGER);
+    le64(out, SP, regs[0]);
+    le64(out, X0 + 8 * 29, regs[1]);
+    for k in 0..10 {
+        le64(out, X0 + 8 * (19 + k), regs[2 + k]);
+    }
+    le64(out, X0 + 8 * 30, regs[12]);
+    le64(out, PC, regs[13]);
+    CONTEXT_SIZE
+}
+
 /// The stack pointer and pc of a context written by [`context_from_ucontext`].
 pub(crate) fn sp_pc(ctx: &[u8]) -> Option<(u64, u64)> {
     Some((rd64(ctx, SP)?, rd64(ctx, PC)?))

@@ -19,6 +19,18 @@ pub(crate) unsafe fn context_from_ucontext(
     0
 }
 
+/// No registers.
+macro_rules! own_registers {
+    () => {
+        [0u64; 0]
+    };
+}
+
+/// No context.
+pub(crate) fn context_from_own(_regs: &[u64; 0], _out: &mut [u8; CONTEXT_SIZE]) -> usize {
+    0
+}
+
 /// No context, no registers.
 pub(crate) fn sp_pc(_ctx: &[u8]) -> Option<(u64, u64)> {
     None

@@ -91,6 +91,51 @@ pub(crate) unsafe fn context_from_ucontext(
     CONTEXT_SIZE
 }
 
+/// The calling function's own registers, at the point where the macro is expanded: `rsp`,
+/// `rbp`, `rbx`, `r12`-`r15` and the address of an instruction there (as `[u64; 8]`). With
+/// the unwind information at that address they describe the calling function's frame, which
+/// stays as it is (return address, saved registers) for as long as the function runs: the
+/// writing thread's own context, consistent with the stack copied while the function runs.
+macro_rules! own_registers {
+    () => {{
+        let mut regs = [0u64; 8];
+        // SAFETY: stores registers into `regs` (8 u64s, written at offsets 0-56); no stack
+        // use, flags kept.
+        unsafe {
+            core::arch::asm!(
+                "mov [{p}], rsp",
+                "mov [{p} + 8], rbp",
+                "mov [{p} + 16], rbx",
+                "mov [{p} + 24], r12",
+                "mov [{p} + 32], r13",
+                "mov [{p} + 40], r14",
+                "mov [{p} + 48], r15",
+                "lea {t}, [rip]",
+                "mov [{p} + 56], {t}",
+                p = in(reg) regs.as_mut_ptr(),
+                t = out(reg) _,
+                options(nostack, preserves_flags),
+            )
+        };
+        regs
+    }};
+}
+
+/// Writes the `CONTEXT_AMD64` of registers from [`own_registers`] (control and integer
+/// registers: those a stack walk needs); returns its size.
+pub(crate) fn context_from_own(regs: &[u64; 8], out: &mut [u8; CONTEXT_SIZE]) -> usize {
+    out.fill(0);
+    le32(out, FLAGS, CONTEXT_AMD64 | CONTROL | INTEGER);
+    le64(out, RSP, regs[0]);
+    le64(out, RAX + 8 * 5, regs[1]); // Rbp
+    le64(out, RAX + 8 * 3, regs[2]); // Rbx
+    for k in 0..4 {
+        le64(out, RAX + 8 * (12 + k), regs[3 + k]); // R12-R15
+    }
+    le64(out, RIP, regs[7]);
+    CONTEXT_SIZE
+}
+
 /// The stack pointer and instruction pointer of a context written by
 /// [`context_from_ucontext`].
 pub(crate) fn sp_pc(ctx: &[u8]) -> Option<(u64, u64)> {

@@ -1,0 +1,713 @@
+//! Minidumps, read back by the real consumer: rust-minidump's `minidump` crate parses the dump
+//! and `minidump-processor` walks every thread's stack from the dump alone, naming frames with
+//! the binary's own DWARF (no Breakpad `.sym` files).
+//!
+//! Each crash runs in a child process (this test binary again, `MINIDUMP_SCENARIO` set) that
+//! starts named threads (one spins, one sleeps, one blocks on a channel), prints their tids,
+//! installs a seccomp filter that kills the process on `ptrace` and on any `clone` of a process
+//! (so the dump is written with neither), and crashes.
+
+#[path = "child_support/mod.rs"]
+mod child_support;
+
+use minidump::{
+    Minidump, MinidumpException, MinidumpLinuxMaps, MinidumpMemoryList, MinidumpMiscInfo,
+    MinidumpModuleList, MinidumpSystemInfo, MinidumpThreadList, MinidumpThreadNames, Module,
+};
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+// ---- the child ------------------------------------------------------------------------------
+
+#[inline(never)]
+fn spin_forever() -> ! {
+    let mut x = 0u64;
+    loop {
+        x = std::hint::black_box(x.wrapping_add(1));
+    }
+}
+
+#[inline(never)]
+fn sleep_forever() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+#[inline(never)]
+fn block_forever(rx: mpsc::Receiver<()>) {
+    let _ = std::hint::black_box(rx.recv());
+}
+
+#[inline(never)]
+fn crash_in_known_function(p: *mut u64) {
+    // SAFETY: none: writing through a null pointer is the crash under test.
+    unsafe { std::ptr::write_volatile(p, 0x5e1f) };
+}
+
+#[inline(never)]
+fn middle_frame(p: *mut u64) {
+    crash_in_known_function(std::hint::black_box(p));
+    std::hint::black_box(());
+}
+
+#[inline(never)]
+fn outer_frame(p: *mut u64) {
+    middle_frame(std::hint::black_box(p));
+    std::hint::black_box(());
+}
+
+#[inline(never)]
+fn recurse_forever(depth: u64) -> u64 {
+    let pad = std::hint::black_box([depth; 32]);
+    if std::hint::black_box(depth) == u64::MAX {
+        return 0;
+    }
+    recurse_forever(depth + 1) + pad[3]
+}
+
+extern "C" fn handler_that_crashes(_sig: i32) {
+    crash_in_known_function(std::hint::black_box(std::ptr::null_mut()));
+}
+
+#[inline(never)]
+fn raise_usr1() {
+    // SAFETY: raising a signal whose handler is installed.
+    unsafe { libc::raise(libc::SIGUSR1) };
+    std::hint::black_box(());
+}
+
+/// Starts the spinner, sleeper and blocked threads and prints `tid NAME TID` for each thread
+/// (main too) so the parent knows which threads ran.
+fn start_threads() -> mpsc::Sender<()> {
+    let (tx, rx) = mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = mpsc::channel::<(String, i32)>();
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        let ready = ready_tx.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let me = selftrace::threads::current_tid();
+                ready
+                    .send((std::thread::current().name().unwrap().into(), me))
+                    .unwrap();
+                f();
+            })
+            .unwrap();
+    };
+    spawn("md-spinner", Box::new(|| spin_forever()));
+    spawn("md-sleeper", Box::new(|| sleep_forever()));
+    spawn("md-blocked", Box::new(move || block_forever(rx)));
+    for _ in 0..3 {
+        let (name, tid) = ready_rx.recv().unwrap();
+        eprintln!("tid {name} {tid}");
+    }
+    eprintln!("tid main {}", selftrace::threads::current_tid());
+    // Let the sleeper and the blocked thread reach their system calls.
+    std::thread::sleep(Duration::from_millis(200));
+    tx
+}
+
+/// A seccomp filter that kills the process on `ptrace`, `clone3`, `fork`/`vfork` and a `clone`
+/// without `CLONE_THREAD` (new threads are still allowed; none is made after this).
+fn forbid_ptrace_and_processes() {
+    #[cfg(target_arch = "x86_64")]
+    const ARCH: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64
+    #[cfg(target_arch = "aarch64")]
+    const ARCH: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
+    let stmt = |code: u16, k: u32| libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let ld = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    let ret = (libc::BPF_RET | libc::BPF_K) as u16;
+    let kill = libc::SECCOMP_RET_KILL_PROCESS;
+    let allow = libc::SECCOMP_RET_ALLOW;
+    let mut prog = vec![
+        stmt(ld, 4), // seccomp_data.arch
+        jeq(ARCH, 1, 0),
+        stmt(ret, kill),
+        stmt(ld, 0), // seccomp_data.nr
+    ];
+    let mut killed = vec![libc::SYS_ptrace as u32, libc::SYS_clone3 as u32];
+    #[cfg(target_arch = "x86_64")]
+    killed.extend([libc::SYS_fork as u32, libc::SYS_vfork as u32]);
+    for nr in killed {
+        prog.push(jeq(nr, 0, 1));
+        prog.push(stmt(ret, kill));
+    }
+    prog.push(jeq(libc::SYS_clone as u32, 0, 3));
+    prog.push(stmt(ld, 16)); // args[0], low half: the clone flags
+    prog.push(libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16,
+        jt: 1,
+        jf: 0,
+        k: libc::CLONE_THREAD as u32,
+    });
+    prog.push(stmt(ret, kill));
+    prog.push(stmt(ret, allow));
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: prctl with valid arguments; the filter program outlives the call (the kernel
+    // copies it).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &fprog as *const libc::sock_fprog
+            ),
+            0,
+            "seccomp: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// In a child (MINIDUMP_SCENARIO set): run the scenario. In the parent: nothing.
+#[test]
+fn child_entry() {
+    let Ok(name) = std::env::var("MINIDUMP_SCENARIO") else {
+        return;
+    };
+    let dir = std::env::var("MINIDUMP_DIR").expect("MINIDUMP_DIR");
+    let timeout = Duration::from_secs(if cfg!(target_arch = "x86_64") { 3 } else { 60 });
+    if name == "live" {
+        selftrace::init().expect("init");
+        let _tx = start_threads();
+        let path = Path::new(&dir).join("live.dmp");
+        let file = std::fs::File::create(&path).unwrap();
+        forbid_ptrace_and_processes();
+        let summary = selftrace::threads::write_minidump(&file).expect("write_minidump");
+        eprintln!(
+            "summary threads={} contexts={} modules={} bytes={}",
+            summary.threads(),
+            summary.threads_with_context(),
+            summary.modules(),
+            summary.bytes()
+        );
+        std::process::exit(0);
+    }
+    if name == "ptrace-is-killed" {
+        forbid_ptrace_and_processes();
+        // SAFETY: the filter kills the process here.
+        unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) };
+        std::process::exit(4);
+    }
+    selftrace::crash::builder()
+        .minidump(&dir)
+        .symbolizer_timeout(timeout)
+        .install()
+        .expect("install");
+    match name.as_str() {
+        "segv" => {
+            let _tx = start_threads();
+            forbid_ptrace_and_processes();
+            outer_frame(std::hint::black_box(std::ptr::null_mut()));
+        }
+        "overflow" => {
+            let _tx = start_threads();
+            // Started before the filter (which forbids clone3), overflowing after it.
+            let (go_tx, go_rx) = mpsc::channel::<()>();
+            let t = std::thread::Builder::new()
+                .name("md-overflow".into())
+                .spawn(move || {
+                    eprintln!("tid md-overflow {}", selftrace::threads::current_tid());
+                    go_rx.recv().unwrap();
+                    recurse_forever(0)
+                })
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            forbid_ptrace_and_processes();
+            go_tx.send(()).unwrap();
+            let _ = t.join();
+        }
+        "in-handler" => {
+            let _tx = start_threads();
+            // SAFETY: installs a plain handler for SIGUSR1.
+            unsafe {
+                libc::signal(
+                    libc::SIGUSR1,
+                    handler_that_crashes as extern "C" fn(i32) as libc::sighandler_t,
+                )
+            };
+            forbid_ptrace_and_processes();
+            raise_usr1();
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+    eprintln!("scenario {name} did not crash");
+    std::process::exit(3);
+}
+
+// ---- the parent -----------------------------------------------------------------------------
+
+struct Run {
+    status: std::process::ExitStatus,
+    stderr: String,
+    /// Thread name -> tid, as the child printed them.
+    tids: BTreeMap<String, u32>,
+    dir: PathBuf,
+}
+
+fn run(scenario: &str) -> Run {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("minidump-{scenario}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("MINIDUMP_SCENARIO", scenario)
+        .env("MINIDUMP_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Duration::from_secs(if cfg!(target_arch = "x86_64") {
+        60
+    } else {
+        600
+    });
+    let (status, _out, stderr) = child_support::wait_with_deadline(child, deadline, scenario);
+    let tids = stderr
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("tid ")?.split(' ');
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect();
+    Run {
+        status,
+        stderr,
+        tids,
+        dir,
+    }
+}
+
+/// The one `.dmp` file the crash left.
+fn the_dump(run: &Run) -> PathBuf {
+    let dumps: Vec<PathBuf> = std::fs::read_dir(&run.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "dmp"))
+        .collect();
+    assert_eq!(dumps.len(), 1, "one dump expected; stderr:\n{}", run.stderr);
+    let name = dumps[0].file_name().unwrap().to_str().unwrap();
+    assert!(
+        run.stderr
+            .contains(&format!("minidump: {}", dumps[0].display())),
+        "the report names the dump {name}; stderr:\n{}",
+        run.stderr
+    );
+    dumps[0].clone()
+}
+
+// ---- reading a dump -------------------------------------------------------------------------
+
+/// Function names from each module's own ELF symbol table (read with `object`, independent of
+/// selftrace's symbolizer); frames are walked by minidump-unwind's framehop-based provider on
+/// the modules' CFI.
+struct ElfSymbols {
+    /// Module base -> sorted (start, end, demangled name), addresses relative to the base.
+    by_base: BTreeMap<u64, Vec<(u64, u64, String)>>,
+}
+
+impl ElfSymbols {
+    fn new(modules: &MinidumpModuleList) -> ElfSymbols {
+        use object::{Object, ObjectSymbol};
+        let mut by_base = BTreeMap::new();
+        for m in modules.iter() {
+            let Ok(data) = std::fs::read(m.code_file().as_ref()) else {
+                continue;
+            };
+            let Ok(file) = object::File::parse(&*data) else {
+                continue;
+            };
+            let mut syms: Vec<(u64, u64, String)> = file
+                .symbols()
+                .chain(file.dynamic_symbols())
+                .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0)
+                .filter_map(|s| {
+                    let name = s.name().ok()?;
+                    Some((
+                        s.address(),
+                        s.address() + s.size().max(1),
+                        format!("{:#}", rustc_demangle::demangle(name)),
+                    ))
+                })
+                .collect();
+            syms.sort();
+            by_base.insert(m.base_address(), syms);
+        }
+        ElfSymbols { by_base }
+    }
+}
+
+#[async_trait::async_trait]
+impl minidump_unwind::SymbolProvider for ElfSymbols {
+    async fn fill_symbol(
+        &self,
+        module: &(dyn Module + Sync),
+        frame: &mut (dyn minidump_unwind::FrameSymbolizer + Send),
+    ) -> Result<(), minidump_unwind::FillSymbolError> {
+        let syms = self
+            .by_base
+            .get(&module.base_address())
+            .ok_or(minidump_unwind::FillSymbolError {})?;
+        // Position-independent objects: file addresses are offsets from the load base.
+        let rel = frame.get_instruction() - module.base_address();
+        let i = syms.partition_point(|s| s.0 <= rel);
+        if i > 0 && rel < syms[i - 1].1 {
+            let (start, _, name) = &syms[i - 1];
+            frame.set_function(name, module.base_address() + start, 0);
+        }
+        Ok(())
+    }
+
+    async fn walk_frame(
+        &self,
+        _module: &(dyn Module + Sync),
+        _walker: &mut (dyn minidump_unwind::FrameWalker + Send),
+    ) -> Option<()> {
+        None
+    }
+
+    async fn get_file_path(
+        &self,
+        module: &(dyn Module + Sync),
+        _kind: minidump_unwind::FileKind,
+    ) -> Result<PathBuf, minidump_unwind::FileError> {
+        Ok(PathBuf::from(module.code_file().as_ref()))
+    }
+}
+
+/// What the test reads out of a dump.
+struct Read {
+    /// tid -> name (ThreadNames).
+    names: BTreeMap<u32, String>,
+    /// tid -> whether the thread has a context and a stack.
+    has_context: BTreeMap<u32, bool>,
+    /// tid -> the function names of its walked stack, innermost first.
+    stacks: BTreeMap<u32, Vec<String>>,
+    /// (thread id, reason, address) of the exception stream.
+    exception: Option<(u32, String, u64)>,
+    /// The crashing thread as minidump-processor picked it.
+    crashing: Option<u32>,
+    /// (code file, code id) per module.
+    modules: Vec<(String, Option<String>)>,
+    cpu: String,
+    os: String,
+    pid: Option<u32>,
+    maps: usize,
+    stack_regions: usize,
+}
+
+fn read(path: &Path) -> Read {
+    let dump = Minidump::read_path(path).expect("rust-minidump reads the dump");
+    let sys = dump.get_stream::<MinidumpSystemInfo>().expect("SystemInfo");
+    let misc = dump.get_stream::<MinidumpMiscInfo>().ok();
+    let threads = dump.get_stream::<MinidumpThreadList>().expect("ThreadList");
+    let names = dump
+        .get_stream::<MinidumpThreadNames>()
+        .expect("ThreadNames");
+    let modules = dump.get_stream::<MinidumpModuleList>().expect("ModuleList");
+    let memory = dump.get_stream::<MinidumpMemoryList>().expect("MemoryList");
+    let maps = dump.get_stream::<MinidumpLinuxMaps>().expect("Linux maps");
+    let exception = dump.get_stream::<MinidumpException>().ok().map(|e| {
+        (
+            e.get_crashing_thread_id(),
+            e.get_crash_reason(sys.os, sys.cpu).to_string(),
+            e.get_crash_address(sys.os, sys.cpu),
+        )
+    });
+    let mut has_context = BTreeMap::new();
+    let mut thread_names = BTreeMap::new();
+    for t in &threads.threads {
+        let tid = t.raw.thread_id;
+        has_context.insert(
+            tid,
+            t.context(&sys, misc.as_ref()).is_some() && t.raw.stack.memory.data_size > 0,
+        );
+        if let Some(n) = names.get_name(tid) {
+            thread_names.insert(tid, n.to_string());
+        }
+    }
+    let state = futures_executor::block_on(async {
+        let mut provider = minidump_unwind::MultiSymbolProvider::new();
+        provider.add(Box::new(
+            minidump_unwind::debuginfo::DebugInfoSymbolProvider::new(&sys, &modules).await,
+        ));
+        provider.add(Box::new(ElfSymbols::new(&modules)));
+        minidump_processor::process_minidump(&dump, &provider).await
+    })
+    .expect("minidump-processor processes the dump");
+    let stacks = state
+        .threads
+        .iter()
+        .map(|s| {
+            let names = s
+                .frames
+                .iter()
+                .map(|f| f.function_name.clone().unwrap_or_else(|| "??".into()))
+                .collect();
+            (s.thread_id, names)
+        })
+        .collect();
+    let crashing = state.requesting_thread.map(|i| state.threads[i].thread_id);
+    Read {
+        names: thread_names,
+        has_context,
+        stacks,
+        exception,
+        crashing,
+        modules: modules
+            .iter()
+            .map(|m| {
+                (
+                    m.code_file().to_string(),
+                    m.code_identifier().map(|c| c.to_string()),
+                )
+            })
+            .collect(),
+        cpu: sys.cpu.to_string(),
+        os: sys.os.to_string(),
+        pid: misc.and_then(|m| m.raw.process_id().copied()),
+        maps: maps.memory_map_count(),
+        stack_regions: memory.iter().count(),
+    }
+}
+
+/// The GNU build-id of an ELF file on disk, as lowercase hex (read with `object`).
+fn build_id_of(path: &str) -> Option<String> {
+    use object::Object;
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let id = file.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether `stack` holds the names of `want` in that order (not necessarily adjacent).
+fn in_order(stack: &[String], want: &[&str]) -> bool {
+    let mut it = stack.iter();
+    want.iter()
+        .all(|w| it.any(|f| f.ends_with(w) || f.contains(&format!("{w}::"))))
+}
+
+fn name_of_tid(run: &Run, tid: u32) -> Option<&str> {
+    run.tids
+        .iter()
+        .find(|(_, &t)| t == tid)
+        .map(|(n, _)| n.as_str())
+}
+
+/// Checks what every dump of a run with `start_threads` must hold.
+fn check_common(run: &Run, d: &Read, pid: Option<u32>) {
+    let ctx = format!("stderr:\n{}", run.stderr);
+    // Every thread that ran is in the dump with its name, registers and stack.
+    for (name, tid) in &run.tids {
+        let shown = if name == "main" {
+            None
+        } else {
+            Some(name.as_str())
+        };
+        if let Some(shown) = shown {
+            assert_eq!(
+                d.names.get(tid).map(String::as_str),
+                Some(shown),
+                "thread {name} ({tid}) listed with its name; names {:?}; {ctx}",
+                d.names
+            );
+        }
+        assert_eq!(
+            d.has_context.get(tid),
+            Some(&true),
+            "thread {name} ({tid}) has registers and stack; {:?}; {ctx}",
+            d.has_context
+        );
+    }
+    // And no thread that did not.
+    for tid in d.has_context.keys() {
+        assert!(
+            name_of_tid(run, *tid).is_some() || d.names.get(tid).is_some(),
+            "thread {tid} of the dump is a thread of the process; {ctx}"
+        );
+    }
+    let tid = |n: &str| run.tids[n];
+    let stack = |n: &str| d.stacks.get(&tid(n)).cloned().unwrap_or_default();
+    assert!(
+        stack("md-spinner")
+            .iter()
+            .any(|f| f.ends_with("spin_forever")),
+        "spinner walked to spin_forever: {:?}",
+        stack("md-spinner")
+    );
+    assert!(
+        in_order(&stack("md-sleeper"), &["sleep", "sleep_forever"]),
+        "sleeper: {:?}",
+        stack("md-sleeper")
+    );
+    assert!(
+        in_order(&stack("md-blocked"), &["recv", "block_forever"]),
+        "blocked thread: {:?}",
+        stack("md-blocked")
+    );
+    // Modules: the code id is the file's build-id.
+    let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
+    let exe = exe.to_str().unwrap();
+    assert!(
+        d.modules.iter().any(|(f, _)| f == exe),
+        "the test binary is a module: {:?}",
+        d.modules
+    );
+    let mut checked = 0;
+    for (file, code_id) in &d.modules {
+        if let Some(want) = build_id_of(file) {
+            assert_eq!(code_id.as_deref(), Some(want.as_str()), "code id of {file}");
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 2,
+        "build-ids checked: {checked}; {:?}",
+        d.modules
+    );
+    assert_eq!(d.os, "linux");
+    let cpu = if cfg!(target_arch = "x86_64") {
+        "amd64"
+    } else {
+        "arm64"
+    };
+    assert_eq!(d.cpu, cpu);
+    if let Some(pid) = pid {
+        assert_eq!(d.pid, Some(pid), "MiscInfo pid");
+    }
+    assert!(d.maps > 5, "maps stream: {} mappings", d.maps);
+    assert!(
+        d.stack_regions >= run.tids.len(),
+        "memory regions for the stacks"
+    );
+}
+
+#[test]
+fn the_seccomp_filter_kills_ptrace() {
+    let r = run("ptrace-is-killed");
+    assert_eq!(
+        r.status.signal(),
+        Some(libc::SIGSYS),
+        "ptrace under the test's filter kills the process; stderr:\n{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_crash_dump_has_every_thread_and_the_crashing_stack() {
+    let r = run("segv");
+    assert_eq!(r.status.signal(), Some(libc::SIGSEGV), "{}", r.stderr);
+    assert!(r.stderr.contains("selftrace: fatal signal"), "{}", r.stderr);
+    let d = read(&the_dump(&r));
+    check_common(&r, &d, None);
+    let main = r.tids["main"];
+    let (tid, reason, addr) = d.exception.clone().expect("Exception stream");
+    assert_eq!(tid, main);
+    assert_eq!(reason, "SIGSEGV / SEGV_MAPERR");
+    assert_eq!(addr, 0);
+    assert_eq!(
+        d.crashing,
+        Some(main),
+        "minidump-processor's crashing thread"
+    );
+    let stack = &d.stacks[&main];
+    assert!(
+        stack[0].ends_with("crash_in_known_function") || stack[0].contains("write_volatile"),
+        "frame 0: {stack:?}"
+    );
+    assert!(
+        in_order(
+            stack,
+            &[
+                "crash_in_known_function",
+                "middle_frame",
+                "outer_frame",
+                "child_entry"
+            ]
+        ),
+        "the crashing stack, walked from the dump: {stack:?}"
+    );
+}
+
+#[test]
+fn a_stack_overflow_dump_walks_the_overflowing_thread() {
+    let r = run("overflow");
+    assert_eq!(r.status.signal(), Some(libc::SIGSEGV), "{}", r.stderr);
+    assert!(r.stderr.contains("stack overflow"), "{}", r.stderr);
+    let d = read(&the_dump(&r));
+    check_common(&r, &d, None);
+    let t = r.tids["md-overflow"];
+    let (tid, reason, _) = d.exception.clone().expect("Exception stream");
+    assert_eq!(tid, t);
+    assert!(reason.starts_with("SIGSEGV"), "{reason}");
+    let stack = &d.stacks[&t];
+    assert!(
+        stack.len() >= 10 && stack[..10].iter().all(|f| f.ends_with("recurse_forever")),
+        "the overflowing thread, walked from the dump: {:?}",
+        &stack[..stack.len().min(12)]
+    );
+}
+
+#[test]
+fn a_crash_in_a_signal_handler_is_dumped() {
+    let r = run("in-handler");
+    assert_eq!(r.status.signal(), Some(libc::SIGSEGV), "{}", r.stderr);
+    let d = read(&the_dump(&r));
+    check_common(&r, &d, None);
+    let main = r.tids["main"];
+    assert_eq!(d.exception.as_ref().map(|e| e.0), Some(main));
+    let stack = &d.stacks[&main];
+    assert!(
+        in_order(stack, &["crash_in_known_function", "handler_that_crashes"]),
+        "the handler's frames, walked from the dump: {stack:?}"
+    );
+}
+
+#[test]
+fn a_live_dump_has_every_thread_and_no_exception() {
+    let r = run("live");
+    assert!(r.status.success(), "{}", r.stderr);
+    let path = r.dir.join("live.dmp");
+    let d = read(&path);
+    assert!(d.exception.is_none(), "a live dump has no exception stream");
+    check_common(&r, &d, None);
+    // The calling thread is in it, stopped in write_minidump.
+    let main = r.tids["main"];
+    assert!(
+        in_order(&d.stacks[&main], &["write_minidump", "child_entry"]),
+        "the writing thread: {:?}",
+        d.stacks[&main]
+    );
+    let summary = r
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("summary "))
+        .expect("summary line");
+    let bytes: u64 = summary
+        .split("bytes=")
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert_eq!(bytes, std::fs::metadata(&path).unwrap().len(), "{summary}");
+}
