@@ -24,6 +24,7 @@ const AARCH64_TESTS: &[&str] = &[
     "dlopen",
     "dump_stack",
     "hostile",
+    "minidump",
     "symbolize",
     "symbolize_files",
     "symbolize_signal",
@@ -58,6 +59,11 @@ const NOT_UNDER_QEMU: &[(&str, &str)] = &[
     ("markers_off", MARKERS),
     ("markers_tracing", MARKERS),
     ("markers_unavailable", MARKERS),
+    (
+        "minidump_upload",
+        "the std-only HTTP upload of a dump file: no architecture-specific code (the dumps \
+         themselves are tested under qemu in minidump)",
+    ),
     ("profile", PROFILE_SHARES),
     ("profile_http", PROFILE_SHARES),
     (
