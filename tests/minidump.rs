@@ -223,6 +223,16 @@ fn child_entry() {
         unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) };
         std::process::exit(4);
     }
+    if name == "segv-fd" {
+        let file = std::fs::File::create(Path::new(&dir).join("given.dmp")).unwrap();
+        selftrace::crash::builder()
+            .minidump_fd(file)
+            .symbolizer(false)
+            .install()
+            .expect("install");
+        let _tx = start_threads();
+        outer_frame(std::hint::black_box(std::ptr::null_mut()));
+    }
     selftrace::crash::builder()
         .minidump(&dir)
         .symbolizer_timeout(timeout)
@@ -809,4 +819,57 @@ fn a_dump_written_in_a_signal_handler_does_not_allocate() {
     );
     std::fs::remove_file(&path).unwrap();
     drop(other);
+}
+
+#[test]
+fn a_crash_dump_goes_to_a_given_file_too() {
+    let r = run("segv-fd");
+    assert_eq!(r.status.signal(), Some(libc::SIGSEGV), "{}", r.stderr);
+    assert!(r.stderr.contains("minidump: fd "), "{}", r.stderr);
+    let d = read(&r.dir.join("given.dmp"));
+    check_common(&r, &d, None);
+    assert_eq!(d.exception.as_ref().map(|e| e.0), Some(r.tids["main"]));
+}
+
+#[test]
+fn files_a_dump_cannot_be_written_to_are_refused() {
+    use selftrace::Error;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    // A pipe cannot be written at offsets.
+    let (_r, w) = std::io::pipe().unwrap();
+    assert!(matches!(
+        selftrace::crash::builder().minidump_fd(w).install(),
+        Err(Error::InvalidInput(why)) if why.contains("seekable")
+    ));
+    // O_APPEND makes Linux's pwrite append.
+    let path = dir.join(format!("append-{}.dmp", std::process::id()));
+    let appending = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    assert!(matches!(
+        selftrace::threads::write_minidump(&appending),
+        Err(Error::InvalidInput(why)) if why.contains("O_APPEND")
+    ));
+    assert!(matches!(
+        selftrace::crash::builder().minidump_fd(appending).install(),
+        Err(Error::InvalidInput(why)) if why.contains("O_APPEND")
+    ));
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        0,
+        "nothing written"
+    );
+    std::fs::remove_file(&path).unwrap();
+    // A directory that does not exist.
+    assert!(matches!(
+        selftrace::crash::builder()
+            .minidump(dir.join("no-such-directory"))
+            .install(),
+        Err(Error::Sys {
+            call: "open",
+            errno: libc::ENOENT
+        })
+    ));
 }

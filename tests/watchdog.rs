@@ -156,6 +156,7 @@ fn scenario(name: &str) {
             settings
                 .clone()
                 .action(Action::Abort)
+                .minidump(std::env::var("WATCHDOG_MINIDUMP_DIR").expect("dump dir"))
                 .install()
                 .expect("watchdog");
             // Stuck for longer than the abort takes (the crash report waits for the symbolizer
@@ -220,6 +221,10 @@ fn run(name: &str) -> Outcome {
     if let Some(i) = &instance {
         cmd.env("MARKER_FILE", i.marker_path());
     }
+    let dumps = dump_dir(name);
+    let _ = std::fs::remove_dir_all(&dumps);
+    std::fs::create_dir_all(&dumps).unwrap();
+    cmd.env("WATCHDOG_MINIDUMP_DIR", &dumps);
     let child = cmd.spawn().expect("run child");
     let pid = child.id();
     let (status, stdout, stderr) = child_support::wait_with_deadline(
@@ -242,6 +247,12 @@ fn run(name: &str) -> Outcome {
         code: status.code(),
         signal: status.signal(),
     }
+}
+
+/// Where scenario `name` writes minidumps.
+fn dump_dir(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("watchdog-dumps-{name}-{}", std::process::id()))
 }
 
 /// The seconds of the `recovered after N.NNNs` line (the thread did not pet for 1.5 s).
@@ -367,6 +378,38 @@ fn the_abort_action_dies_with_an_all_thread_report() {
     assert!(
         without_qemu_line(e).ends_with("---[ end of report ]---"),
         "{e}"
+    );
+    // The minidump of Builder::minidump, written before the abort: read back by rust-minidump,
+    // the stuck thread in it with its registers and stack.
+    let line = e
+        .lines()
+        .find(|l| l.starts_with("watchdog: minidump "))
+        .unwrap_or_else(|| panic!("minidump line: {e}"));
+    let path = line["watchdog: minidump ".len()..]
+        .split(" (")
+        .next()
+        .unwrap();
+    assert!(
+        path.starts_with(dump_dir("abort").to_str().unwrap()),
+        "{line}"
+    );
+    let dump = minidump::Minidump::read_path(path).expect("read the dump");
+    let names = dump
+        .get_stream::<minidump::MinidumpThreadNames>()
+        .expect("thread names");
+    let threads = dump
+        .get_stream::<minidump::MinidumpThreadList>()
+        .expect("thread list");
+    let stuck = threads
+        .threads
+        .iter()
+        .find(|t| names.get_name(t.raw.thread_id).as_deref() == Some("stuck"))
+        .expect("the stuck thread is in the dump");
+    assert!(stuck.raw.stack.memory.data_size > 0, "its stack was copied");
+    assert!(stuck.raw.thread_context.data_size > 0, "its registers too");
+    assert!(
+        dump.get_stream::<minidump::MinidumpException>().is_err(),
+        "the watchdog's dump is not a crash"
     );
 }
 

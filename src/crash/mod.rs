@@ -191,9 +191,9 @@ impl Builder {
         self
     }
 
-    /// Like [`Builder::minidump`], writing the dump to this file (a regular file: dumps are
-    /// written with `pwrite`), from its position at the time of the crash. One crash ends the
-    /// process, so one dump is written.
+    /// Like [`Builder::minidump`], writing the dump to this file (a regular file, not opened
+    /// for appending: dumps are written with `pwrite`), from its position at the time of the
+    /// crash. One crash ends the process, so one dump is written.
     pub fn minidump_fd(mut self, fd: impl Into<OwnedFd>) -> Builder {
         self.minidump = Some(MinidumpTo::Fd(Arc::new(fd.into())));
         self
@@ -215,7 +215,7 @@ impl Builder {
     /// `sigaltstack`, `sigaction` or forking the symbolizer failed, and the errors of
     /// [`crate::threads::install`] with [`Builder::all_threads`]. With [`Builder::minidump`]:
     /// [`Error::Sys`] when the directory cannot be opened, [`Error::InvalidInput`] for a
-    /// [`Builder::minidump_fd`] that is not seekable, [`Error::Unsupported`] on a machine
+    /// [`Builder::minidump_fd`] that is not seekable or appends, [`Error::Unsupported`] on a machine
     /// without minidump support.
     pub fn install(self) -> Result<(), Error> {
         crate::init()?;
@@ -634,6 +634,11 @@ fn install_minidump(to: &MinidumpTo, options: crate::minidump::Options) -> Resul
             if unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_CUR) } < 0 {
                 return Err(Error::InvalidInput(
                     "a minidump needs a seekable file, not a pipe or socket",
+                ));
+            }
+            if crate::minidump::appends(fd.as_raw_fd()) {
+                return Err(Error::InvalidInput(
+                    "a minidump cannot be written to an O_APPEND file (pwrite would append)",
                 ));
             }
             MINIDUMP_FD.store(sys::keep_open(Arc::clone(fd)), Ordering::Release);

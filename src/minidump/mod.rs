@@ -34,8 +34,8 @@
 //! no lock but selftrace's own output lock, raw system calls (`pwrite`, `open`, `read`,
 //! `process_vm_readv`, `tgkill`, `futex`). Memory is copied with checked reads, so a stack
 //! another thread unmaps meanwhile ends the copy instead of faulting. A dump is written at
-//! offsets from the file's position when it starts (`pwrite`), so the file must be seekable:
-//! a regular file, not a pipe.
+//! offsets from the file's position when it starts (`pwrite`), so the file must be seekable
+//! (a regular file, not a pipe) and not opened with `O_APPEND`.
 //!
 //! Only on x86-64 and aarch64 (elsewhere [`crate::Error::Unsupported`]).
 #![allow(unsafe_code)]
@@ -479,6 +479,11 @@ fn write_locked(
             }
         });
     }
+    if appends(fd) {
+        return Err(Error::InvalidInput(
+            "a minidump cannot be written to an O_APPEND file (pwrite would append)",
+        ));
+    }
     let mut f = File {
         fd,
         base,
@@ -763,6 +768,13 @@ fn write_locked(
     }
     summary.bytes = f.end as u64;
     Ok(summary)
+}
+
+/// Whether `fd` was opened with `O_APPEND` (where Linux's `pwrite` ignores the offset).
+pub(crate) fn appends(fd: i32) -> bool {
+    // SAFETY: F_GETFL reads the descriptor's flags; no memory effects.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_APPEND != 0
 }
 
 /// Asks thread `tid` for its context (holding it in its handler) and copies its stack. `Ok(true)`

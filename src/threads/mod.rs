@@ -302,7 +302,8 @@ pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::
 /// in it too, stopped in this function. Waits up to [`timeout`] for each thread.
 ///
 /// # Errors
-/// [`Error::InvalidInput`] when `fd` is not seekable or another dump is being written,
+/// [`Error::InvalidInput`] when `fd` is not seekable, appends (`O_APPEND`), or another dump
+/// is being written,
 /// [`Error::NotFound`] before [`crate::init`] (no module list yet), [`Error::Sys`] when a write
 /// fails (`ENOSPC`, ...), [`Error::Unsupported`] on a machine
 /// without minidump support (not x86-64 or aarch64).
