@@ -262,7 +262,14 @@ struct State {
     directory: [(u32, Loc); MAX_STREAMS],
     context: [u8; CONTEXT_SIZE],
     chunk: [u8; CHUNK],
+    /// The mappings of `/proc/self/maps` when the dump began: (start, end, readable), sorted.
+    maps: [(usize, usize, bool); MAX_MAPS],
+    map_count: usize,
 }
+
+/// The most mappings [`State::maps`] holds (a stack beyond them is copied up to the size
+/// limit, as far as it is readable).
+const MAX_MAPS: usize = 16 * 1024;
 
 struct Shared(UnsafeCell<State>);
 // SAFETY: the state is used only by the thread that holds BUSY (set by compare-and-swap,
@@ -277,6 +284,8 @@ static STATE: Shared = Shared(UnsafeCell::new(State {
     directory: [(0, Loc { size: 0, rva: 0 }); MAX_STREAMS],
     context: [0; CONTEXT_SIZE],
     chunk: [0; CHUNK],
+    maps: [(0, 0, false); MAX_MAPS],
+    map_count: 0,
 }));
 
 /// The thread writing a dump (0 = none).
@@ -524,7 +533,8 @@ fn write_locked(
         count = 1;
         seen = 1;
     }
-    summary.left_out = seen - count;
+    summary.left_out = seen.saturating_sub(count);
+    load_maps(st);
     let mut listed = 0usize;
     let mut fault_pc = None;
     for i in 0..count {
@@ -556,15 +566,7 @@ fn write_locked(
                 if fault.is_some_and(|c| c.tid == tid) {
                     fault_pc = arch::sp_pc(&st.context).map(|(_, pc)| pc);
                 }
-                if let Some((sp, _)) = arch::sp_pc(&st.context) {
-                    let from = (sp as usize).saturating_sub(arch::RED_ZONE);
-                    if let Some((start, loc)) =
-                        f.append_memory(from, opts.stack_size, &mut st.chunk)
-                    {
-                        rec.stack_start = start;
-                        rec.stack = loc;
-                    }
-                }
+                copy_stack(st, &mut f, &mut rec, opts);
             }
             Ok(_) => {}
         }
@@ -793,15 +795,7 @@ fn thread_context(
         match crate::threads::request_context(tid, true, timeout_ns, &mut st.context) {
             crate::threads::ContextAnswer::Context(ticket) => {
                 rec.context = f.append(&st.context);
-                if let Some((sp, _)) = arch::sp_pc(&st.context) {
-                    let from = (sp as usize).saturating_sub(arch::RED_ZONE);
-                    if let Some((start, loc)) =
-                        f.append_memory(from, opts.stack_size, &mut st.chunk)
-                    {
-                        rec.stack_start = start;
-                        rec.stack = loc;
-                    }
-                }
+                copy_stack(st, f, rec, opts);
                 crate::threads::release_context(ticket);
                 Ok(true)
             }
@@ -834,6 +828,98 @@ fn thread_name(tid: i32, out: &mut [u8; 16]) -> usize {
     sys::close(fd);
     let text = &out[..n];
     text.strip_suffix(b"\n").unwrap_or(text).len()
+}
+
+/// Copies the stack of the thread whose context is in `st.context` into the dump: from its
+/// stack pointer (less the red zone) up to [`Options::stack_size`] bytes, and no further than
+/// the end of the stack's mapping.
+fn copy_stack(st: &mut State, f: &mut File, rec: &mut ThreadRec, opts: &Options) {
+    let Some((sp, _)) = arch::sp_pc(&st.context) else {
+        return;
+    };
+    let sp = sp as usize;
+    let mut from = sp.saturating_sub(arch::RED_ZONE);
+    let mut limit = opts.stack_size;
+    if let Some((start, end)) = stack_mapping(&st.maps[..st.map_count], sp) {
+        from = from.max(start);
+        limit = end.saturating_sub(from).min(opts.stack_size);
+    }
+    if let Some((start, loc)) = f.append_memory(from, limit, &mut st.chunk) {
+        rec.stack_start = start;
+        rec.stack = loc;
+    }
+}
+
+/// The readable mapping that holds the stack at `sp`: the mapping containing `sp`, or, when
+/// `sp` lies in a guard page or gap below the stack (an overflow), the readable mapping that
+/// begins at most 1 MiB above it. `None` when the table does not say.
+fn stack_mapping(maps: &[(usize, usize, bool)], sp: usize) -> Option<(usize, usize)> {
+    let i = maps.partition_point(|m| m.1 <= sp);
+    let (start, end, readable) = *maps.get(i)?;
+    if start <= sp && readable {
+        return Some((start, end));
+    }
+    // In an unreadable mapping or in a gap: the next readable one above.
+    maps[i..]
+        .iter()
+        .find(|m| m.2 && m.0 > sp)
+        .filter(|m| m.0 - sp <= 1 << 20)
+        .map(|m| (m.0, m.1))
+}
+
+/// Reads `/proc/self/maps` into `st.maps` (start, end, readable), at most [`MAX_MAPS`].
+fn load_maps(st: &mut State) {
+    st.map_count = 0;
+    let Ok(fd) = sys::open_cloexec(c"/proc/self/maps", libc::O_RDONLY) else {
+        return;
+    };
+    let mut have = 0usize;
+    loop {
+        let n = match sys::read(fd, &mut st.chunk[have..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        have += n;
+        let mut used = 0;
+        while let Some(nl) = st.chunk[used..have].iter().position(|&b| b == b'\n') {
+            if let Some(m) = parse_maps_line(&st.chunk[used..used + nl]) {
+                if st.map_count < MAX_MAPS {
+                    st.maps[st.map_count] = m;
+                    st.map_count += 1;
+                }
+            }
+            used += nl + 1;
+        }
+        st.chunk.copy_within(used..have, 0);
+        have -= used;
+        if have == st.chunk.len() {
+            // A line longer than the buffer: skip it.
+            have = 0;
+        }
+    }
+    sys::close(fd);
+}
+
+/// `(start, end, readable)` of a `/proc/PID/maps` line (`start-end perms ...`).
+fn parse_maps_line(line: &[u8]) -> Option<(usize, usize, bool)> {
+    let hex = |s: &[u8]| -> Option<usize> {
+        if s.is_empty() || s.len() > 16 {
+            return None;
+        }
+        s.iter().try_fold(0usize, |acc, &b| {
+            let d = (b as char).to_digit(16)? as usize;
+            Some((acc << 4) | d)
+        })
+    };
+    let dash = line.iter().position(|&b| b == b'-')?;
+    let space = line.iter().position(|&b| b == b' ')?;
+    if space < dash {
+        return None;
+    }
+    let start = hex(&line[..dash])?;
+    let end = hex(&line[dash + 1..space])?;
+    let readable = line.get(space + 1) == Some(&b'r');
+    (start < end).then_some((start, end, readable))
 }
 
 /// `CLOCK_REALTIME` as (seconds, nanoseconds).
@@ -1049,6 +1135,33 @@ fn random(out: &mut [u8; 16]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stack_mappings() {
+        let maps = [
+            (0x1000, 0x2000, true),
+            (0x2000, 0x3000, false), // a guard page
+            (0x3000, 0x9000, true),  // a stack
+            (0x9000, 0xa000, true),  // what follows it
+        ];
+        assert_eq!(stack_mapping(&maps, 0x4000), Some((0x3000, 0x9000)));
+        assert_eq!(
+            stack_mapping(&maps, 0x2800),
+            Some((0x3000, 0x9000)),
+            "overflow into the guard"
+        );
+        assert_eq!(stack_mapping(&maps, 0x9fff), Some((0x9000, 0xa000)));
+        assert_eq!(stack_mapping(&maps, 0xa000), None);
+        assert_eq!(
+            parse_maps_line(b"7ffc2405c000-7ffc2407d000 rw-p 00000000 00:00 0  [stack]"),
+            Some((0x7ffc2405c000, 0x7ffc2407d000, true))
+        );
+        assert_eq!(
+            parse_maps_line(b"7f735df7b000-7f735df7c000 ---p 00000000 00:00 0"),
+            Some((0x7f735df7b000, 0x7f735df7c000, false))
+        );
+        assert_eq!(parse_maps_line(b"garbage"), None);
+    }
 
     #[test]
     fn cpu_lists() {
