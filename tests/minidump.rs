@@ -207,7 +207,9 @@ fn child_entry() {
         let path = Path::new(&dir).join("live.dmp");
         let file = std::fs::File::create(&path).unwrap();
         forbid_ptrace_and_processes();
-        let summary = selftrace::threads::write_minidump(&file).expect("write_minidump");
+        let options = selftrace::minidump::Options::new().environ(true);
+        let summary =
+            selftrace::threads::write_minidump_with(&file, &options).expect("write_minidump");
         eprintln!(
             "summary threads={} contexts={} modules={} bytes={}",
             summary.threads(),
@@ -241,6 +243,22 @@ fn child_entry() {
     match name.as_str() {
         "segv" => {
             let _tx = start_threads();
+            // A thread that cannot answer (every signal blocked): listed all the same.
+            let (masked_tx, masked_rx) = mpsc::channel::<i32>();
+            std::thread::Builder::new()
+                .name("md-masked".into())
+                .spawn(move || {
+                    // SAFETY: blocks every signal for this thread only.
+                    unsafe {
+                        let mut all: libc::sigset_t = std::mem::zeroed();
+                        libc::sigfillset(&mut all);
+                        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+                    }
+                    masked_tx.send(selftrace::threads::current_tid()).unwrap();
+                    sleep_forever()
+                })
+                .unwrap();
+            eprintln!("masked md-masked {}", masked_rx.recv().unwrap());
             forbid_ptrace_and_processes();
             outer_frame(std::hint::black_box(std::ptr::null_mut()));
         }
@@ -286,6 +304,8 @@ struct Run {
     stderr: String,
     /// Thread name -> tid, as the child printed them.
     tids: BTreeMap<String, u32>,
+    /// Threads that cannot answer (signals blocked): name -> tid.
+    masked: BTreeMap<String, u32>,
     dir: PathBuf,
 }
 
@@ -298,6 +318,7 @@ fn run(scenario: &str) -> Run {
         .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("MINIDUMP_SCENARIO", scenario)
         .env("MINIDUMP_DIR", &dir)
+        .env("MINIDUMP_ENV_MARK", "environ-is-in-the-dump")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -315,10 +336,18 @@ fn run(scenario: &str) -> Run {
             Some((w.next()?.to_string(), w.next()?.parse().ok()?))
         })
         .collect();
+    let masked = stderr
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("masked ")?.split(' ');
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect();
     Run {
         status,
         stderr,
         tids,
+        masked,
         dir,
     }
 }
@@ -439,6 +468,8 @@ struct Read {
     pid: Option<u32>,
     maps: usize,
     stack_regions: usize,
+    /// The Linux streams present, by name, with their bytes.
+    linux: BTreeMap<&'static str, Vec<u8>>,
 }
 
 fn read(path: &Path) -> Read {
@@ -493,6 +524,20 @@ fn read(path: &Path) -> Read {
         })
         .collect();
     let crashing = state.requesting_thread.map(|i| state.threads[i].thread_id);
+    let mut linux = BTreeMap::new();
+    for (name, kind) in [
+        ("cpuinfo", 0x4767_0003u32),
+        ("status", 0x4767_0004),
+        ("lsb-release", 0x4767_0005),
+        ("cmdline", 0x4767_0006),
+        ("environ", 0x4767_0007),
+        ("auxv", 0x4767_0008),
+        ("maps", 0x4767_0009),
+    ] {
+        if let Ok(bytes) = dump.get_raw_stream(kind) {
+            linux.insert(name, bytes.to_vec());
+        }
+    }
     Read {
         names: thread_names,
         has_context,
@@ -513,6 +558,7 @@ fn read(path: &Path) -> Read {
         pid: misc.and_then(|m| m.raw.process_id().copied()),
         maps: maps.memory_map_count(),
         stack_regions: memory.iter().count(),
+        linux,
     }
 }
 
@@ -621,6 +667,35 @@ fn check_common(run: &Run, d: &Read, pid: Option<u32>) {
         assert_eq!(d.pid, Some(pid), "MiscInfo pid");
     }
     assert!(d.maps > 5, "maps stream: {} mappings", d.maps);
+    let text = |k: &str| String::from_utf8_lossy(&d.linux[k]).into_owned();
+    assert!(
+        text("cmdline").contains("child_entry"),
+        "cmdline: {:?}",
+        text("cmdline")
+    );
+    assert!(text("status").contains("\nPid:"), "{}", text("status"));
+    assert!(text("cpuinfo").contains("processor"), "{}", text("cpuinfo"));
+    assert!(
+        text("lsb-release").contains("ID="),
+        "{}",
+        text("lsb-release")
+    );
+    assert!(text("maps").contains(exe), "maps name the binary");
+    // auxv: (key, value) pairs ending with AT_NULL; AT_PAGESZ (6) is there.
+    let auxv: Vec<u64> = d.linux["auxv"]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert!(auxv.chunks(2).any(|kv| kv[0] == 6), "AT_PAGESZ in auxv");
+    // Threads that could not answer are listed, with their name and without a context.
+    for (name, tid) in &run.masked {
+        assert_eq!(d.names.get(tid).map(String::as_str), Some(name.as_str()));
+        assert_eq!(
+            d.has_context.get(tid),
+            Some(&false),
+            "{name} has no context"
+        );
+    }
     assert!(
         d.stack_regions >= run.tids.len(),
         "memory regions for the stacks"
@@ -650,6 +725,11 @@ fn a_crash_dump_has_every_thread_and_the_crashing_stack() {
     let d = read(&the_dump(&r));
     check_common(&r, &d, None);
     let main = r.tids["main"];
+    assert_eq!(r.masked.len(), 1, "{}", r.stderr);
+    assert!(
+        !d.linux.contains_key("environ"),
+        "the environment only when asked"
+    );
     let (tid, reason, addr) = d.exception.clone().expect("Exception stream");
     assert_eq!(tid, main);
     assert_eq!(reason, "SIGSEGV / SEGV_MAPERR");
@@ -719,11 +799,16 @@ fn a_live_dump_has_every_thread_and_no_exception() {
     let path = r.dir.join("live.dmp");
     let d = read(&path);
     assert!(d.exception.is_none(), "a live dump has no exception stream");
+    assert!(
+        String::from_utf8_lossy(&d.linux["environ"])
+            .contains("MINIDUMP_ENV_MARK=environ-is-in-the-dump"),
+        "the environment, asked for"
+    );
     check_common(&r, &d, None);
     // The calling thread is in it, stopped in write_minidump.
     let main = r.tids["main"];
     assert!(
-        in_order(&d.stacks[&main], &["write_minidump", "child_entry"]),
+        in_order(&d.stacks[&main], &["write_minidump_with", "child_entry"]),
         "the writing thread: {:?}",
         d.stacks[&main]
     );
