@@ -631,7 +631,7 @@ fn install_minidump(to: &MinidumpTo, options: crate::minidump::Options) -> Resul
         }
         MinidumpTo::Fd(fd) => {
             // SAFETY: lseek has no memory effects.
-            if unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_CUR) } < 0 {
+            if unsafe { libc::lseek64(fd.as_raw_fd(), 0, libc::SEEK_CUR) } < 0 {
                 return Err(Error::InvalidInput(
                     "a minidump needs a seekable file, not a pipe or socket",
                 ));

@@ -208,6 +208,10 @@ pub(crate) fn le64(b: &mut [u8], off: usize, v: u64) {
     b[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
 
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn rd64(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
@@ -310,7 +314,7 @@ impl File {
             let rest = &bytes[done..];
             let at = self.base + rva as i64 + done as i64;
             // SAFETY: `rest` is readable for its length; pwrite has no other memory effects.
-            let r = unsafe { libc::pwrite(self.fd, rest.as_ptr().cast(), rest.len(), at) };
+            let r = unsafe { libc::pwrite64(self.fd, rest.as_ptr().cast(), rest.len(), at) };
             if r < 0 {
                 let e = sys::errno();
                 if e != libc::EINTR {
@@ -476,7 +480,7 @@ fn write_locked(
     me: i32,
 ) -> Result<Summary, Error> {
     // SAFETY: lseek has no memory effects.
-    let base = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
+    let base = unsafe { libc::lseek64(fd, 0, libc::SEEK_CUR) };
     if base < 0 {
         let errno = sys::errno();
         return Err(if errno == libc::ESPIPE {
@@ -1061,7 +1065,7 @@ fn start_time() -> Option<u64> {
             .then(|| acc.saturating_mul(10).saturating_add((b - b'0') as u64))
     })?;
     // SAFETY: getauxval reads the auxiliary vector the kernel gave the process.
-    let hz = unsafe { libc::getauxval(libc::AT_CLKTCK) }.max(1);
+    let hz = (unsafe { libc::getauxval(libc::AT_CLKTCK) } as u64).max(1);
     let up = clock(libc::CLOCK_BOOTTIME).0;
     let now = realtime().0;
     Some(now.saturating_sub(up.saturating_sub(ticks / hz)))
