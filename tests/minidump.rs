@@ -78,6 +78,12 @@ fn recurse_forever(depth: u64) -> u64 {
     recurse_forever(depth + 1) + pad[3]
 }
 
+#[inline(never)]
+fn second_crash(p: *mut u64) {
+    crash_in_known_function(std::hint::black_box(p));
+    std::hint::black_box(());
+}
+
 extern "C" fn handler_that_crashes(_sig: i32) {
     crash_in_known_function(std::hint::black_box(std::ptr::null_mut()));
 }
@@ -291,6 +297,44 @@ fn child_entry() {
             forbid_ptrace_and_processes();
             raise_usr1();
         }
+        "two-crashes" => {
+            // A thread holds the report lock for seconds (an all-thread dump waiting for a
+            // thread with every signal blocked); meanwhile main and md-second crash and wait
+            // for it. The one that reports second is in the first one's dump with its own
+            // fault's context.
+            let _tx = start_threads();
+            std::thread::Builder::new()
+                .name("md-masked".into())
+                .spawn(|| {
+                    // SAFETY: blocks every signal for this thread only.
+                    unsafe {
+                        let mut all: libc::sigset_t = std::mem::zeroed();
+                        libc::sigfillset(&mut all);
+                        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+                    }
+                    sleep_forever()
+                })
+                .unwrap();
+            std::thread::Builder::new()
+                .name("md-dumper".into())
+                .spawn(|| {
+                    let null = std::fs::File::create("/dev/null").unwrap();
+                    selftrace::threads::dump_all_with_timeout(&null, Duration::from_secs(3))
+                })
+                .unwrap();
+            let second = std::thread::Builder::new()
+                .name("md-second".into())
+                .spawn(|| {
+                    eprintln!("tid md-second {}", selftrace::threads::current_tid());
+                    std::thread::sleep(Duration::from_millis(400));
+                    second_crash(std::hint::black_box(std::ptr::null_mut()));
+                })
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            forbid_ptrace_and_processes();
+            outer_frame(std::hint::black_box(std::ptr::null_mut()));
+            let _ = second.join();
+        }
         other => panic!("unknown scenario {other}"),
     }
     eprintln!("scenario {name} did not crash");
@@ -360,6 +404,12 @@ fn the_dump(run: &Run) -> PathBuf {
         .filter(|p| p.extension().is_some_and(|e| e == "dmp"))
         .collect();
     assert_eq!(dumps.len(), 1, "one dump expected; stderr:\n{}", run.stderr);
+    let leftovers: Vec<_> = std::fs::read_dir(&run.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "the .tmp name is gone: {leftovers:?}");
     let name = dumps[0].file_name().unwrap().to_str().unwrap();
     assert!(
         run.stderr
@@ -957,4 +1007,28 @@ fn files_a_dump_cannot_be_written_to_are_refused() {
             errno: libc::ENOENT
         })
     ));
+}
+
+#[test]
+fn a_thread_that_crashes_while_another_reports_is_dumped_at_its_own_fault() {
+    let r = run("two-crashes");
+    assert_eq!(r.status.signal(), Some(libc::SIGSEGV), "{}", r.stderr);
+    let d = read(&the_dump(&r));
+    let (crashed, _, _) = d.exception.clone().expect("Exception stream");
+    let (main, second) = (r.tids["main"], r.tids["md-second"]);
+    assert!(crashed == main || crashed == second, "{crashed}");
+    let stack = |t: u32| d.stacks.get(&t).cloned().unwrap_or_default();
+    assert!(
+        in_order(
+            &stack(main),
+            &["crash_in_known_function", "middle_frame", "outer_frame"]
+        ),
+        "main: {:?}",
+        stack(main)
+    );
+    assert!(
+        in_order(&stack(second), &["crash_in_known_function", "second_crash"]),
+        "md-second: {:?}",
+        stack(second)
+    );
 }

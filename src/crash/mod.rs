@@ -445,7 +445,11 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
         die(sig);
         return;
     }
+    // While this thread waits for the report lock, a minidump being written (which holds it)
+    // takes this thread's context at its own fault from here.
+    let waiting = publish_waiting(tid, uc as *const libc::ucontext_t);
     let lock = ReportLock::acquire();
+    unpublish_waiting(waiting);
     IN_CRASH.store(tid, Ordering::Relaxed);
     let crash = Crash {
         sig,
@@ -472,6 +476,49 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
     // SAFETY: restoring errno for the (unlikely) case that the process survives.
     unsafe { *libc::__errno_location() = errno };
     die(sig);
+}
+
+/// Threads that crashed while another held the report lock, with their fault's ucontext
+/// (tid 0: free).
+static WAITING: [(AtomicI32, AtomicUsize); 8] =
+    [const { (AtomicI32::new(0), AtomicUsize::new(0)) }; 8];
+
+/// Publishes a crashing thread's ucontext while it waits for the report lock; the slot used.
+fn publish_waiting(tid: i32, uc: *const libc::ucontext_t) -> Option<usize> {
+    if uc.is_null() {
+        return None;
+    }
+    for (i, (t, u)) in WAITING.iter().enumerate() {
+        if t.load(Ordering::Relaxed) == 0 {
+            u.store(uc as usize, Ordering::Relaxed);
+            if t.compare_exchange(0, tid, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+fn unpublish_waiting(slot: Option<usize>) {
+    if let Some(i) = slot {
+        WAITING[i].0.store(0, Ordering::Release);
+    }
+}
+
+/// The ucontext of thread `tid` if it crashed and waits for the report lock (which the caller
+/// holds, so the thread stays in its handler and the ucontext on its signal frame).
+pub(crate) fn waiting_fault(tid: i32) -> Option<*const libc::ucontext_t> {
+    WAITING.iter().find_map(|(t, u)| {
+        (t.load(Ordering::Acquire) == tid).then(|| u.load(Ordering::Relaxed) as *const _)
+    })
+}
+
+/// Whether crash dumps are configured ([`Builder::minidump`], [`Builder::minidump_fd`]).
+#[cfg(feature = "threads")]
+pub(crate) fn minidump_configured() -> bool {
+    MINIDUMP_DIR.load(Ordering::Relaxed) >= 0 || MINIDUMP_FD.load(Ordering::Relaxed) >= 0
 }
 
 /// The thread inside a crash report (to detect a crash in the handler itself).
@@ -677,11 +724,19 @@ fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
     let timeout = crate::threads::timeout().as_nanos() as u64;
     #[cfg(not(feature = "threads"))]
     let timeout = 0;
-    let result = crate::minidump::write(fd, Some(fault), &options, timeout);
+    let mut result = crate::minidump::write(fd, Some(fault), &options, timeout);
     if dir >= 0 {
         // SAFETY: fsync has no memory effects; the dump should survive a power cut.
         unsafe { libc::fsync(fd) };
         sys::close(fd);
+        if let Err(errno) = crate::minidump::finish_in(dir, &name[..name_len], result.is_ok()) {
+            if result.is_ok() {
+                result = Err(Error::Sys {
+                    call: "renameat",
+                    errno,
+                });
+            }
+        }
     }
     out.line(|w| {
         match result {

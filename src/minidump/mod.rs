@@ -151,6 +151,7 @@ impl Options {
 pub struct Summary {
     threads: usize,
     contexts: usize,
+    stacks_left_out: usize,
     left_out: usize,
     modules: usize,
     bytes: u64,
@@ -165,6 +166,13 @@ impl Summary {
     /// Threads listed with their registers and stack (the others did not answer in time).
     pub fn threads_with_context(&self) -> usize {
         self.contexts
+    }
+
+    /// Threads listed with their registers but without their stack: the thread stopped waiting
+    /// (after 2 s) before its stack was copied, so the copy would not match the registers; or
+    /// the dump reached its 4 GiB limit.
+    pub fn stacks_left_out(&self) -> usize {
+        self.stacks_left_out
     }
 
     /// Threads not listed because the dump holds at most [`MAX_THREADS`].
@@ -297,22 +305,34 @@ static BUSY: AtomicI32 = AtomicI32::new(0);
 
 // ---- the file ------------------------------------------------------------------------------
 
-/// The dump file: positioned writes relative to where the dump starts.
+/// The dump file: positioned writes relative to where the dump starts. Offsets are computed in
+/// `u64` and a write that would end past the 4 GiB the format's 32-bit RVAs reach fails the
+/// dump (`EFBIG`) before anything is written there.
 struct File {
     fd: i32,
     base: i64,
     /// The end of what was written (the next append goes here, aligned).
-    end: u32,
+    end: u64,
     /// The first error (`errno`); nothing is written after it.
     err: i32,
 }
 
+/// The highest offset a dump may reach (RVAs are 32 bits).
+const MAX_OFFSET: u64 = u32::MAX as u64;
+/// Room kept for what follows the stacks (lists, modules, the Linux streams): a stack is not
+/// copied when it would leave less.
+const TAIL_RESERVE: u64 = 256 << 20;
+
 impl File {
-    fn write_at(&mut self, rva: u32, bytes: &[u8]) {
+    fn write_at(&mut self, rva: u64, bytes: &[u8]) {
+        let end = rva.saturating_add(bytes.len() as u64);
+        if end > MAX_OFFSET {
+            self.err = libc::EFBIG;
+        }
         let mut done = 0usize;
         while self.err == 0 && done < bytes.len() {
             let rest = &bytes[done..];
-            let at = self.base + rva as i64 + done as i64;
+            let at = self.base.saturating_add((rva + done as u64) as i64);
             // SAFETY: `rest` is readable for its length; pwrite has no other memory effects.
             let r = unsafe { libc::pwrite64(self.fd, rest.as_ptr().cast(), rest.len(), at) };
             if r < 0 {
@@ -326,26 +346,28 @@ impl File {
                 done += r as usize;
             }
         }
-        let end = rva as u64 + bytes.len() as u64;
-        if end > u32::MAX as u64 {
-            self.err = libc::EFBIG;
-        } else {
-            self.end = self.end.max(end as u32);
+        if self.err == 0 {
+            self.end = self.end.max(end);
         }
     }
 
     /// Where the next append goes (8-byte aligned).
-    fn next(&self) -> u32 {
-        self.end.saturating_add(7) & !7
+    fn next(&self) -> u64 {
+        (self.end + 7) & !7
+    }
+
+    /// A location in the dump (checked against [`MAX_OFFSET`] by the writes that made it).
+    fn loc(rva: u64, size: u64) -> Loc {
+        Loc {
+            size: size.min(MAX_OFFSET) as u32,
+            rva: rva.min(MAX_OFFSET) as u32,
+        }
     }
 
     fn append(&mut self, bytes: &[u8]) -> Loc {
         let rva = self.next();
         self.write_at(rva, bytes);
-        Loc {
-            size: bytes.len() as u32,
-            rva,
-        }
+        File::loc(rva, bytes.len() as u64)
     }
 
     /// Appends a `MINIDUMP_STRING` (UTF-16LE with a byte count and a terminating 0) of
@@ -376,17 +398,17 @@ impl File {
     /// address and where the bytes are, or `None` when nothing was readable.
     fn append_memory(&mut self, addr: usize, max: usize, chunk: &mut [u8]) -> Option<(u64, Loc)> {
         let page = sys::page_size().max(4096);
+        let end = addr.saturating_add(max);
         let mut start = addr;
         let mut probe = [0u8; 1];
         let mut tries = 0;
         while sys::read_memory(start, &mut probe) == 0 {
             tries += 1;
-            if tries > 16 || start >= addr.saturating_add(max) {
+            start = (start / page).checked_add(1)?.checked_mul(page)?;
+            if tries > 16 || start >= end {
                 return None;
             }
-            start = (start / page + 1) * page;
         }
-        let end = addr.saturating_add(max);
         let rva = self.next();
         let mut at = start;
         while at < end && self.err == 0 {
@@ -395,22 +417,16 @@ impl File {
             if got == 0 {
                 break;
             }
-            self.write_at(rva + (at - start) as u32, &chunk[..got]);
+            self.write_at(rva + (at - start) as u64, &chunk[..got]);
             at += got;
             if got < want {
                 break;
             }
         }
-        if at == start {
+        if at == start || self.err != 0 {
             return None;
         }
-        Some((
-            start as u64,
-            Loc {
-                size: (at - start) as u32,
-                rva,
-            },
-        ))
+        Some((start as u64, File::loc(rva, (at - start) as u64)))
     }
 
     /// Appends the contents of a file (a `/proc` file, read to its end), `None` if it cannot
@@ -418,22 +434,18 @@ impl File {
     fn append_file(&mut self, path: &core::ffi::CStr, chunk: &mut [u8]) -> Option<Loc> {
         let fd = sys::open_cloexec(path, libc::O_RDONLY).ok()?;
         let rva = self.next();
-        let mut size = 0u32;
+        let mut size = 0u64;
         while self.err == 0 {
             match sys::read(fd, chunk) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     self.write_at(rva + size, &chunk[..n]);
-                    size = size.saturating_add(n as u32);
+                    size += n as u64;
                 }
             }
         }
         sys::close(fd);
-        if size == 0 {
-            // Keep the stream (an empty file is an answer too) without a position past the end.
-            return Some(Loc { size: 0, rva });
-        }
-        Some(Loc { size, rva })
+        Some(File::loc(rva, size))
     }
 }
 
@@ -500,7 +512,7 @@ fn write_locked(
     let mut f = File {
         fd,
         base,
-        end: HEADER_SIZE + DIRECTORY_SIZE,
+        end: (HEADER_SIZE + DIRECTORY_SIZE) as u64,
         err: 0,
     };
     let mut streams = 0usize;
@@ -541,7 +553,12 @@ fn write_locked(
     load_maps(st);
     let mut listed = 0usize;
     let mut fault_pc = None;
+    // Every thread together gets at most four times one thread's timeout.
+    let deadline = sys::monotonic_ns().saturating_add(timeout_ns.saturating_mul(4));
     for i in 0..count {
+        if f.err != 0 {
+            break;
+        }
         let tid = st.tids[i];
         let mut rec = ThreadRec {
             tid: tid as u32,
@@ -551,28 +568,48 @@ fn write_locked(
             Some(c) if c.tid == tid => {
                 // SAFETY: the fault's ucontext is the kernel's (Fault's contract).
                 unsafe { context_from_ucontext(c.uc, &mut st.context) };
-                Ok(true)
+                Got::Here
             }
             // The writing thread itself: its registers here, in this function, whose frame
             // and callers stay as they are while the stack is copied below it.
             _ if tid == me => {
                 let regs = own_registers!();
                 arch::context_from_own(&regs, &mut st.context);
-                Ok(true)
+                Got::Here
             }
-            _ => thread_context(tid, timeout_ns, st, &mut f, &mut rec, opts),
+            _ => match crate::crash::waiting_fault(tid) {
+                // A thread that crashed too and waits for the report lock (which this writer
+                // holds) in its crash handler: its context at its own fault.
+                Some(uc) => {
+                    // SAFETY: the crash handler publishes the kernel's ucontext of a thread
+                    // while that thread waits for the output lock, held by this writer.
+                    unsafe { context_from_ucontext(uc, &mut st.context) };
+                    Got::Here
+                }
+                None => {
+                    let left = deadline.saturating_sub(sys::monotonic_ns());
+                    if left == 0 || cannot_answer(tid) {
+                        Got::Nothing
+                    } else {
+                        thread_context(tid, timeout_ns.min(left), st, &mut f, &mut rec, opts)
+                    }
+                }
+            },
         };
         match got {
             // Gone before it could answer: not a thread of the process any more.
-            Err(()) => continue,
-            Ok(true) if fault.is_some_and(|c| c.tid == tid) || tid == me => {
+            Got::Gone => continue,
+            Got::Here => {
                 rec.context = f.append(&st.context);
                 if fault.is_some_and(|c| c.tid == tid) {
                     fault_pc = arch::sp_pc(&st.context).map(|(_, pc)| pc);
                 }
-                copy_stack(st, &mut f, &mut rec, opts);
+                if !copy_stack(st, &mut f, &mut rec, opts) {
+                    summary.stacks_left_out += 1;
+                }
             }
-            Ok(_) => {}
+            Got::Done { stack: false } => summary.stacks_left_out += 1,
+            Got::Done { stack: true } | Got::Nothing => {}
         }
         if rec.context.size != 0 {
             summary.contexts += 1;
@@ -710,14 +747,10 @@ fn write_locked(
                 le32(buf, o + 76, m.cv.size);
                 le32(buf, o + 80, m.cv.rva);
             }
-            f.write_at(list + 4 + 108 * k as u32, &buf[..108 * batch]);
+            f.write_at(list + 4 + 108 * k as u64, &buf[..108 * batch]);
             k += batch;
         }
-        let loc = Loc {
-            size: 4 + 108 * modules as u32,
-            rva: list,
-        };
-        f.end = f.end.max(loc.rva + loc.size);
+        let loc = File::loc(list, 4 + 108 * modules as u64);
         add(st, MODULE_LIST, loc);
     }
 
@@ -758,7 +791,7 @@ fn write_locked(
         le32(&mut dir, 12 * k + 4, loc.size);
         le32(&mut dir, 12 * k + 8, loc.rva);
     }
-    f.write_at(HEADER_SIZE, &dir[..12 * streams]);
+    f.write_at(HEADER_SIZE as u64, &dir[..12 * streams]);
     let mut header = [0u8; HEADER_SIZE as usize];
     le32(&mut header, 0, SIGNATURE);
     le32(&mut header, 4, VERSION);
@@ -772,7 +805,10 @@ fn write_locked(
             errno: f.err,
         });
     }
-    summary.bytes = f.end as u64;
+    summary.bytes = f.end;
+    // Leave the file's position after the dump, as a write would.
+    // SAFETY: lseek has no memory effects.
+    unsafe { libc::lseek64(fd, base.saturating_add(f.end as i64), libc::SEEK_SET) };
     Ok(summary)
 }
 
@@ -783,9 +819,20 @@ pub(crate) fn appends(fd: i32) -> bool {
     flags >= 0 && flags & libc::O_APPEND != 0
 }
 
-/// Asks thread `tid` for its context (holding it in its handler) and copies its stack. `Ok(true)`
-/// with `rec` filled, `Ok(false)` when it did not answer (listed without context), `Err` when
-/// it is gone.
+/// What the writer got for one thread.
+#[cfg_attr(not(feature = "threads"), allow(dead_code))]
+enum Got {
+    /// Its context is in `State::context`; its stack is to be copied now.
+    Here,
+    /// [`thread_context`] wrote its context and (unless `stack` is false: left out) its stack.
+    Done { stack: bool },
+    /// It did not answer (or cannot): listed without context.
+    Nothing,
+    /// It does not exist any more.
+    Gone,
+}
+
+/// Asks thread `tid` for its context, holding it in its handler while its stack is copied.
 fn thread_context(
     tid: i32,
     timeout_ns: u64,
@@ -793,25 +840,86 @@ fn thread_context(
     f: &mut File,
     rec: &mut ThreadRec,
     opts: &Options,
-) -> Result<bool, ()> {
+) -> Got {
     #[cfg(feature = "threads")]
     {
         match crate::threads::request_context(tid, true, timeout_ns, &mut st.context) {
             crate::threads::ContextAnswer::Context(ticket) => {
                 rec.context = f.append(&st.context);
-                copy_stack(st, f, rec, opts);
-                crate::threads::release_context(ticket);
-                Ok(true)
+                let mut stack = copy_stack(st, f, rec, opts);
+                if !crate::threads::release_context(ticket) {
+                    // It stopped waiting before the copy ended: the copy is not its stack at
+                    // the time of its registers.
+                    rec.stack = Loc::default();
+                    rec.stack_start = 0;
+                    stack = false;
+                }
+                Got::Done { stack }
             }
-            crate::threads::ContextAnswer::Timeout => Ok(false),
-            crate::threads::ContextAnswer::Gone => Err(()),
+            crate::threads::ContextAnswer::Timeout => Got::Nothing,
+            crate::threads::ContextAnswer::Gone => Got::Gone,
         }
     }
     #[cfg(not(feature = "threads"))]
     {
         let _ = (tid, timeout_ns, st, f, rec, opts);
-        Ok(false)
+        Got::Nothing
     }
+}
+
+/// Whether thread `tid` cannot answer a context request now: stopped (`T`, `t`), or with the
+/// request signal blocked (`SigBlk` of `/proc/self/task/TID/status`), so that asking would
+/// only wait for the timeout.
+fn cannot_answer(tid: i32) -> bool {
+    #[cfg(feature = "threads")]
+    let Some(sig) = crate::threads::signal() else {
+        return true;
+    };
+    #[cfg(not(feature = "threads"))]
+    let sig = 0;
+    let mut path = [0u8; 48];
+    let mut w = FixedBuf::new(&mut path);
+    w.push_bytes(b"/proc/self/task/");
+    w.push_dec(tid as u64);
+    w.push_bytes(b"/status\0");
+    let len = w.len();
+    let Ok(path) = core::ffi::CStr::from_bytes_with_nul(&path[..len]) else {
+        return false;
+    };
+    let Ok(fd) = sys::open_cloexec(path, libc::O_RDONLY) else {
+        return false;
+    };
+    let mut buf = [0u8; 4096];
+    let n = sys::read(fd, &mut buf).unwrap_or(0);
+    sys::close(fd);
+    status_says_cannot_answer(&buf[..n], sig)
+}
+
+/// [`cannot_answer`] from the text of a `status` file.
+fn status_says_cannot_answer(status: &[u8], sig: i32) -> bool {
+    let field = |name: &[u8]| {
+        status
+            .split(|&b| b == b'\n')
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim_ascii())
+    };
+    if field(b"State:").is_some_and(|v| v.first().is_some_and(|&c| c == b'T' || c == b't')) {
+        return true;
+    }
+    let Some(mask) = field(b"SigBlk:") else {
+        return false;
+    };
+    // The mask in hex, signal 1 in the lowest bit.
+    let bit = (sig - 1) as usize;
+    let digit = match mask
+        .len()
+        .checked_sub(1 + bit / 4)
+        .and_then(|i| mask.get(i))
+    {
+        Some(&d) => (d as char).to_digit(16).unwrap_or(0),
+        None => 0,
+    };
+    (1..=64).contains(&sig) && digit & (1 << (bit % 4)) != 0
 }
 
 /// Thread `tid`'s name from `/proc/self/task/TID/comm` into `out`; its length (0 if unreadable).
@@ -836,10 +944,10 @@ fn thread_name(tid: i32, out: &mut [u8; 16]) -> usize {
 
 /// Copies the stack of the thread whose context is in `st.context` into the dump: from its
 /// stack pointer (less the red zone) up to [`Options::stack_size`] bytes, and no further than
-/// the end of the stack's mapping.
-fn copy_stack(st: &mut State, f: &mut File, rec: &mut ThreadRec, opts: &Options) {
+/// the end of the stack's mapping. False when it was left out (the dump's size limit).
+fn copy_stack(st: &mut State, f: &mut File, rec: &mut ThreadRec, opts: &Options) -> bool {
     let Some((sp, _)) = arch::sp_pc(&st.context) else {
-        return;
+        return true;
     };
     let sp = sp as usize;
     let mut from = sp.saturating_sub(arch::RED_ZONE);
@@ -848,10 +956,14 @@ fn copy_stack(st: &mut State, f: &mut File, rec: &mut ThreadRec, opts: &Options)
         from = from.max(start);
         limit = end.saturating_sub(from).min(opts.stack_size);
     }
+    if f.next() + limit as u64 + TAIL_RESERVE > MAX_OFFSET {
+        return false;
+    }
     if let Some((start, loc)) = f.append_memory(from, limit, &mut st.chunk) {
         rec.stack_start = start;
         rec.stack = loc;
     }
+    true
 }
 
 /// The readable mapping that holds the stack at `sp`: the mapping containing `sp`, or, when
@@ -1059,7 +1171,7 @@ fn start_time() -> Option<u64> {
     let stat = &buf[..n.ok()?];
     let close = stat.iter().rposition(|&b| b == b')')?;
     // Field 3 (state) follows ") "; starttime is field 22.
-    let field = stat[close + 2..].split(|&b| b == b' ').nth(19)?;
+    let field = stat.get(close + 2..)?.split(|&b| b == b' ').nth(19)?;
     let ticks = field.iter().try_fold(0u64, |acc, &b| {
         b.is_ascii_digit()
             .then(|| acc.saturating_mul(10).saturating_add((b - b'0') as u64))
@@ -1071,8 +1183,10 @@ fn start_time() -> Option<u64> {
     Some(now.saturating_sub(up.saturating_sub(ticks / hz)))
 }
 
-/// A new file for a crash dump in `dir_fd`: `<uuid>.dmp`, created exclusively with mode 0600.
-/// Returns the fd and writes the name (NUL-free) into `name`, returning its length too.
+/// A new file for a dump in `dir_fd`, to be named `<uuid>.dmp` by [`finish_in`]: created
+/// exclusively, mode 0600, as `<uuid>.dmp.tmp` (so that a dump being written, or cut short, is
+/// never taken for a finished one, by `crash::upload::send_pending` for one). Returns the fd and
+/// writes the final name (NUL-free) into `name`, returning its length too.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
@@ -1093,13 +1207,12 @@ pub(crate) fn create_in(dir_fd: i32, name: &mut [u8; 48]) -> Result<(i32, usize)
         }
         w.push_bytes(b".dmp");
         let len = w.len();
-        let mut path = [0u8; 49];
-        path[..len].copy_from_slice(&name[..len]);
-        // SAFETY: path is NUL-terminated (the array's last bytes are 0).
+        let tmp = temporary_name(&name[..len]);
+        // SAFETY: tmp is NUL-terminated.
         let fd = unsafe {
             libc::openat(
                 dir_fd,
-                path.as_ptr().cast(),
+                tmp.as_ptr().cast(),
                 libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
                 0o600,
             )
@@ -1113,6 +1226,43 @@ pub(crate) fn create_in(dir_fd: i32, name: &mut [u8; 48]) -> Result<(i32, usize)
         }
     }
     Err(libc::EEXIST)
+}
+
+/// `NAME.tmp` and a NUL, for a name from [`create_in`].
+fn temporary_name(name: &[u8]) -> [u8; 56] {
+    let mut tmp = [0u8; 56];
+    let n = name.len().min(48);
+    tmp[..n].copy_from_slice(&name[..n]);
+    tmp[n..n + 4].copy_from_slice(b".tmp");
+    tmp
+}
+
+/// Ends a dump made with [`create_in`]: renames `NAME.tmp` to `NAME` when it was written
+/// (`ok`), removes it otherwise.
+///
+/// # Errors
+/// The `errno` of `renameat` or `unlinkat`.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn finish_in(dir_fd: i32, name: &[u8], ok: bool) -> Result<(), i32> {
+    let tmp = temporary_name(name);
+    let mut done = [0u8; 49];
+    let n = name.len().min(48);
+    done[..n].copy_from_slice(&name[..n]);
+    // SAFETY: both names are NUL-terminated; the calls have no other memory effects.
+    let r = unsafe {
+        if ok {
+            libc::renameat(dir_fd, tmp.as_ptr().cast(), dir_fd, done.as_ptr().cast())
+        } else {
+            libc::unlinkat(dir_fd, tmp.as_ptr().cast(), 0)
+        }
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(sys::errno())
+    }
 }
 
 /// Random bytes from `getrandom` (not blocking), or, should that fail, from the clock, pid
@@ -1165,6 +1315,35 @@ mod tests {
             Some((0x7f735df7b000, 0x7f735df7c000, false))
         );
         assert_eq!(parse_maps_line(b"garbage"), None);
+    }
+
+    #[test]
+    fn blocked_and_stopped_threads() {
+        let status = |state: &str, blk: &str| {
+            format!("Name:\tx\nState:\t{state}\nPid:\t1\nSigBlk:\t{blk}\nSigIgn:\t0\n")
+        };
+        let rt4 = 38; // SIGRTMIN + 4 on glibc
+        assert!(!status_says_cannot_answer(
+            status("S (sleeping)", "0000000000000000").as_bytes(),
+            rt4
+        ));
+        assert!(status_says_cannot_answer(
+            status("S (sleeping)", "fffffffe7fffffff").as_bytes(),
+            rt4
+        ));
+        assert!(status_says_cannot_answer(
+            status("S (sleeping)", "0000002000000000").as_bytes(),
+            rt4
+        ));
+        assert!(!status_says_cannot_answer(
+            status("S (sleeping)", "0000001000000000").as_bytes(),
+            rt4
+        ));
+        assert!(status_says_cannot_answer(
+            status("t (tracing stop)", "0").as_bytes(),
+            rt4
+        ));
+        assert!(!status_says_cannot_answer(b"", rt4));
     }
 
     #[test]

@@ -368,6 +368,8 @@ pub(crate) fn request_context(
     if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
         return ContextAnswer::Timeout;
     }
+    // Holding the calling thread would hold it inside its own tgkill.
+    let hold = hold && tid != sys::gettid();
     let deadline = sys::monotonic_ns().saturating_add(timeout_ns);
     loop {
         match request::post_for(tid, request::WANT_CONTEXT, hold) {
@@ -395,9 +397,12 @@ pub(crate) fn request_context(
     }
 }
 
-/// Lets the thread of a [`ContextAnswer::Context`] go and frees its request.
-pub(crate) fn release_context(ticket: request::Ticket) {
+/// Lets the thread of a [`ContextAnswer::Context`] go and frees its request. False when the
+/// thread had stopped waiting before (its stack changed while it was copied).
+pub(crate) fn release_context(ticket: request::Ticket) -> bool {
+    let held = request::let_go(&ticket);
     request::release(&ticket);
+    held
 }
 
 /// Writes the ids of this process's threads (from `/proc/self/task`) into `buf`; returns how

@@ -75,6 +75,9 @@ pub(crate) const WANT_FRAMES: u32 = 0;
 pub(crate) const WANT_CONTEXT: u32 = 1;
 /// The longest a held thread waits in its handler for the requester to let it go.
 const HOLD_MAX_NS: u64 = 2_000_000_000;
+/// `hold` of a thread that stopped waiting at [`HOLD_MAX_NS`] (never a PENDING word, whose low
+/// byte is PENDING).
+const HOLD_EXPIRED: u32 = 1;
 
 // SAFETY: `buf` is written only by the handler that moved the slot to RUNNING and read only by
 // the requester after it saw DONE (Acquire), so accesses never overlap.
@@ -205,20 +208,25 @@ pub(crate) fn context(t: &Ticket, n: usize) -> &[u8] {
 }
 
 /// Lets a held thread (a [`WANT_CONTEXT`] request) leave its handler. [`release`] does it too.
-pub(crate) fn let_go(t: &Ticket) {
+/// Returns false when the thread had stopped waiting already ([`HOLD_MAX_NS`] passed): it ran
+/// on while the requester copied its stack.
+pub(crate) fn let_go(t: &Ticket) -> bool {
     let slot = &TABLE[t.slot];
-    if slot
+    match slot
         .hold
-        .compare_exchange(t.word, 0, Ordering::Release, Ordering::Relaxed)
-        .is_ok()
+        .compare_exchange(t.word, 0, Ordering::AcqRel, Ordering::Acquire)
     {
-        sys::futex_wake(&slot.hold, i32::MAX);
+        Ok(_) => {
+            sys::futex_wake(&slot.hold, i32::MAX);
+            true
+        }
+        Err(now) => now != HOLD_EXPIRED,
     }
 }
 
 /// Releases a slot whose request is finished (after [`poll`] gave an answer).
 pub(crate) fn release(t: &Ticket) {
-    let_go(t);
+    let _ = let_go(t);
     let slot = &TABLE[t.slot];
     let _ = slot.word.compare_exchange(
         with_state(t.word, DONE),
@@ -375,7 +383,17 @@ pub(crate) extern "C" fn on_capture_signal(
             let deadline = sys::monotonic_ns().saturating_add(HOLD_MAX_NS);
             loop {
                 let now = sys::monotonic_ns();
-                if slot.hold.load(Ordering::Acquire) != w || now >= deadline {
+                if slot.hold.load(Ordering::Acquire) != w {
+                    break;
+                }
+                if now >= deadline {
+                    // Say so: the requester's copy of this stack is no longer consistent.
+                    let _ = slot.hold.compare_exchange(
+                        w,
+                        HOLD_EXPIRED,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
                     break;
                 }
                 sys::futex_wait(&slot.hold, w, deadline - now);

@@ -333,7 +333,8 @@ impl Builder {
 
     /// Before [`Action::Abort`] aborts, write a minidump of the process (see
     /// [`crate::minidump`]) into directory `dir` as `<uuid>.dmp`, named in the report. The
-    /// directory is opened by [`Builder::install`].
+    /// directory is opened by [`Builder::install`]. When the crash handler writes minidumps
+    /// ([`crate::crash::Builder::minidump`]), the abort's crash dump is the one (no second).
     pub fn minidump(mut self, dir: impl Into<std::path::PathBuf>) -> Builder {
         self.minidump = Some(dir.into());
         self
@@ -501,6 +502,12 @@ fn write_minidump(fd: i32) {
     if dir < 0 {
         return;
     }
+    if crate::crash::minidump_configured() {
+        // The abort's crash handler writes one (SIGABRT on this thread, every thread in it);
+        // a second dump of the same stall would be a second report of it.
+        let _ = sys::write_all(fd, b"watchdog: minidump left to the crash handler\n");
+        return;
+    }
     let mut name = [0u8; 48];
     let line = match crate::minidump::create_in(dir, &mut name) {
         Err(errno) => format!(
@@ -518,6 +525,13 @@ fn write_minidump(fd: i32) {
                 )
             };
             sys::close(file);
+            let result = match crate::minidump::finish_in(dir, &name[..len], result.is_ok()) {
+                Err(errno) if result.is_ok() => Err(Error::Sys {
+                    call: "renameat",
+                    errno,
+                }),
+                _ => result,
+            };
             let dir = MINIDUMP_PATH.lock().ok().and_then(|p| p.clone());
             let path = dir
                 .unwrap_or_default()

@@ -31,6 +31,9 @@ const FPSIMD_MAGIC: u32 = 0x4650_8001;
 const FPSIMD_SIZE: usize = 528;
 /// Size of `sigcontext.__reserved`.
 const RESERVED: usize = 4096;
+/// Its offset: after fault_address, x0-x30, sp, pc and pstate (280 bytes), aligned to 16.
+const RESERVED_AT: usize = 288;
+const _: () = assert!(core::mem::size_of::<libc::mcontext_t>() >= RESERVED_AT + RESERVED);
 
 /// Writes the `CONTEXT_ARM64` of `uc` into `out`; returns its size.
 ///
@@ -55,12 +58,11 @@ pub(crate) unsafe fn context_from_ucontext(
     le64(out, PC, m.pc);
     // `__reserved` ends the mcontext (16-byte aligned, 4096 bytes): records of
     // `{ magic: u32, size: u32, ... }` up to one with magic 0.
-    let size = core::mem::size_of::<libc::mcontext_t>();
-    // SAFETY: the reserved area is the last RESERVED bytes of the kernel's mcontext, which
-    // the kernel wrote in full on the signal frame.
+    // SAFETY: the reserved area lies RESERVED_AT bytes into the kernel's sigcontext (which
+    // libc's mcontext_t is), RESERVED bytes long, written in full by the kernel.
     let reserved = unsafe {
         core::slice::from_raw_parts(
-            (m as *const libc::mcontext_t as *const u8).add(size - RESERVED),
+            (m as *const libc::mcontext_t as *const u8).add(RESERVED_AT),
             RESERVED,
         )
     };
