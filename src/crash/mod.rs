@@ -50,7 +50,6 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize
 use report::Out;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -657,23 +656,15 @@ fn install_minidump(to: &MinidumpTo, options: crate::minidump::Options) -> Resul
     MINIDUMP_ENVIRON.store(options.get_environ(), Ordering::Relaxed);
     match to {
         MinidumpTo::Dir(dir) => {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECTORY)
-                .open(dir)
-                .map_err(|e| Error::Sys {
-                    call: "open",
-                    errno: e.raw_os_error().unwrap_or(libc::EIO),
-                })?;
+            let dir_fd = crate::minidump::open_dir(dir)?;
             let path = dir.as_os_str().as_bytes();
             let len = path.len().min(512);
             for (slot, &b) in MINIDUMP_DIR_PATH.iter().zip(&path[..len]) {
                 slot.store(b, Ordering::Relaxed);
             }
             MINIDUMP_DIR_LEN.store(len, Ordering::Release);
-            let old = MINIDUMP_DIR.swap(sys::keep_open(OwnedFd::from(file)), Ordering::AcqRel);
-            // Never closed: a handler may be using it.
-            let _ = old;
+            // The one before is never closed: a handler may be using it.
+            MINIDUMP_DIR.store(dir_fd, Ordering::Release);
             MINIDUMP_FD.store(-1, Ordering::Release);
         }
         MinidumpTo::Fd(fd) => {

@@ -877,21 +877,8 @@ fn cannot_answer(tid: i32) -> bool {
     };
     #[cfg(not(feature = "threads"))]
     let sig = 0;
-    let mut path = [0u8; 48];
-    let mut w = FixedBuf::new(&mut path);
-    w.push_bytes(b"/proc/self/task/");
-    w.push_dec(tid as u64);
-    w.push_bytes(b"/status\0");
-    let len = w.len();
-    let Ok(path) = core::ffi::CStr::from_bytes_with_nul(&path[..len]) else {
-        return false;
-    };
-    let Ok(fd) = sys::open_cloexec(path, libc::O_RDONLY) else {
-        return false;
-    };
     let mut buf = [0u8; 4096];
-    let n = sys::read(fd, &mut buf).unwrap_or(0);
-    sys::close(fd);
+    let n = read_task_file(tid, b"status", &mut buf);
     status_says_cannot_answer(&buf[..n], sig)
 }
 
@@ -924,11 +911,20 @@ fn status_says_cannot_answer(status: &[u8], sig: i32) -> bool {
 
 /// Thread `tid`'s name from `/proc/self/task/TID/comm` into `out`; its length (0 if unreadable).
 fn thread_name(tid: i32, out: &mut [u8; 16]) -> usize {
-    let mut path = [0u8; 48];
+    let n = read_task_file(tid, b"comm", out);
+    let text = &out[..n];
+    text.strip_suffix(b"\n").unwrap_or(text).len()
+}
+
+/// Reads `/proc/self/task/TID/FILE` into `out` (one `read`); the bytes read, 0 if unreadable.
+fn read_task_file(tid: i32, file: &[u8], out: &mut [u8]) -> usize {
+    let mut path = [0u8; 64];
     let mut w = FixedBuf::new(&mut path);
     w.push_bytes(b"/proc/self/task/");
     w.push_dec(tid as u64);
-    w.push_bytes(b"/comm\0");
+    w.push_bytes(b"/");
+    w.push_bytes(file);
+    w.push_bytes(b"\0");
     let len = w.len();
     let Ok(path) = core::ffi::CStr::from_bytes_with_nul(&path[..len]) else {
         return 0;
@@ -938,8 +934,7 @@ fn thread_name(tid: i32, out: &mut [u8; 16]) -> usize {
     };
     let n = sys::read(fd, out).unwrap_or(0);
     sys::close(fd);
-    let text = &out[..n];
-    text.strip_suffix(b"\n").unwrap_or(text).len()
+    n
 }
 
 /// Copies the stack of the thread whose context is in `st.context` into the dump: from its
@@ -1181,6 +1176,27 @@ fn start_time() -> Option<u64> {
     let up = clock(libc::CLOCK_BOOTTIME).0;
     let now = realtime().0;
     Some(now.saturating_sub(up.saturating_sub(ticks / hz)))
+}
+
+/// Opens the directory dumps go to (normal context: at install time); the fd is never closed
+/// (a handler may write into it at any time).
+///
+/// # Errors
+/// [`Error::Unsupported`] where dumps are not written, [`Error::Sys`] when it cannot be opened.
+pub(crate) fn open_dir(dir: &std::path::Path) -> Result<i32, Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !SUPPORTED {
+        return Err(Error::Unsupported("minidumps on this architecture"));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(|e| Error::Sys {
+            call: "open",
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+        })?;
+    Ok(sys::keep_open(std::os::fd::OwnedFd::from(file)))
 }
 
 /// A new file for a dump in `dir_fd`, to be named `<uuid>.dmp` by [`finish_in`]: created

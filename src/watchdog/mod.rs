@@ -350,23 +350,8 @@ impl Builder {
     pub fn install(self) -> Result<(), Error> {
         threads::install()?;
         if let Some(dir) = &self.minidump {
-            if !crate::minidump::SUPPORTED {
-                return Err(Error::Unsupported("minidumps on this architecture"));
-            }
-            use std::os::unix::fs::OpenOptionsExt;
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECTORY)
-                .open(dir)
-                .map_err(|e| Error::Sys {
-                    call: "open",
-                    errno: e.raw_os_error().unwrap_or(libc::EIO),
-                })?;
             // Never closed: the monitor may be writing into it.
-            MINIDUMP_DIR.store(
-                sys::keep_open(std::os::fd::OwnedFd::from(file)),
-                Ordering::Relaxed,
-            );
+            MINIDUMP_DIR.store(crate::minidump::open_dir(dir)?, Ordering::Relaxed);
             if let Ok(mut p) = MINIDUMP_PATH.lock() {
                 *p = Some(dir.clone());
             }
