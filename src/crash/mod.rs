@@ -8,6 +8,11 @@
 //! object's path and build-id). A stack overflow is recognised and said; recursion is printed
 //! once and summarised (`frames 12-4000 repeat: f -> g`).
 //!
+//! With [`Builder::minidump`] it then writes a minidump of the process (every thread's
+//! registers and stack, the modules with their build-ids: see [`crate::minidump`]) into a new
+//! file of a directory, itself, without ptrace or a helper process; [`upload`] sends such files
+//! to a crash server on the next start.
+//!
 //! Then it calls the handler that was installed before (if any: chaining), restores the
 //! default action and re-raises the signal, so the process dies by the same signal and a core
 //! dump is still written. [`uninstall`] gives every signal its previous action back.
