@@ -299,39 +299,58 @@ fn child_entry() {
         }
         "two-crashes" => {
             // A thread holds the report lock for seconds (an all-thread dump waiting for a
-            // thread with every signal blocked); meanwhile main and md-second crash and wait
+            // thread with every signal blocked); meanwhile md-second and main crash and wait
             // for it. The one that reports second is in the first one's dump with its own
-            // fault's context.
+            // fault's context. Each step waits for the one before (no timing guesses): the
+            // masked thread says it blocked its signals, the dump's first line on a pipe says
+            // the dumper holds the lock.
             let _tx = start_threads();
+            let (masked_tx, masked_rx) = mpsc::channel::<()>();
             std::thread::Builder::new()
                 .name("md-masked".into())
-                .spawn(|| {
+                .spawn(move || {
                     // SAFETY: blocks every signal for this thread only.
                     unsafe {
                         let mut all: libc::sigset_t = std::mem::zeroed();
                         libc::sigfillset(&mut all);
                         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
                     }
+                    masked_tx.send(()).unwrap();
                     sleep_forever()
                 })
                 .unwrap();
+            masked_rx.recv().unwrap();
+            let (mut dump_out, dump_in) = std::io::pipe().unwrap();
             std::thread::Builder::new()
                 .name("md-dumper".into())
-                .spawn(|| {
-                    let null = std::fs::File::create("/dev/null").unwrap();
-                    selftrace::threads::dump_all_with_timeout(&null, Duration::from_secs(3))
+                .spawn(move || {
+                    selftrace::threads::dump_all_with_timeout(&dump_in, Duration::from_secs(3))
                 })
                 .unwrap();
+            let (locked_tx, locked_rx) = mpsc::channel::<()>();
+            std::thread::Builder::new()
+                .name("md-drain".into())
+                .spawn(move || {
+                    use std::io::Read;
+                    let mut first = [0u8; 1];
+                    dump_out.read_exact(&mut first).unwrap();
+                    locked_tx.send(()).unwrap();
+                    let _ = std::io::copy(&mut dump_out, &mut std::io::sink());
+                })
+                .unwrap();
+            locked_rx.recv().unwrap();
+            let (go_tx, go_rx) = mpsc::channel::<()>();
             let second = std::thread::Builder::new()
                 .name("md-second".into())
-                .spawn(|| {
+                .spawn(move || {
                     eprintln!("tid md-second {}", selftrace::threads::current_tid());
-                    std::thread::sleep(Duration::from_millis(400));
+                    go_rx.recv().unwrap();
                     second_crash(std::hint::black_box(std::ptr::null_mut()));
                 })
                 .unwrap();
-            std::thread::sleep(Duration::from_millis(200));
             forbid_ptrace_and_processes();
+            go_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
             outer_frame(std::hint::black_box(std::ptr::null_mut()));
             let _ = second.join();
         }
