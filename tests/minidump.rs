@@ -116,13 +116,27 @@ fn start_threads() -> mpsc::Sender<()> {
     spawn("md-spinner", Box::new(|| spin_forever()));
     spawn("md-sleeper", Box::new(|| sleep_forever()));
     spawn("md-blocked", Box::new(move || block_forever(rx)));
+    let mut sleepers = Vec::new();
     for _ in 0..3 {
         let (name, tid) = ready_rx.recv().unwrap();
         eprintln!("tid {name} {tid}");
+        if name != "md-spinner" {
+            sleepers.push(tid);
+        }
     }
     eprintln!("tid main {}", selftrace::threads::current_tid());
-    // Let the sleeper and the blocked thread reach their system calls.
-    std::thread::sleep(Duration::from_millis(200));
+    // The sleeper and the blocked thread in their system calls (state S), the spinner spinning.
+    let asleep = |tid: i32| {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('S'))
+        })
+    };
+    let start = std::time::Instant::now();
+    while !sleepers.iter().all(|&t| asleep(t)) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
     tx
 }
 
