@@ -140,6 +140,26 @@ fn start_threads() -> mpsc::Sender<()> {
     tx
 }
 
+/// Starts `md-masked`, a thread with every signal blocked (it cannot answer a request), and
+/// prints `masked md-masked TID` once its mask is set.
+fn start_masked_thread() {
+    let (masked_tx, masked_rx) = mpsc::channel::<i32>();
+    std::thread::Builder::new()
+        .name("md-masked".into())
+        .spawn(move || {
+            // SAFETY: blocks every signal for this thread only.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
+            masked_tx.send(selftrace::threads::current_tid()).unwrap();
+            sleep_forever()
+        })
+        .unwrap();
+    eprintln!("masked md-masked {}", masked_rx.recv().unwrap());
+}
+
 /// A seccomp filter that kills the process on `ptrace`, `clone3`, `fork`/`vfork` and a `clone`
 /// without `CLONE_THREAD` (new threads are still allowed; none is made after this). Not under
 /// qemu-user, which refuses seccomp filters (`EINVAL`: it cannot translate them): said on
@@ -264,21 +284,7 @@ fn child_entry() {
         "segv" => {
             let _tx = start_threads();
             // A thread that cannot answer (every signal blocked): listed all the same.
-            let (masked_tx, masked_rx) = mpsc::channel::<i32>();
-            std::thread::Builder::new()
-                .name("md-masked".into())
-                .spawn(move || {
-                    // SAFETY: blocks every signal for this thread only.
-                    unsafe {
-                        let mut all: libc::sigset_t = std::mem::zeroed();
-                        libc::sigfillset(&mut all);
-                        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-                    }
-                    masked_tx.send(selftrace::threads::current_tid()).unwrap();
-                    sleep_forever()
-                })
-                .unwrap();
-            eprintln!("masked md-masked {}", masked_rx.recv().unwrap());
+            start_masked_thread();
             forbid_ptrace_and_processes();
             outer_frame(std::hint::black_box(std::ptr::null_mut()));
         }
@@ -319,21 +325,7 @@ fn child_entry() {
             // masked thread says it blocked its signals, the dump's first line on a pipe says
             // the dumper holds the lock.
             let _tx = start_threads();
-            let (masked_tx, masked_rx) = mpsc::channel::<()>();
-            std::thread::Builder::new()
-                .name("md-masked".into())
-                .spawn(move || {
-                    // SAFETY: blocks every signal for this thread only.
-                    unsafe {
-                        let mut all: libc::sigset_t = std::mem::zeroed();
-                        libc::sigfillset(&mut all);
-                        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-                    }
-                    masked_tx.send(()).unwrap();
-                    sleep_forever()
-                })
-                .unwrap();
-            masked_rx.recv().unwrap();
+            start_masked_thread();
             let (mut dump_out, dump_in) = std::io::pipe().unwrap();
             std::thread::Builder::new()
                 .name("md-dumper".into())
