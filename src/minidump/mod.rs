@@ -843,7 +843,7 @@ fn thread_context(
 ) -> Got {
     #[cfg(feature = "threads")]
     {
-        match crate::threads::request_context(tid, true, timeout_ns, &mut st.context) {
+        match crate::threads::request_context(tid, timeout_ns, &mut st.context) {
             crate::threads::ContextAnswer::Context(ticket) => {
                 rec.context = f.append(&st.context);
                 let mut stack = copy_stack(st, f, rec, opts);

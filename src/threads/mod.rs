@@ -351,14 +351,14 @@ pub(crate) enum ContextAnswer {
     Gone,
 }
 
-/// Asks thread `tid` for its register context (see [`crate::minidump`]); with `hold`, the
-/// thread stays in its handler, its stack unchanged, until [`release_context`].
+/// Asks thread `tid` for its register context (see [`crate::minidump`]); the thread stays in
+/// its handler, its stack unchanged, until [`release_context`] (not the calling thread, whose
+/// handler runs inside its own `tgkill`).
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
 pub(crate) fn request_context(
     tid: i32,
-    hold: bool,
     timeout_ns: u64,
     out: &mut [u8; crate::minidump::CONTEXT_SIZE],
 ) -> ContextAnswer {
@@ -368,8 +368,7 @@ pub(crate) fn request_context(
     if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
         return ContextAnswer::Timeout;
     }
-    // Holding the calling thread would hold it inside its own tgkill.
-    let hold = hold && tid != sys::gettid();
+    let hold = tid != sys::gettid();
     let deadline = sys::monotonic_ns().saturating_add(timeout_ns);
     loop {
         match request::post_for(tid, request::WANT_CONTEXT, hold) {
