@@ -107,8 +107,9 @@ impl Table {
         self.strtab.len()
     }
 
-    /// A table over sorted `syms`, with its page directory.
-    fn new(base: u64, syms: Vec<Sym>, strtab: &'static [u8]) -> Table {
+    /// A table over sorted `syms` whose names (of lengths `lens`, measured when they were
+    /// copied: `u16::MAX` for none) lie in `strtab`, with its page directory.
+    fn new(base: u64, syms: Vec<Sym>, lens: Vec<u16>, strtab: &'static [u8]) -> Table {
         let span = syms.last().map_or(0, |s| u64::from(s.start)) + 1;
         let mut shift = 12;
         while 2 * ((span >> shift) + 2) > syms.len() as u64 && shift < 32 {
@@ -124,18 +125,13 @@ impl Table {
             }
             pages.push(i as u32);
         }
-        let lens = syms
-            .iter()
-            .map(|s| {
-                let rest = strtab.get(s.name as usize..).unwrap_or(&[]);
-                u16::try_from(crate::sys::strnlen(rest)).unwrap_or(u16::MAX)
-            })
-            .collect();
+        let mut lens = lens;
+        lens.resize(syms.len(), u16::MAX);
         // Owned names: `strtab` is the table's own pool (or a static), never a file mapping.
         Table {
             base,
             syms: syms.into_boxed_slice(),
-            lens,
+            lens: lens.into_boxed_slice(),
             pages: pages.into_boxed_slice(),
             shift,
             strtab,
@@ -296,7 +292,8 @@ impl ObjectSymbols {
         (
             self.full.len() + self.exported.len(),
             self.full.heap_bytes() + self.exported.heap_bytes(),
-            self.full.name_bytes() + self.exported.name_bytes(),
+            // One pool for both tables (empty tables have an empty, static one).
+            self.full.name_bytes().max(self.exported.name_bytes()),
         )
     }
 }
@@ -340,6 +337,11 @@ pub(crate) fn for_object(o: &crate::modules::Object) -> &'static ObjectSymbols {
     built
 }
 
+/// How many tables have been built so far (normal context).
+pub(crate) fn tables_built() -> usize {
+    CACHE.lock().unwrap_or_else(|p| p.into_inner()).len()
+}
+
 /// The name glibc's `dladdr` gives an object.
 fn glibc_name(o: &crate::modules::Object) -> String {
     if o.is_vdso {
@@ -379,11 +381,15 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         // the life of the process and no file backs it.
         let image: &'static [u8] = unsafe { core::slice::from_raw_parts(start as *const u8, len) };
         if let Ok(f) = Elf::<&'static [u8]>::parse(image) {
-            out.full = table(&f, false, &[]);
-            if out.full.len() == 0 {
-                out.full = table(&f, true, &[]);
+            let mut pool = Vec::new();
+            let mut full = table(&f, false, &[], &mut pool, None);
+            if full.syms.is_empty() {
+                full = table(&f, true, &[], &mut pool, None);
             }
-            out.exported = table(&f, true, &[]);
+            let exported = table(&f, true, &[], &mut pool, Some(&full));
+            let pool = leak(pool);
+            out.full = full.finish(pool);
+            out.exported = exported.finish(pool);
             out.source = SymbolSource::Memory;
         }
         return out;
@@ -410,7 +416,6 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
     }
     let id = want_id.or(have_id);
     let plt = plt_symbols(&f);
-    out.exported = table(&f, true, &[]);
     if has_debug_info(&f) {
         out.dwarf = Some(DwarfFile {
             path: open_path.as_str().into(),
@@ -418,15 +423,19 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
             crc: None,
         });
     }
+    // One pool of names for both tables, the full one first: most exported names are the
+    // full table's names of the same symbols, and are not copied again.
+    let mut pool = Vec::new();
+    let mut full = Draft::default();
     if !f.elf_symbol_table().is_empty() {
-        out.full = table(&f, false, &plt);
+        full = table(&f, false, &plt, &mut pool, None);
         out.source = SymbolSource::Symtab;
     }
-    if out.full.len() == 0 || out.dwarf.is_none() {
+    if full.syms.is_empty() || out.dwarf.is_none() {
         if let Some((path, crc, dbg_cache)) = find_debug_file(&o.path, id, &f) {
             if let Ok(dbg) = Elf::parse(&dbg_cache) {
-                if out.full.len() == 0 && !dbg.elf_symbol_table().is_empty() {
-                    out.full = table(&dbg, false, &plt);
+                if full.syms.is_empty() && !dbg.elf_symbol_table().is_empty() {
+                    full = table(&dbg, false, &plt, &mut pool, None);
                     out.source = SymbolSource::DebugFile;
                 }
                 if out.dwarf.is_none() && has_debug_info(&dbg) {
@@ -440,12 +449,18 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
             }
         }
     }
-    if out.full.len() == 0 {
-        out.full = table(&f, true, &plt);
-        if out.exported.len() > 0 {
-            out.source = SymbolSource::Dynsym;
-        }
+    let dynamic_only = full.syms.is_empty();
+    if dynamic_only {
+        full = table(&f, true, &plt, &mut pool, None);
+        out.source = SymbolSource::None;
     }
+    let exported = table(&f, true, &[], &mut pool, Some(&full));
+    if dynamic_only && !exported.syms.is_empty() {
+        out.source = SymbolSource::Dynsym;
+    }
+    let pool = leak(pool);
+    out.full = full.finish(pool);
+    out.exported = exported.finish(pool);
     out
 }
 
@@ -721,11 +736,51 @@ fn plt_aarch64(bytes: &[u8], addr: u64) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
+/// A table being built: sorted entries whose names are offsets into the object's pool (still
+/// growing, so not yet `'static`) and their lengths.
+#[derive(Default)]
+struct Draft {
+    base: u64,
+    syms: Vec<Sym>,
+    lens: Vec<u16>,
+}
+
+impl Draft {
+    /// The pool offset of the name `name` of the symbol that starts at link-time `start`, if
+    /// this table has that symbol with that very name.
+    fn same_name(&self, pool: &[u8], start: u64, name: &[u8]) -> Option<u32> {
+        let rel = u32::try_from(start.checked_sub(self.base)?).ok()?;
+        let i = self.syms.partition_point(|s| s.start < rel);
+        let s = self
+            .syms
+            .get(i)
+            .filter(|s| s.start == rel && s.name != BOUNDARY)?;
+        let len = usize::from(*self.lens.get(i)?);
+        let at = s.name as usize;
+        (pool.get(at..at + len)? == name).then_some(s.name)
+    }
+
+    fn finish(self, pool: &'static [u8]) -> Table {
+        if self.syms.is_empty() {
+            return Table::default();
+        }
+        Table::new(self.base, self.syms, self.lens, pool)
+    }
+}
+
 /// Builds a table from `.symtab` (`dynamic == false`) or `.dynsym`, plus `synthetic` symbols
-/// (PLT stubs). Names are copied into a pool the table owns. Unless `dynamic` (glibc's `dladdr`
-/// rules), the end of every section that holds a symbol is a boundary: no symbol covers an
-/// address outside its own section.
-fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthetic]) -> Table {
+/// (PLT stubs). Names are copied into `pool`, the object's, which both of its tables share: a
+/// name that `share` (the object's full table, built first) already holds for the same
+/// address is not copied twice. Unless `dynamic` (glibc's `dladdr` rules), the end of every
+/// section that holds a symbol is a boundary: no symbol covers an address outside its own
+/// section.
+fn table<'d, R: ReadRef<'d>>(
+    f: &Elf<'d, R>,
+    dynamic: bool,
+    synthetic: &[Synthetic],
+    pool: &mut Vec<u8>,
+    share: Option<&Draft>,
+) -> Draft {
     let endian = f.endian();
     let data = f.data();
     let sections = f.elf_section_table();
@@ -735,7 +790,7 @@ fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthet
         f.elf_symbol_table()
     };
     if symtab.is_empty() && synthetic.is_empty() {
-        return Table::default();
+        return Draft::default();
     }
     let strtab = sections
         .section(symtab.string_section())
@@ -800,33 +855,47 @@ fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthet
         raw.push((end, 0, &[], u8::MAX, usize::MAX));
     }
     if raw.is_empty() {
-        return Table::default();
+        return Draft::default();
     }
     raw.sort_unstable_by_key(|&(start, _, _, rank, i)| (start, rank, i));
     raw.dedup_by_key(|e| e.0);
     let base = raw.first().map_or(0, |e| e.0);
-    let mut pool: Vec<u8> = Vec::with_capacity(raw.iter().map(|e| e.2.len() + 1).sum());
+    pool.reserve(
+        raw.iter()
+            .filter(|e| share.is_none() && e.3 != u8::MAX)
+            .map(|e| e.2.len() + 1)
+            .sum(),
+    );
+    let mut lens = Vec::with_capacity(raw.len());
     let syms: Vec<Sym> = raw
         .iter()
         .filter_map(|&(start, size, name, rank, _)| {
-            let start = u32::try_from(start - base).ok()?;
-            let name = if rank == u8::MAX {
+            let rel = u32::try_from(start - base).ok()?;
+            let at = if rank == u8::MAX {
                 BOUNDARY
+            } else if let Some(at) = share.and_then(|d| d.same_name(pool, start, name)) {
+                at
             } else {
                 let at = u32::try_from(pool.len()).ok()?;
                 pool.extend_from_slice(name);
                 pool.push(0);
                 at
             };
+            // Names are cut at MAX_NAME, below u16::MAX.
+            lens.push(u16::try_from(name.len()).unwrap_or(u16::MAX));
             Some(Sym {
-                start,
+                start: rel,
                 size: u32::try_from(size).unwrap_or(u32::MAX),
-                name,
+                name: at,
             })
         })
         .collect();
-    let pool: &'static [u8] = Box::leak(pool.into_boxed_slice());
-    Table::new(base, syms, pool)
+    Draft { base, syms, lens }
+}
+
+/// Leaks an object's pool of names: its tables refer to it for the rest of the process.
+fn leak(pool: Vec<u8>) -> &'static [u8] {
+    Box::leak(pool.into_boxed_slice())
 }
 
 #[cfg(test)]
@@ -899,7 +968,7 @@ mod tests {
                 name: 1 + 2 * i as u32,
             })
             .collect();
-        Table::new(0x1000, syms, STR)
+        Table::new(0x1000, syms, Vec::new(), STR)
     }
 
     #[test]
@@ -970,11 +1039,52 @@ mod tests {
                 name: BOUNDARY,
             },
         );
-        let tab = Table::new(0x1000, syms, b"\0a\0b\0");
+        let tab = Table::new(0x1000, syms, Vec::new(), b"\0a\0b\0");
         assert_eq!(tab.lookup(0x1004, false).map(|f| f.name), Some(&b"a"[..]));
         assert!(tab.lookup(0x1008, false).is_none());
         assert!(tab.lookup(0x101f, false).is_none());
         assert_eq!(tab.lookup(0x1021, false).map(|f| f.name), Some(&b"b"[..]));
+    }
+
+    #[test]
+    fn a_name_is_shared_only_for_the_same_symbol_with_the_same_name() {
+        let pool = b"foo\0barbaz\0".to_vec();
+        let full = Draft {
+            base: 0x1000,
+            syms: vec![
+                Sym {
+                    start: 0,
+                    size: 4,
+                    name: 0,
+                },
+                Sym {
+                    start: 8,
+                    size: 0,
+                    name: BOUNDARY,
+                },
+                Sym {
+                    start: 16,
+                    size: 4,
+                    name: 4,
+                },
+            ],
+            lens: vec![3, 0, 6],
+        };
+        assert_eq!(full.same_name(&pool, 0x1000, b"foo"), Some(0));
+        assert_eq!(full.same_name(&pool, 0x1010, b"barbaz"), Some(4));
+        // Another name at the same address, a prefix of the name, another address, a
+        // boundary, an address below the base: copied, not shared.
+        assert_eq!(full.same_name(&pool, 0x1000, b"fooo"), None);
+        assert_eq!(full.same_name(&pool, 0x1010, b"bar"), None);
+        assert_eq!(full.same_name(&pool, 0x1004, b"foo"), None);
+        assert_eq!(full.same_name(&pool, 0x1008, b""), None);
+        assert_eq!(full.same_name(&pool, 0x10, b"foo"), None);
+        let pool: &'static [u8] = leak(pool);
+        let tab = full.finish(pool);
+        assert_eq!(
+            tab.lookup(0x1011, false).map(|f| f.name),
+            Some(&b"barbaz"[..])
+        );
     }
 
     #[test]
@@ -984,7 +1094,7 @@ mod tests {
             size: 4,
             name: 999,
         };
-        let tab = Table::new(0, vec![sym], b"\0x");
+        let tab = Table::new(0, vec![sym], Vec::new(), b"\0x");
         assert_eq!(tab.lookup(1, true).map(|f| f.name), Some(&b""[..]));
     }
 }

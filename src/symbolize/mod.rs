@@ -202,6 +202,7 @@ pub(crate) fn rebuild() {
         return;
     }
     // Build outside the writer lock of the published cell: file I/O and parsing take time.
+    let built = index::tables_built();
     let entries: Box<[Entry]> = objects
         .iter()
         .map(|o| Entry {
@@ -210,6 +211,11 @@ pub(crate) fn rebuild() {
             syms: index::for_object(o),
         })
         .collect();
+    if index::tables_built() != built {
+        // The files' symbol and string tables were read into the heap and freed; give the
+        // memory back instead of keeping it for allocations that may never come.
+        crate::sys::release_free_heap();
+    }
     INDEX.update(false, |old| {
         if old.is_some_and(|i| i.generation >= generation) {
             None

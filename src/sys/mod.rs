@@ -53,6 +53,17 @@ pub(crate) fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// Returns the free memory at the top of the heap and in whole free pages inside it to the
+/// system (glibc's `malloc_trim(0)`; nothing elsewhere). Normal context only: it takes the
+/// allocator's locks.
+pub(crate) fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions; it is called outside any signal handler.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The system page size, read once by the load-time constructor (4096 until then).
 pub(crate) fn page_size() -> usize {
     PAGE_SIZE.load(core::sync::atomic::Ordering::Relaxed)
