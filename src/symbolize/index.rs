@@ -4,7 +4,7 @@
 //! Built in normal context (it opens, reads and parses ELF files and allocates); looked up from
 //! anywhere, including signal handlers (binary search over a slice, no allocation).
 //!
-//! Files are read with `pread` into memory selftrace owns (through `object`'s `ReadCache`),
+//! Files are read into memory selftrace owns (through [`FileCache`](super::file::FileCache)),
 //! never mapped, and the names of the indexed symbols are copied into a pool: nothing a lookup
 //! touches can fault when a file is truncated or rewritten on disk after `init`.
 //!
@@ -32,14 +32,14 @@
 
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, Rela as _, SectionHeader, Sym as _};
-use object::read::{ReadCache, ReadRef};
+use object::read::ReadRef;
 use object::{Endianness, Object as _, ObjectSection as _};
 use std::fs::File;
 use std::io::Read as _;
 use std::sync::Mutex;
 
 /// An ELF file read with `pread` into buffers owned by the cache (never mapped).
-pub(crate) type Cache = ReadCache<File>;
+pub(crate) type Cache = super::file::FileCache;
 /// An ELF file parsed over a [`Cache`] or over memory.
 pub(crate) type Elf<'d, R> = ElfFile64<'d, Endianness, R>;
 
@@ -229,7 +229,7 @@ impl DwarfFile {
     pub(crate) fn open(&self) -> Option<(Elf<'static, &'static Cache>, File)> {
         let file = open_file(&self.path)?;
         let data = file.try_clone().ok()?;
-        let cache: &'static Cache = Box::leak(Box::new(ReadCache::new(file)));
+        let cache: &'static Cache = Box::leak(Box::new(Cache::new(file)?));
         let f = Elf::parse(cache).ok()?;
         if let Some(want) = self.build_id.as_deref() {
             if f.build_id().ok().flatten() != Some(want) {
@@ -382,11 +382,11 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         let image: &'static [u8] = unsafe { core::slice::from_raw_parts(start as *const u8, len) };
         if let Ok(f) = Elf::<&'static [u8]>::parse(image) {
             let mut pool = Vec::new();
-            let mut full = table(&f, false, &[], &mut pool, None);
+            let mut full = table(&f, false, &[], &mut pool, None, 0);
             if full.syms.is_empty() {
-                full = table(&f, true, &[], &mut pool, None);
+                full = table(&f, true, &[], &mut pool, None, 0);
             }
-            let exported = table(&f, true, &[], &mut pool, Some(&full));
+            let exported = table(&f, true, &[], &mut pool, Some(&full), 0);
             let pool = leak(pool);
             out.full = full.finish(pool);
             out.exported = exported.finish(pool);
@@ -426,16 +426,20 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
     // One pool of names for both tables, the full one first: most exported names are the
     // full table's names of the same symbols, and are not copied again.
     let mut pool = Vec::new();
+    // The exported names that are not the full table's (at most all of `.dynstr`).
+    let room = f
+        .section_by_name(".dynstr")
+        .map_or(0, |s| s.size() as usize);
     let mut full = Draft::default();
     if !f.elf_symbol_table().is_empty() {
-        full = table(&f, false, &plt, &mut pool, None);
+        full = table(&f, false, &plt, &mut pool, None, room);
         out.source = SymbolSource::Symtab;
     }
     if full.syms.is_empty() || out.dwarf.is_none() {
         if let Some((path, crc, dbg_cache)) = find_debug_file(&o.path, id, &f) {
             if let Ok(dbg) = Elf::parse(&dbg_cache) {
                 if full.syms.is_empty() && !dbg.elf_symbol_table().is_empty() {
-                    full = table(&dbg, false, &plt, &mut pool, None);
+                    full = table(&dbg, false, &plt, &mut pool, None, room);
                     out.source = SymbolSource::DebugFile;
                 }
                 if out.dwarf.is_none() && has_debug_info(&dbg) {
@@ -451,10 +455,10 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
     }
     let dynamic_only = full.syms.is_empty();
     if dynamic_only {
-        full = table(&f, true, &plt, &mut pool, None);
+        full = table(&f, true, &plt, &mut pool, None, room);
         out.source = SymbolSource::None;
     }
-    let exported = table(&f, true, &[], &mut pool, Some(&full));
+    let exported = table(&f, true, &[], &mut pool, Some(&full), 0);
     if dynamic_only && !exported.syms.is_empty() {
         out.source = SymbolSource::Dynsym;
     }
@@ -467,7 +471,7 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
 /// Opens a regular file for reading through a [`Cache`] (`None` for anything else: a FIFO or
 /// a device would block or never end).
 pub(crate) fn open_cache(path: &str) -> Option<Cache> {
-    open_file(path).map(ReadCache::new)
+    open_file(path).and_then(Cache::new)
 }
 
 /// Opens a regular file for reading (`None` for anything else).
@@ -771,7 +775,8 @@ impl Draft {
 /// Builds a table from `.symtab` (`dynamic == false`) or `.dynsym`, plus `synthetic` symbols
 /// (PLT stubs). Names are copied into `pool`, the object's, which both of its tables share: a
 /// name that `share` (the object's full table, built first) already holds for the same
-/// address is not copied twice. Unless `dynamic` (glibc's `dladdr` rules), the end of every
+/// address is not copied twice; `room` more bytes are reserved in the pool for the names of a
+/// table built after this one. Unless `dynamic` (glibc's `dladdr` rules), the end of every
 /// section that holds a symbol is a boundary: no symbol covers an address outside its own
 /// section.
 fn table<'d, R: ReadRef<'d>>(
@@ -780,6 +785,7 @@ fn table<'d, R: ReadRef<'d>>(
     synthetic: &[Synthetic],
     pool: &mut Vec<u8>,
     share: Option<&Draft>,
+    room: usize,
 ) -> Draft {
     let endian = f.endian();
     let data = f.data();
@@ -798,8 +804,11 @@ fn table<'d, R: ReadRef<'d>>(
         .and_then(|s| s.data(endian, data).ok())
         .unwrap_or(&[]);
     // (start, size, name bytes, rank, index): lower rank wins at equal start.
-    let mut raw: Vec<(u64, u64, &[u8], u8, usize)> = Vec::new();
+    let mut raw: Vec<(u64, u64, &[u8], u8, usize)> =
+        Vec::with_capacity(symtab.symbols().len() + 2 * synthetic.len() + 16);
     let mut ends: Vec<u64> = Vec::new();
+    // The section of the symbol before, whose end is in `ends` already.
+    let mut last_section = None;
     for (i, s) in symtab.symbols().iter().enumerate() {
         let shndx = s.st_shndx(endian);
         let ty = s.st_type();
@@ -831,7 +840,8 @@ fn table<'d, R: ReadRef<'d>>(
             let unsized_ = u8::from(s.st_size(endian) == 0);
             unsized_ * 8 + kind + bind
         };
-        if !dynamic {
+        if !dynamic && last_section != Some(shndx) {
+            last_section = Some(shndx);
             if let Some(sh) = section {
                 let end = sh.sh_addr(endian).saturating_add(sh.sh_size(endian));
                 if !ends.contains(&end) {
@@ -860,36 +870,51 @@ fn table<'d, R: ReadRef<'d>>(
     raw.sort_unstable_by_key(|&(start, _, _, rank, i)| (start, rank, i));
     raw.dedup_by_key(|e| e.0);
     let base = raw.first().map_or(0, |e| e.0);
+    // The names `share` holds already, then room for the others at once (growing a pool of
+    // many megabytes by doubling would copy it).
+    let shared: Vec<Option<u32>> = match share {
+        Some(d) => raw
+            .iter()
+            .map(|&(start, _, name, rank, _)| {
+                (rank != u8::MAX).then(|| d.same_name(pool, start, name))?
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     pool.reserve(
         raw.iter()
-            .filter(|e| share.is_none() && e.3 != u8::MAX)
-            .map(|e| e.2.len() + 1)
-            .sum(),
+            .enumerate()
+            .filter(|&(k, e)| e.3 != u8::MAX && shared.get(k).copied().flatten().is_none())
+            .map(|(_, e)| e.2.len() + 1)
+            .sum::<usize>()
+            + room,
     );
     let mut lens = Vec::with_capacity(raw.len());
-    let syms: Vec<Sym> = raw
-        .iter()
-        .filter_map(|&(start, size, name, rank, _)| {
-            let rel = u32::try_from(start - base).ok()?;
-            let at = if rank == u8::MAX {
-                BOUNDARY
-            } else if let Some(at) = share.and_then(|d| d.same_name(pool, start, name)) {
-                at
-            } else {
-                let at = u32::try_from(pool.len()).ok()?;
-                pool.extend_from_slice(name);
-                pool.push(0);
-                at
+    let mut syms = Vec::with_capacity(raw.len());
+    for (k, &(start, size, name, rank, _)) in raw.iter().enumerate() {
+        let Ok(rel) = u32::try_from(start - base) else {
+            continue;
+        };
+        let at = if rank == u8::MAX {
+            BOUNDARY
+        } else if let Some(at) = shared.get(k).copied().flatten() {
+            at
+        } else {
+            let Ok(at) = u32::try_from(pool.len()) else {
+                continue;
             };
-            // Names are cut at MAX_NAME, below u16::MAX.
-            lens.push(u16::try_from(name.len()).unwrap_or(u16::MAX));
-            Some(Sym {
-                start: rel,
-                size: u32::try_from(size).unwrap_or(u32::MAX),
-                name: at,
-            })
-        })
-        .collect();
+            pool.extend_from_slice(name);
+            pool.push(0);
+            at
+        };
+        // Names are cut at MAX_NAME, below u16::MAX.
+        lens.push(u16::try_from(name.len()).unwrap_or(u16::MAX));
+        syms.push(Sym {
+            start: rel,
+            size: u32::try_from(size).unwrap_or(u32::MAX),
+            name: at,
+        });
+    }
     Draft { base, syms, lens }
 }
 

@@ -52,6 +52,7 @@
 //! }
 //! ```
 
+mod file;
 mod format;
 mod index;
 mod lines;
