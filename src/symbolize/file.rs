@@ -60,11 +60,7 @@ impl FileCache {
     }
 
     /// Hands out a slice of a box that the cache keeps for as long as it lives.
-    fn keep<'a, K: Eq + core::hash::Hash>(
-        map: &Kept<K>,
-        key: K,
-        bytes: Box<[u8]>,
-    ) -> &'a [u8] {
+    fn keep<'a, K: Eq + core::hash::Hash>(map: &Kept<K>, key: K, bytes: Box<[u8]>) -> &'a [u8] {
         let mut map = map.borrow_mut();
         let kept: *const [u8] = &**map.entry(key).or_insert(bytes);
         // SAFETY: the box's heap block is owned by the map, which never removes or changes an

@@ -64,6 +64,38 @@ pub(crate) fn release_free_heap() {
     }
 }
 
+/// This thread's pointer (the TLS ABI's thread pointer: `%fs:0` on x86-64, `tpidr_el0` on
+/// aarch64): unique among the live threads of the process; 0 where it is not known.
+/// Async-signal-safe: one register or memory read.
+#[inline(always)]
+pub(crate) fn thread_pointer() -> usize {
+    arch::thread_pointer()
+}
+
+/// `membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED)`: lets this process use
+/// [`membarrier_private`]. Whether it succeeded (not on kernels before 4.14, nor where a
+/// sandbox or an emulator refuses the call).
+pub(crate) fn membarrier_register() -> bool {
+    const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+    // SAFETY: membarrier takes two integers and touches no memory of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+            0,
+        ) == 0
+    }
+}
+
+/// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`: every running thread of this process executes
+/// a full memory barrier before the call returns (a thread not running passes through one
+/// when it is scheduled). Whether it succeeded (it needs [`membarrier_register`] first).
+pub(crate) fn membarrier_private() -> bool {
+    const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    // SAFETY: as in `membarrier_register`.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0 }
+}
+
 /// The system page size, read once by the load-time constructor (4096 until then).
 pub(crate) fn page_size() -> usize {
     PAGE_SIZE.load(core::sync::atomic::Ordering::Relaxed)
