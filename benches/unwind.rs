@@ -764,6 +764,71 @@ fn fp_mode() {
     }
 }
 
+/// The 29-frame capture while a second thread captures the same stack shape without pause
+/// (a profiler sampling several threads, logging backtraces on a thread pool): what the two
+/// unwinders' shared state costs when two cores use it at once.
+fn bench_beside_a_capturing_thread(c: &mut Criterion, unw: Option<UnwBacktrace>) {
+    fn beside(
+        b: &mut criterion::Bencher<'_>,
+        capture: fn(Option<UnwBacktrace>),
+        unw: Option<UnwBacktrace>,
+    ) {
+        b.iter_custom(|iters| {
+            let stop = AtomicBool::new(false);
+            let started = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    c00(&mut || {
+                        started.store(true, Ordering::Release);
+                        while !stop.load(Ordering::Relaxed) {
+                            capture(unw);
+                        }
+                    })
+                });
+                while !started.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                let mut took = Duration::ZERO;
+                c00(&mut || {
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        capture(unw);
+                    }
+                    took = t.elapsed();
+                });
+                stop.store(true, Ordering::Relaxed);
+                took
+            })
+        });
+    }
+    fn selftrace_capture(_: Option<UnwBacktrace>) {
+        let mut buf = [0usize; 256];
+        black_box(selftrace::capture(black_box(&mut buf)));
+    }
+    fn libunwind_capture(unw: Option<UnwBacktrace>) {
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); 256];
+        if let Some(f) = unw {
+            // SAFETY: ptrs is valid for 256 entries.
+            black_box(unsafe { f(ptrs.as_mut_ptr(), 256) });
+        }
+    }
+    let mut g = c.benchmark_group("capture_20_deep_beside_a_capturing_thread");
+    g.bench_function("selftrace_capture_dwarf", |b| {
+        beside(b, selftrace_capture, unw)
+    });
+    g.bench_function("selftrace_capture_dwarf_no_reuse", |b| {
+        selftrace::unwind::set_walk_reuse(false);
+        beside(b, selftrace_capture, unw);
+        selftrace::unwind::set_walk_reuse(true);
+    });
+    if unw.is_some() {
+        g.bench_function("libunwind_unw_backtrace", |b| {
+            beside(b, libunwind_capture, unw)
+        });
+    }
+    g.finish();
+}
+
 fn bench(c: &mut Criterion) {
     selftrace::init().expect("init");
     let unw = libunwind();
@@ -824,6 +889,7 @@ fn bench(c: &mut Criterion) {
         eprintln!("libunwind.so.8 not found: install libunwind-dev (or libunwind8) to compare");
     }
     g.finish();
+    bench_beside_a_capturing_thread(c, unw);
     bench_sites(c, unw);
     bench_dense(c, unw);
     bench_qsort(c, unw);
