@@ -49,7 +49,8 @@ pub(crate) fn fast_fp_frames(
     let (mut text_start, mut text_len) = state.objects.get(loaded.last).map_or((0, 0), |o| {
         fp_text(o, state.restorer_span, pc.wrapping_sub(1))
     });
-    let (mut prev_start, mut prev_len) = (0, 0);
+    // The object before: at first the one where the outermost frames are.
+    let (mut prev_start, mut prev_len) = state.fp_outer[0];
     let buf = &mut buf[..limit];
     let mut frames = *n;
     // One test for "on the stack and aligned": with `stack.start` aligned, `(fp - start)`
@@ -174,7 +175,7 @@ pub(crate) fn fast_fp_frames(
 /// (start, length): the part of `o`'s first executable segment around `at` that holds no
 /// return address into a signal trampoline (`restorers`, the lowest and highest; empty when
 /// lowest > highest). `(0, 0)` when `at` is not in it.
-fn fp_text(o: &ObjectCheck, (lo, hi): (usize, usize), at: usize) -> (usize, usize) {
+pub(crate) fn fp_text(o: &ObjectCheck, (lo, hi): (usize, usize), at: usize) -> (usize, usize) {
     let (mut start, mut end) = (o.text.start, o.text.end);
     // Return addresses lo..=hi are `at` values lo - 1..=hi - 1.
     if lo <= hi && lo <= end && hi > start {
@@ -211,6 +212,12 @@ fn fp_other_object(state: &State, loaded: &mut LoadedCheck, ra: usize) -> Other 
     let (lo, hi) = state.restorer_span;
     if lo <= ra && ra <= hi {
         return Other::Trampoline;
+    }
+    // The C library's code (permanent), where a stack's outermost frames are.
+    for &(start, len) in &state.fp_outer {
+        if ra.wrapping_sub(1).wrapping_sub(start) < len {
+            return Other::Code(start, len);
+        }
     }
     match state.find_near(ra - 1, loaded.last) {
         Some(i) if state.objects[i].permanent || loaded.verified(i) => {

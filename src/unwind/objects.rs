@@ -47,6 +47,14 @@ pub(crate) struct State {
     pub(crate) restorers: [usize; 8],
     /// The lowest and highest of `restorers` (an empty range if there are none).
     pub(crate) restorer_span: (usize, usize),
+    /// The index of the object holding the C library's thread and program start routines,
+    /// where the outermost frames of almost every stack are: looked at before any search
+    /// ([`State::find_near`]). `usize::MAX` if not known.
+    pub(crate) outer: usize,
+    /// That object's code as frame-pointer mode checks it (`fast_fp::fp_text`): the pieces
+    /// below and above the signal trampolines, as (start, length); `(0, 0)` for none. Only
+    /// when the object is permanent (so that no frame in it needs a check).
+    pub(crate) fp_outer: [(usize, usize); 2],
     pub(crate) generation: u64,
 }
 
@@ -82,30 +90,44 @@ impl State {
                 r.iter().copied().max().unwrap_or(0),
             )
         };
+        // `pthread_create` is where `start_thread` is (and `__libc_start_main`): resolved
+        // through the GOT, its address lies in the C library (or in the program, when static).
+        let outer = find_in(&objects, libc::pthread_create as *const () as usize).unwrap_or(usize::MAX);
+        let fp_outer = match objects.get(outer) {
+            Some(o) if o.permanent && !o.text.is_empty() => [
+                super::fast_fp::fp_text(o, restorer_span, o.text.start),
+                super::fast_fp::fp_text(o, restorer_span, restorer_span.1.max(o.text.start)),
+            ],
+            _ => [(0, 0); 2],
+        };
         State {
             objects,
             cache: RuleCache::new(),
             restorers,
             restorer_span,
+            outer,
+            fp_outer,
             generation: snapshot.generation(),
         }
     }
 
-    /// The index of the object containing `pc`, trying `hint` (the previous frame's) first.
+    /// The index of the object containing `pc`, trying `hint` (the previous frame's) first,
+    /// then the object of the outermost frames.
     #[inline]
     pub(crate) fn find_near(&self, pc: usize, hint: usize) -> Option<usize> {
         match self.objects.get(hint) {
             Some(o) if o.range.contains(&pc) => Some(hint),
-            _ => self.find(pc),
+            _ => match self.objects.get(self.outer) {
+                Some(o) if o.range.contains(&pc) => Some(self.outer),
+                _ => self.find(pc),
+            },
         }
     }
 
     /// The index of the object containing `pc`.
     #[inline]
     pub(crate) fn find(&self, pc: usize) -> Option<usize> {
-        let i = self.objects.partition_point(|o| o.range.start <= pc);
-        let i = i.checked_sub(1)?;
-        self.objects[i].range.contains(&pc).then_some(i)
+        find_in(&self.objects, pc)
     }
 
     /// Whether object `i` is still the object that was loaded when the state was built.
@@ -127,6 +149,14 @@ impl State {
     pub(crate) fn is_restorer(&self, addr: usize) -> bool {
         self.restorers.iter().any(|&r| r == addr && r != 0)
     }
+}
+
+/// The index of the object in `objects` (sorted by address) containing `pc`.
+#[inline]
+fn find_in(objects: &[ObjectCheck], pc: usize) -> Option<usize> {
+    let i = objects.partition_point(|o| o.range.start <= pc);
+    let i = i.checked_sub(1)?;
+    objects[i].range.contains(&pc).then_some(i)
 }
 
 static STATE: Published<State> = Published::new();
