@@ -53,13 +53,13 @@ fn trusted_code(
     if at.wrapping_sub(*start) < *code {
         return true;
     }
-    match state.find_near(at, loaded.last) {
+    match state.find_for(at, loaded) {
         Some(i) if state.objects[i].permanent || loaded.verified(i) => {
             let o = &state.objects[i];
             if !o.is_code(at, 1) {
                 return false;
             }
-            loaded.last = i;
+            loaded.enter(i);
             *start = o.range.start;
             *code = o.range.end - o.range.start;
             *current = o.range.clone();
@@ -136,9 +136,9 @@ pub(crate) fn fast_frames<const PRECISE: bool>(
     }
     // The first pc's object; every later pc is checked before it is taken.
     if pc.wrapping_sub(start) >= code {
-        match state.find_near(pc, loaded.last) {
+        match state.find_for(pc, loaded) {
             Some(i) if state.objects[i].permanent || loaded.verified(i) => {
-                loaded.last = i;
+                loaded.enter(i);
                 let r = &state.objects[i].range;
                 start = r.start;
                 code = r.end - r.start;

@@ -219,13 +219,13 @@ fn fp_other_object(state: &State, loaded: &mut LoadedCheck, ra: usize) -> Other 
             return Other::Code(start, len);
         }
     }
-    match state.find_near(ra - 1, loaded.last) {
+    match state.find_for(ra - 1, loaded) {
         Some(i) if state.objects[i].permanent || loaded.verified(i) => {
             let o = &state.objects[i];
             if !o.is_code(ra - 1, 1) {
                 return Other::Stop;
             }
-            loaded.last = i;
+            loaded.enter(i);
             // (0, 0) outside the first executable segment: fine, checked again next time.
             let (start, len) = fp_text(o, (lo, hi), ra - 1);
             Other::Code(start, len)

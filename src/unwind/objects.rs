@@ -124,6 +124,16 @@ impl State {
         }
     }
 
+    /// The index of the object containing `pc`, trying the walk's last two objects first
+    /// (a stack goes back and forth: the program, the C library, the program's `_start`).
+    #[inline]
+    pub(crate) fn find_for(&self, pc: usize, loaded: &LoadedCheck) -> Option<usize> {
+        match self.objects.get(loaded.prev) {
+            Some(o) if o.range.contains(&pc) => Some(loaded.prev),
+            _ => self.find_near(pc, loaded.last),
+        }
+    }
+
     /// The index of the object containing `pc`.
     #[inline]
     pub(crate) fn find(&self, pc: usize) -> Option<usize> {
@@ -186,9 +196,20 @@ pub(crate) struct LoadedCheck {
     failed: u64,
     /// The object of the previous frame (most frames are in the same object as their callee).
     pub(crate) last: usize,
+    /// The object before `last` (where the walk may return to).
+    pub(crate) prev: usize,
 }
 
 impl LoadedCheck {
+    /// Records that the walk is in object `i` now.
+    #[inline]
+    pub(crate) fn enter(&mut self, i: usize) {
+        if i != self.last {
+            self.prev = self.last;
+            self.last = i;
+        }
+    }
+
     /// Whether this walk already found object `i` still loaded.
     #[inline]
     pub(crate) fn verified(&self, i: usize) -> bool {

@@ -49,9 +49,9 @@ impl Walker<'_, '_> {
             Some(s) if self.mode == UnwindMode::Dwarf => s,
             _ => return self.fp_mode_step(regs, exact, out),
         };
-        match state.find_near(pc, self.loaded.last) {
+        match state.find_for(pc, &self.loaded) {
             Some(i) => {
-                self.loaded.last = i;
+                self.loaded.enter(i);
                 if self.loaded.still_loaded(state, i, pc) {
                     self.current = state.objects[i].range.clone();
                     return self.cfi_step(state, i, regs, exact, out);
@@ -346,7 +346,7 @@ impl Walker<'_, '_> {
             return false;
         }
         if let Some(state) = self.state {
-            if let Some(i) = state.find_near(ra, self.loaded.last) {
+            if let Some(i) = state.find_for(ra, &self.loaded) {
                 return state.objects[i].is_code(ra - 1, 1);
             }
         }
