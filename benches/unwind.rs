@@ -13,6 +13,8 @@
 //! steps every frame, the cost of a stack the thread has not walked before.
 //!
 //! Further groups, selftrace and libunwind side by side:
+//! - `capture_shallow`: the capture in the bench closure itself (13-14 frames, the
+//!   harness's): the cost of a capture beyond its frames.
 //! - `capture_2048_sites`: consecutive captures come from different stacks through 2,048
 //!   distinct functions (16 of them per stack, a different start each time): the working set
 //!   of a profiler, which a small rule cache cannot hold. Then the same comparison interleaved
@@ -889,12 +891,45 @@ fn bench(c: &mut Criterion) {
         eprintln!("libunwind.so.8 not found: install libunwind-dev (or libunwind8) to compare");
     }
     g.finish();
+    bench_shallow(c, unw);
     bench_beside_a_capturing_thread(c, unw);
     bench_sites(c, unw);
     bench_dense(c, unw);
     bench_qsort(c, unw);
     bench_handler_libcrypto(c);
     fp_mode();
+}
+
+/// `capture_shallow`: the capture right in the bench closure (the harness's frames only, 13-14):
+/// what a walk costs beyond its frames (the entry, the published tables, the walk's setup
+/// and its end), selftrace beside libunwind.
+fn bench_shallow(c: &mut Criterion, unw: Option<UnwBacktrace>) {
+    static PRINTED: AtomicBool = AtomicBool::new(false);
+    let mut g = c.benchmark_group("capture_shallow");
+    let mut buf = [0usize; 256];
+    for (name, reuse) in [
+        ("selftrace_capture_dwarf", true),
+        ("selftrace_capture_dwarf_no_reuse", false),
+    ] {
+        g.bench_function(name, |b| {
+            if !PRINTED.swap(true, Ordering::Relaxed) {
+                // Criterion's frames differ by one or two between its calls of this closure.
+                let n = selftrace::capture(&mut buf);
+                eprintln!("capture_shallow: {n} frames (selftrace, the first call)");
+            }
+            selftrace::unwind::set_walk_reuse(reuse);
+            b.iter(|| black_box(selftrace::capture(&mut buf)));
+            selftrace::unwind::set_walk_reuse(true);
+        });
+    }
+    if let Some(f) = unw {
+        g.bench_function("libunwind_unw_backtrace", |b| {
+            let mut ptrs = [std::ptr::null_mut::<c_void>(); 256];
+            // SAFETY: ptrs is valid for 256 entries.
+            b.iter(|| black_box(unsafe { f(ptrs.as_mut_ptr(), 256) }));
+        });
+    }
+    g.finish();
 }
 
 criterion_group! {
