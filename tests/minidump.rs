@@ -360,6 +360,52 @@ fn child_entry() {
             outer_frame(std::hint::black_box(std::ptr::null_mut()));
             let _ = second.join();
         }
+        "asked-while-waiting" => {
+            // md-second crashes while a dump holds the report lock (as above); then main asks
+            // for md-second's stack while md-second waits in its crash handler, on std's small
+            // alternate signal stack. The request must not run there (nested on that stack it
+            // overflowed it, and a fault with SIGSEGV blocked killed the process without a
+            // report): it times out, and md-second's report and dump follow once the lock is
+            // free.
+            let x86 = cfg!(target_arch = "x86_64");
+            let _tx = start_threads();
+            start_masked_thread();
+            let (mut dump_out, dump_in) = std::io::pipe().unwrap();
+            let hold = Duration::from_secs(if x86 { 3 } else { 20 });
+            std::thread::Builder::new()
+                .name("md-dumper".into())
+                .spawn(move || selftrace::threads::dump_all_with_timeout(&dump_in, hold))
+                .unwrap();
+            {
+                use std::io::Read;
+                let mut first = [0u8; 1];
+                dump_out.read_exact(&mut first).unwrap();
+            }
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut dump_out, &mut std::io::sink());
+            });
+            let (tid_tx, tid_rx) = mpsc::channel::<i32>();
+            let (go_tx, go_rx) = mpsc::channel::<()>();
+            std::thread::Builder::new()
+                .name("md-second".into())
+                .spawn(move || {
+                    tid_tx.send(selftrace::threads::current_tid()).unwrap();
+                    go_rx.recv().unwrap();
+                    second_crash(std::hint::black_box(std::ptr::null_mut()));
+                })
+                .unwrap();
+            let second = tid_rx.recv().unwrap();
+            eprintln!("tid md-second {second}");
+            go_tx.send(()).unwrap();
+            // md-second faults within microseconds of the go (under qemu-user, milliseconds)
+            // and then waits for the lock for the rest of `hold`.
+            std::thread::sleep(Duration::from_millis(if x86 { 300 } else { 3000 }));
+            let mut buf = [0usize; 64];
+            let wait = Duration::from_millis(if x86 { 500 } else { 3000 });
+            let answer = selftrace::threads::capture(second, &mut buf, wait);
+            eprintln!("asked md-second: {:?}", answer.map(|w| w.frames));
+            sleep_forever()
+        }
         other => panic!("unknown scenario {other}"),
     }
     eprintln!("scenario {name} did not crash");
@@ -1032,6 +1078,27 @@ fn files_a_dump_cannot_be_written_to_are_refused() {
             errno: libc::ENOENT
         })
     ));
+}
+
+#[test]
+fn a_stack_request_to_a_thread_waiting_in_its_crash_handler_does_not_lose_the_report() {
+    let r = run("asked-while-waiting");
+    assert_eq!(r.status.signal(), Some(libc::SIGSEGV), "{}", r.stderr);
+    let second = r.tids["md-second"];
+    assert!(
+        r.stderr.contains("asked md-second: Err(Timeout)"),
+        "the request times out: {}",
+        r.stderr
+    );
+    assert!(
+        r.stderr
+            .contains(&format!("tid {second}, thread \"md-second\"")),
+        "md-second's report: {}",
+        r.stderr
+    );
+    let d = read(&the_dump(&r));
+    let (crashed, _, _) = d.exception.clone().expect("Exception stream");
+    assert_eq!(crashed, second);
 }
 
 #[test]

@@ -449,6 +449,12 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
         die(sig);
         return;
     }
+    // Nothing asynchronous runs on this thread from here on: a stack request or a profiler
+    // tick nested on a small alternate stack (std gives its threads 8 KiB or so) could overflow
+    // it, and a fault with the crash signal blocked kills the process without any report.
+    // Another thread's request for this thread's stack times out instead; a minidump takes the
+    // context from `publish_waiting` below. The crash signals stay open.
+    sys::signal::block_all_except(TAKEN.load(Ordering::Relaxed));
     // While this thread waits for the report lock, a minidump being written (which holds it)
     // takes this thread's context at its own fault from here.
     let waiting = publish_waiting(tid, uc as *const libc::ucontext_t);

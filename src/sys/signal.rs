@@ -15,6 +15,27 @@
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
+/// Blocks every signal in the calling thread except those in `keep` (bit `n - 1` for signal
+/// `n`). Inside a signal handler this lasts until the handler returns (`sigreturn` puts the
+/// interrupted code's mask back).
+///
+/// # Async-signal safety
+/// Async-signal-safe (`sigfillset`, `sigdelset`, `pthread_sigmask`).
+pub(crate) fn block_all_except(keep: u64) {
+    // SAFETY: a zeroed sigset_t is valid storage; sigfillset and sigdelset write only into it
+    // and pthread_sigmask only reads it.
+    unsafe {
+        let mut set: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in 1..SIGNALS as i32 {
+            if keep & (1 << (sig - 1)) != 0 {
+                libc::sigdelset(&mut set, sig);
+            }
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut());
+    }
+}
+
 /// An `SA_SIGINFO` handler.
 pub(crate) type Handler = extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void);
 
