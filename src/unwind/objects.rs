@@ -92,7 +92,8 @@ impl State {
         };
         // `pthread_create` is where `start_thread` is (and `__libc_start_main`): resolved
         // through the GOT, its address lies in the C library (or in the program, when static).
-        let outer = find_in(&objects, libc::pthread_create as *const () as usize).unwrap_or(usize::MAX);
+        let start_routine = libc::pthread_create as *const () as usize;
+        let outer = find_in(&objects, start_routine).unwrap_or(usize::MAX);
         let fp_outer = match objects.get(outer) {
             Some(o) if o.permanent && !o.text.is_empty() => [
                 super::fast_fp::fp_text(o, restorer_span, o.text.start),
