@@ -458,3 +458,146 @@ fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
     // SAFETY: the tests pass fds they opened and close only after the call returned.
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
+
+/// The names of `readelf -sW FILE`'s absolute symbols (section `ABS`): markers such as BOLT's
+/// `__hot_end`, which `nm` lists as weak text (`W`) though they are in no section.
+fn absolute_names(file: &Path) -> std::collections::HashSet<Vec<u8>> {
+    let o = Command::new(target::binutil("readelf"))
+        .arg("-sW")
+        .arg(file)
+        .output()
+        .expect("readelf");
+    assert!(o.status.success(), "readelf {}", file.display());
+    o.stdout
+        .split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let f: Vec<&[u8]> = line
+                .split(|&b| b == b' ')
+                .filter(|w| !w.is_empty())
+                .collect();
+            (f.len() >= 8 && f[6] == b"ABS").then(|| f[7].to_vec())
+        })
+        .collect()
+}
+
+/// `nm --defined-only FILE`'s text symbols (types `T t W w i`) but absolute ones: link-time
+/// address -> names.
+fn nm_text(file: &Path) -> std::collections::HashMap<u64, Vec<Vec<u8>>> {
+    let absolute = absolute_names(file);
+    let o = Command::new(target::binutil("nm"))
+        .args(["--defined-only", "--without-symbol-versions"])
+        .arg(file)
+        .output()
+        .expect("nm");
+    assert!(o.status.success(), "nm {}", file.display());
+    let mut out: std::collections::HashMap<u64, Vec<Vec<u8>>> = Default::default();
+    for line in o.stdout.split(|&b| b == b'\n') {
+        let mut f = line.splitn(3, |&b| b == b' ');
+        let (Some(a), Some(t), Some(name)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if !matches!(t, b"T" | b"t" | b"W" | b"w" | b"i") || absolute.contains(name) {
+            continue;
+        }
+        let a = u64::from_str_radix(std::str::from_utf8(a).unwrap(), 16).unwrap();
+        out.entry(a).or_default().push(name.to_vec());
+    }
+    out
+}
+
+/// Every text symbol nm lists in `file` (loaded at `bias`): selftrace names its address with one
+/// of the names nm gives that address (cut at 4,096 bytes, as selftrace cuts), and the symbol
+/// starts there. Returns how many addresses were checked.
+fn check_nm(file: &Path, bias: usize) -> usize {
+    let want = nm_text(file);
+    for (addr, names) in &want {
+        let pc = bias + *addr as usize;
+        let s = symbolize::symbolize(pc)
+            .unwrap_or_else(|| panic!("{}: nothing at {addr:#x}", file.display()));
+        let got = s
+            .name
+            .unwrap_or_else(|| panic!("{}: no name at {addr:#x}", file.display()));
+        assert!(
+            names.iter().any(|n| &n[..n.len().min(4096)] == got),
+            "{} at {addr:#x}: selftrace {:?}, nm {:?}",
+            file.display(),
+            String::from_utf8_lossy(got),
+            names
+                .iter()
+                .map(|n| String::from_utf8_lossy(n))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(s.start, pc, "{} at {addr:#x}", file.display());
+    }
+    want.len()
+}
+
+/// rustup's `libLLVM` (C++, 150,000 text symbols in its `.symtab`, built with lld), if the
+/// `rustc` on `PATH` has one.
+fn rustup_llvm() -> Option<PathBuf> {
+    let out = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()?;
+    let lib = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("lib");
+    std::fs::read_dir(lib)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        })
+}
+
+#[test]
+fn every_text_symbol_is_named_as_nm_names_it() {
+    if !have("nm") {
+        return;
+    }
+    // A large C++ object this project did not build: the string table of lld's output shares
+    // the tails of names, and every name of its 150,000 functions is checked.
+    let llvm = if cfg!(target_arch = "x86_64") {
+        rustup_llvm()
+    } else {
+        None
+    };
+    match &llvm {
+        Some(p) => {
+            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: dlopen of rustup's LLVM library by path; its constructors register
+            // LLVM's own options and need nothing from this program.
+            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            assert!(!h.is_null(), "dlopen {}", p.display());
+        }
+        None if cfg!(target_arch = "x86_64") => {
+            assert!(
+                std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
+                "rustup's libLLVM is required (rustc --print sysroot)"
+            );
+            println!("SKIP: no libLLVM in rustc's sysroot; this program only");
+        }
+        None => {}
+    }
+    symbolize::prepare().unwrap();
+    let snap = selftrace::modules::snapshot();
+    let mut checked = Vec::new();
+    for o in snap.objects() {
+        let is_llvm = llvm
+            .as_ref()
+            .is_some_and(|p| Path::new(&o.path).file_name() == p.file_name());
+        if o.is_main || is_llvm {
+            let path = if o.is_main {
+                std::env::current_exe().unwrap()
+            } else {
+                PathBuf::from(&o.path)
+            };
+            let n = check_nm(&path, o.bias);
+            println!("{}: {n} addresses named as nm names them", path.display());
+            checked.push(n);
+        }
+    }
+    assert_eq!(checked.len(), 1 + usize::from(llvm.is_some()));
+    assert!(checked.iter().all(|&n| n > 1000), "{checked:?}");
+}
