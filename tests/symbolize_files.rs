@@ -459,31 +459,65 @@ fn borrowed(fd: i32) -> std::os::fd::BorrowedFd<'static> {
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
 
-/// The names of `readelf -sW FILE`'s absolute symbols (section `ABS`): markers such as BOLT's
-/// `__hot_end`, which `nm` lists as weak text (`W`) though they are in no section.
-fn absolute_names(file: &Path) -> std::collections::HashSet<Vec<u8>> {
-    let o = Command::new(target::binutil("readelf"))
-        .arg("-sW")
-        .arg(file)
-        .output()
-        .expect("readelf");
-    assert!(o.status.success(), "readelf {}", file.display());
-    o.stdout
+/// The (value, name) of every symbol `readelf -sW FILE` shows outside the file's executable
+/// sections (`readelf -SW`: flag `X`): absolute markers such as BOLT's `__hot_end` and weak
+/// untyped symbols in data such as a USDT semaphore, which `nm` lists as weak (`W`) whatever
+/// their section.
+fn outside_code(file: &Path) -> std::collections::HashSet<(u64, Vec<u8>)> {
+    let readelf = |arg: &str| {
+        let o = Command::new(target::binutil("readelf"))
+            .arg(arg)
+            .arg(file)
+            .output()
+            .expect("readelf");
+        assert!(o.status.success(), "readelf {arg} {}", file.display());
+        o.stdout
+    };
+    let words = |line: &[u8]| -> Vec<Vec<u8>> {
+        line.split(|&b| b == b' ')
+            .filter(|w| !w.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect()
+    };
+    // "  [13] .text PROGBITS addr off size es flags ...": the indices of sections with X.
+    let mut code = std::collections::HashSet::new();
+    for line in readelf("-SW").split(|&b| b == b'\n') {
+        let Some(open) = line.iter().position(|&b| b == b'[') else {
+            continue;
+        };
+        let Some(close) = line.iter().position(|&b| b == b']') else {
+            continue;
+        };
+        let Ok(index) = std::str::from_utf8(&line[open + 1..close])
+            .unwrap()
+            .trim()
+            .parse::<u32>()
+        else {
+            continue;
+        };
+        let f = words(&line[close + 1..]);
+        if f.len() >= 7 && f[6].contains(&b'X') {
+            code.insert(index.to_string().into_bytes());
+        }
+    }
+    // "num: value size type bind vis ndx name".
+    readelf("-sW")
         .split(|&b| b == b'\n')
         .filter_map(|line| {
-            let f: Vec<&[u8]> = line
-                .split(|&b| b == b' ')
-                .filter(|w| !w.is_empty())
-                .collect();
-            (f.len() >= 8 && f[6] == b"ABS").then(|| f[7].to_vec())
+            let f = words(line);
+            if f.len() < 8 || code.contains(&f[6]) {
+                return None;
+            }
+            let value = u64::from_str_radix(std::str::from_utf8(&f[1]).ok()?, 16).ok()?;
+            Some((value, f[7].clone()))
         })
         .collect()
 }
 
-/// `nm --defined-only FILE`'s text symbols (types `T t W w i`) but absolute ones: link-time
+/// `nm --defined-only FILE`'s text symbols (types `T t W w i`) that lie in code: link-time
 /// address -> names.
 fn nm_text(file: &Path) -> std::collections::HashMap<u64, Vec<Vec<u8>>> {
-    let absolute = absolute_names(file);
+    let outside = outside_code(file);
     let o = Command::new(target::binutil("nm"))
         .args(["--defined-only", "--without-symbol-versions"])
         .arg(file)
@@ -496,10 +530,13 @@ fn nm_text(file: &Path) -> std::collections::HashMap<u64, Vec<Vec<u8>>> {
         let (Some(a), Some(t), Some(name)) = (f.next(), f.next(), f.next()) else {
             continue;
         };
-        if !matches!(t, b"T" | b"t" | b"W" | b"w" | b"i") || absolute.contains(name) {
+        if !matches!(t, b"T" | b"t" | b"W" | b"w" | b"i") {
             continue;
         }
         let a = u64::from_str_radix(std::str::from_utf8(a).unwrap(), 16).unwrap();
+        if outside.contains(&(a, name.to_vec())) {
+            continue;
+        }
         out.entry(a).or_default().push(name.to_vec());
     }
     out
