@@ -16,6 +16,9 @@
 //! criterion times the index build (`refresh`) and the first resolution; a summary line per
 //! tool, from children alternating between the two, gives resident memory and lookup time.
 
+#[path = "../tests/support/sysroot.rs"]
+mod sysroot;
+
 use criterion::{criterion_group, Criterion};
 use std::ffi::CString;
 use std::path::PathBuf;
@@ -27,20 +30,7 @@ const LOOKUPS: usize = 2000;
 
 /// The rustup toolchain's `librustc_driver-*.so`, if there is one.
 fn driver() -> Option<PathBuf> {
-    let out = std::process::Command::new("rustc")
-        .args(["--print", "sysroot"])
-        .output()
-        .ok()?;
-    let lib = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("lib");
-    std::fs::read_dir(lib)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("librustc_driver-") && n.ends_with(".so"))
-        })
+    sysroot::lib_file(|n| n.starts_with("librustc_driver-") && n.ends_with(".so"))
 }
 
 /// Resident memory of this process, in bytes (`/proc/self/statm`).

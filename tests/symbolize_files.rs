@@ -4,6 +4,8 @@
 //! objdump names them; glibc's signal trampoline is `__restore_rt`; symbol versions are not
 //! printed.
 
+#[path = "support/sysroot.rs"]
+mod sysroot;
 #[path = "support/target.rs"]
 mod target;
 use selftrace::symbolize::{self, FrameKind, KernelOptions};
@@ -572,20 +574,7 @@ fn check_nm(file: &Path, bias: usize) -> usize {
 /// rustup's `libLLVM` (C++, 150,000 text symbols in its `.symtab`, built with lld), if the
 /// `rustc` on `PATH` has one.
 fn rustup_llvm() -> Option<PathBuf> {
-    let out = Command::new("rustc")
-        .args(["--print", "sysroot"])
-        .output()
-        .ok()?;
-    let lib = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("lib");
-    std::fs::read_dir(lib)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libLLVM.so."))
-        })
+    sysroot::lib_file(|n| n.starts_with("libLLVM.so."))
 }
 
 #[test]

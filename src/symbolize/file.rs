@@ -66,6 +66,16 @@ impl FileCache {
         f.take(size).read_to_end(&mut v).ok()?;
         (v.len() == len).then_some(v)
     }
+
+    /// Hands out a slice of a box that the cache keeps for as long as it lives.
+    fn keep<'a, K: Eq + core::hash::Hash>(map: &Kept<K>, key: K, bytes: Box<[u8]>) -> &'a [u8] {
+        let mut map = map.borrow_mut();
+        let kept: *const [u8] = &**map.entry(key).or_insert(bytes);
+        // SAFETY: the box's heap block is owned by the map, which never removes or changes an
+        // entry while the cache lives (moving the box when the map grows does not move the
+        // block); the caller's lifetime 'a is that of `&'a FileCache` (see the ReadRef impl).
+        unsafe { &*kept }
+    }
 }
 
 /// Bytes of a file (or of an image in memory) read into a vector the caller owns: the string
@@ -89,18 +99,6 @@ impl ReadOwned for &[u8] {
         v.try_reserve_exact(bytes.len().checked_add(extra)?).ok()?;
         v.extend_from_slice(bytes);
         Some(v)
-    }
-}
-
-impl FileCache {
-    /// Hands out a slice of a box that the cache keeps for as long as it lives.
-    fn keep<'a, K: Eq + core::hash::Hash>(map: &Kept<K>, key: K, bytes: Box<[u8]>) -> &'a [u8] {
-        let mut map = map.borrow_mut();
-        let kept: *const [u8] = &**map.entry(key).or_insert(bytes);
-        // SAFETY: the box's heap block is owned by the map, which never removes or changes an
-        // entry while the cache lives (moving the box when the map grows does not move the
-        // block); the caller's lifetime 'a is that of `&'a FileCache` (see the ReadRef impl).
-        unsafe { &*kept }
     }
 }
 

@@ -949,12 +949,9 @@ fn table<'d, R: ReadRef<'d> + ReadOwned>(
     pool.reserve(
         kept.iter()
             .enumerate()
-            .filter(|&(k, e)| {
-                matches!(e.2, Name::Bytes(_)) && shared.get(k).copied().flatten().is_none()
-            })
-            .map(|(_, e)| match e.2 {
-                Name::Bytes(b) => b.len() + 1,
-                _ => 0,
+            .filter_map(|(k, e)| match e.2 {
+                Name::Bytes(b) if shared.get(k).copied().flatten().is_none() => Some(b.len() + 1),
+                _ => None,
             })
             .sum::<usize>()
             + room,
