@@ -7,6 +7,7 @@ use super::arch::{self, ENTRY_REGS};
 use super::outcome::Start;
 use super::regs::RegSet;
 use super::types::{UnwindMode, Walk};
+use super::walk;
 
 /// Saves the caller's return address, stack pointer and callee-saved registers
 /// ([`arch::ENTRY_REGS`]) on its own stack, then calls [`capture_inner`]`(buf, len, mode,
@@ -44,8 +45,15 @@ unsafe extern "C" fn capture_inner(
         unsafe { core::slice::from_raw_parts_mut(buf, len) }
     };
     // SAFETY: the naked entry passes a pointer to the words it saved on its stack.
-    let regs = RegSet::from_entry(unsafe { &*words });
-    let o = super::refresh::finish(&Start::Return(regs), buf, UnwindMode::from_raw(mode));
+    let words = unsafe { &*words };
+    let mode = UnwindMode::from_raw(mode);
+    if mode == UnwindMode::FramePointer {
+        // SAFETY: `out` is what the public entry points passed: null or their live `Walk`.
+        if let Some(frames) = unsafe { capture_fp(words, buf, out) } {
+            return frames;
+        }
+    }
+    let o = super::refresh::finish(&Start::Return(RegSet::from_entry(words)), buf, mode);
     if !out.is_null() {
         // SAFETY: the status entry points pass a pointer to their own live `Walk`.
         unsafe {
@@ -56,4 +64,45 @@ unsafe extern "C" fn capture_inner(
         };
     }
     o.frames
+}
+
+/// Frame-pointer mode's common case ([`walk::capture_fp`]), which needs three of the saved
+/// words and nothing else: the number of frames, `out` written; `None` when the general walk
+/// must do it (run by the caller, so that this frame is not below it on a handler's small
+/// alternate stack).
+///
+/// # Safety
+/// `out` is null or points to a live [`Walk`].
+#[inline(never)]
+unsafe fn capture_fp(
+    words: &[usize; ENTRY_REGS.len()],
+    buf: &mut [usize],
+    out: *mut Walk,
+) -> Option<usize> {
+    const SP: usize = entry_word(arch::SP);
+    const FP: usize = entry_word(arch::FP);
+    const PC: usize = entry_word(arch::PC);
+    let o = walk::capture_fp(words[SP], words[FP], words[PC], buf)?;
+    if !out.is_null() {
+        // SAFETY: the caller guarantees that a non-null `out` points to a live `Walk`.
+        unsafe {
+            *out = Walk {
+                frames: o.frames,
+                end: o.end,
+            }
+        };
+    }
+    Some(o.frames)
+}
+
+/// Which word of [`ENTRY_REGS`] holds register slot `r` (a compile-time error if none does).
+const fn entry_word(r: u16) -> usize {
+    let mut i = 0;
+    while i < ENTRY_REGS.len() {
+        if ENTRY_REGS[i] == r {
+            return i;
+        }
+        i += 1;
+    }
+    panic!("the capture entry does not save this register")
 }

@@ -10,11 +10,20 @@ use super::step::is_trampoline_at;
 use super::types::StopReason;
 use crate::sys;
 
-/// The hot loop of frame-pointer mode: follows the chain while every frame record lies on
-/// this thread's own stack and every return address lies in code of an object this walk may
-/// trust; anything else (a signal trampoline, another stack, a strange address) goes back to the
-/// general step.
-#[inline(never)]
+/// The registers frame-pointer mode walks with: the frame's stack pointer, frame pointer and pc.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FpRegs {
+    /// The stack pointer.
+    pub(crate) sp: usize,
+    /// The frame pointer.
+    pub(crate) fp: usize,
+    /// The pc.
+    pub(crate) pc: usize,
+}
+
+/// [`fp_chain`] on a register set: needs the frame pointer known; when it walked a frame,
+/// only sp, fp and pc are known after it.
+#[inline]
 pub(crate) fn fast_fp_frames(
     state: &State,
     loaded: &mut LoadedCheck,
@@ -24,10 +33,43 @@ pub(crate) fn fast_fp_frames(
     n: &mut usize,
     limit: usize,
 ) -> Fast {
-    const W: usize = core::mem::size_of::<usize>();
     const SP: usize = arch::SP as usize;
     const FP: usize = arch::FP as usize;
     const PC: usize = arch::PC as usize;
+    if regs.valid & (1 << FP) == 0 {
+        return Fast::Slow;
+    }
+    let mut r = FpRegs {
+        sp: regs.v[SP],
+        fp: regs.v[FP],
+        pc: regs.v[PC],
+    };
+    let before = *n;
+    let end = fp_chain(state, loaded, stack, &mut r, buf, n, limit);
+    if *n != before {
+        regs.keep_only(1 << SP | 1 << FP | 1 << PC);
+        regs.v[SP] = r.sp;
+        regs.v[FP] = r.fp;
+        regs.v[PC] = r.pc;
+    }
+    end
+}
+
+/// The hot loop of frame-pointer mode: follows the chain while every frame record lies on
+/// this thread's own stack and every return address lies in code of an object this walk may
+/// trust; anything else (a signal trampoline, another stack, a strange address) goes back to the
+/// general step. `regs` are the frame's; when frames were written, they are the last one's.
+#[inline(never)]
+pub(crate) fn fp_chain(
+    state: &State,
+    loaded: &mut LoadedCheck,
+    stack: core::ops::Range<usize>,
+    regs: &mut FpRegs,
+    buf: &mut [usize],
+    n: &mut usize,
+    limit: usize,
+) -> Fast {
+    const W: usize = core::mem::size_of::<usize>();
     let Some(span) = stack
         .end
         .checked_sub(stack.start)
@@ -35,11 +77,8 @@ pub(crate) fn fast_fp_frames(
     else {
         return Fast::Slow;
     };
-    if regs.valid & (1 << FP) == 0 {
-        return Fast::Slow;
-    }
     let (restorer_lo, restorer_hi) = state.restorer_span;
-    let (mut sp, mut fp, mut pc) = (regs.v[SP], regs.v[FP], regs.v[PC]);
+    let (mut sp, mut fp, mut pc) = (regs.sp, regs.fp, regs.pc);
     // A return address into a signal trampoline needs the general step.
     if restorer_lo <= pc && pc <= restorer_hi {
         return Fast::Slow;
@@ -162,10 +201,7 @@ pub(crate) fn fast_fp_frames(
         }
     };
     if frames != *n {
-        regs.keep_only(1 << SP | 1 << FP | 1 << PC);
-        regs.v[SP] = sp;
-        regs.v[FP] = fp;
-        regs.v[PC] = pc;
+        *regs = FpRegs { sp, fp, pc };
     }
     *n = frames;
     end

@@ -22,7 +22,7 @@
 #![allow(unsafe_code)]
 
 use super::fast::{fast_frames, Fast};
-use super::fast_fp::fast_fp_frames;
+use super::fast_fp::{fast_fp_frames, fp_chain, FpRegs};
 use super::memory::CheckedMemory;
 use super::objects::{self, LoadedCheck, State};
 use super::outcome::{Outcome, Start};
@@ -133,6 +133,41 @@ fn walk_all_cached(
     Cached::Done(Outcome {
         frames,
         end,
+        signal_frames: 0,
+        unknown_object: false,
+        initialized: true,
+    })
+}
+
+/// Frame-pointer mode's capture from the entry's stack pointer, frame pointer and pc (a return
+/// address), on the capture's own stack, without a slot: the whole walk when [`fp_chain`]
+/// does it (the common case: objects never unloaded, no signal frame), `None` when the general
+/// walk must do it (the caller runs that from the start, so that this frame is not on the stack
+/// below it: a signal handler's alternate stack is small). Reads neither the other saved
+/// registers nor the thread's stack bounds a second time, which is most of the fixed cost of a
+/// short capture.
+#[inline(never)]
+pub(crate) fn capture_fp(sp: usize, fp: usize, pc: usize, buf: &mut [usize]) -> Option<Outcome> {
+    let (_, high) = sys::own_stack_above(sp).filter(|_| !buf.is_empty())?;
+    buf[0] = pc;
+    let mut frames = 1;
+    let limit = buf.len().min(MAX_FRAMES);
+    // The closure returns one small value: results written field by field into memory and
+    // read back as whole words stall store forwarding (measured: most of this function's time).
+    let fast = objects::with_state(|state| {
+        Some(fp_chain(
+            state?,
+            &mut LoadedCheck::default(),
+            sp..high,
+            &mut FpRegs { sp, fp, pc },
+            buf,
+            &mut frames,
+            limit,
+        ))
+    })?;
+    Some(Outcome {
+        frames,
+        end: fast.end(buf, frames)?,
         signal_frames: 0,
         unknown_object: false,
         initialized: true,
