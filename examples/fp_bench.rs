@@ -1,7 +1,7 @@
 //! Frame-pointer walking measured where it means something: benches/unwind.rs builds this
 //! example with `-C force-frame-pointers=yes` (release) and runs it. At the bottom of a
 //! 64-deep recursion it times the frame-pointer `selftrace::Capture` and a naive, unchecked frame-pointer loop
-//! over the same chain (the same number of frames), fastest of 40 rounds each, the rounds of
+//! over the same chain (the same number of frames), fastest of 250 rounds each, the rounds of
 //! the two alternating, and prints ns per frame and the ratio:
 //!
 //! `fp_bench: frames N capture_fp X ns/frame naive Y ns/frame ratio R`
@@ -11,8 +11,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 const DEPTH: usize = 64;
-const ITERS: u32 = 20_000;
-const ROUNDS: usize = 40;
+const ITERS: u32 = 4_000;
+const ROUNDS: usize = 250;
 
 /// The naive walk: no bounds, no checks (only safe on a chain known to be intact, and only
 /// for `max` frames, the count `capture_fp` found).
