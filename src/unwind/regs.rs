@@ -37,10 +37,15 @@ impl RegSet {
     }
 
     /// The registers the capture entry saved, word by word ([`arch::ENTRY_REGS`]).
+    ///
+    /// The words are read one at a time: the entry has just stored them one at a time, and a
+    /// wider load of two of them (which the compiler would otherwise make) cannot take them
+    /// from the store buffer and waits until they reach the cache.
     pub(crate) fn from_entry(words: &[usize; arch::ENTRY_REGS.len()]) -> RegSet {
         let mut s = RegSet::EMPTY;
-        for (&r, &w) in arch::ENTRY_REGS.iter().zip(words) {
-            s.set(r, w);
+        for (&r, w) in arch::ENTRY_REGS.iter().zip(words) {
+            // SAFETY: `w` is a reference to a live, aligned word.
+            s.set(r, unsafe { core::ptr::read_volatile(w) });
         }
         s
     }
