@@ -364,6 +364,23 @@ fn uninstall_gives_the_signals_and_the_panic_hook_back() {
 }
 
 #[test]
+fn a_signal_pending_at_the_crash_does_not_run_before_the_report() {
+    let o = run("pending-at-crash");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    assert!(
+        o.report.contains("[ selftrace: fatal signal ]"),
+        "{}",
+        o.report
+    );
+    assert!(o.report.contains("---[ end of report ]---"), "{}", o.report);
+    assert!(
+        !o.report.contains("usr1 handler ran"),
+        "a signal ran nested inside the crash handler:\n{}",
+        o.report
+    );
+}
+
+#[test]
 fn a_crash_inside_the_handler_does_not_loop() {
     let o = run("crash-in-handler");
     assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);

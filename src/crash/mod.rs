@@ -260,8 +260,15 @@ impl Builder {
         }
         ALL_THREADS.store(self.all_threads, Ordering::Relaxed);
         install_thread()?;
+        // Every crash signal stays open inside the handler (a crash in it is caught), and
+        // nothing else can run nested on the small alternate stack.
+        let open = self
+            .signals
+            .iter()
+            .filter(|&&sig| (1..=64).contains(&sig))
+            .fold(TAKEN.load(Ordering::Relaxed), |m, &sig| m | 1 << (sig - 1));
         for &sig in &self.signals {
-            install_signal(sig)?;
+            install_signal(sig, open)?;
         }
         if self.panic_hook {
             install_panic_hook();
@@ -384,7 +391,9 @@ static SKIP_CHAIN: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 /// `lock`).
 use lock::OutputLock as ReportLock;
 
-fn install_signal(sig: i32) -> Result<(), Error> {
+/// Takes `sig` for the crash handler, which runs with every signal but those in `open` (bit
+/// `n - 1` for signal `n`) blocked from the moment the kernel delivers it.
+fn install_signal(sig: i32, open: u64) -> Result<(), Error> {
     let ours = on_fatal_signal as *const () as usize;
     let current = sys::current_handler(sig).map_err(|errno| Error::Sys {
         call: "sigaction",
@@ -399,10 +408,12 @@ fn install_signal(sig: i32) -> Result<(), Error> {
         SKIP_CHAIN[sig as usize].store(is_std, Ordering::Relaxed);
     }
     // The action that was there is kept and called after the report (`sys::signal`).
-    sys::signal::take(sig, on_fatal_signal, libc::SA_ONSTACK).map_err(|errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    })?;
+    sys::signal::take_masked(sig, on_fatal_signal, libc::SA_ONSTACK, Some(open)).map_err(
+        |errno| Error::Sys {
+            call: "sigaction",
+            errno,
+        },
+    )?;
     TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
     Ok(())
 }
@@ -450,10 +461,14 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
         return;
     }
     // Nothing asynchronous runs on this thread from here on: a stack request or a profiler
-    // tick nested on a small alternate stack (std gives its threads 8 KiB or so) could overflow
-    // it, and a fault with the crash signal blocked kills the process without any report.
-    // Another thread's request for this thread's stack times out instead; a minidump takes the
-    // context from `publish_waiting` below. The crash signals stay open.
+    // tick nested on a small alternate stack (std gives its threads 8 KiB; two signal frames
+    // take 6.8 KiB of it with AVX-512) could overflow it, and a fault with the crash signal
+    // blocked kills the process without any report. The handler's `sa_mask` blocks them as
+    // the kernel delivers the crash (a signal pending at that moment would otherwise run
+    // first, nested: seen as a crash with no report in the two-crashes minidump test); this
+    // also covers crash signals taken after this one was installed. Another thread's request
+    // for this thread's stack times out instead; a minidump takes the context from
+    // `publish_waiting` below. The crash signals stay open.
     sys::signal::block_all_except(TAKEN.load(Ordering::Relaxed));
     // While this thread waits for the report lock, a minidump being written (which holds it)
     // takes this thread's context at its own fault from here.

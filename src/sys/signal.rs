@@ -112,6 +112,19 @@ fn query(sig: i32) -> Result<libc::sigaction, i32> {
 /// `errno` on failure (`EINVAL` for a signal that cannot be caught, `EAGAIN` while another
 /// thread changes the same signal).
 pub(crate) fn take(sig: i32, ours: Handler, flags: i32) -> Result<Taken, i32> {
+    take_masked(sig, ours, flags, None)
+}
+
+/// [`take`], and with `block_all_but: Some(keep)` the handler runs with every signal blocked
+/// except those in `keep` (bit `n - 1` for signal `n`): the kernel blocks them as it delivers
+/// `sig`, so no other signal that was pending then runs nested before the handler's first
+/// instruction.
+pub(crate) fn take_masked(
+    sig: i32,
+    ours: Handler,
+    flags: i32,
+    block_all_but: Option<u64>,
+) -> Result<Taken, i32> {
     let Some(s) = slot(sig) else {
         return Err(libc::EINVAL);
     };
@@ -132,8 +145,23 @@ pub(crate) fn take(sig: i32, ours: Handler, flags: i32) -> Result<Taken, i32> {
         let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
         sa.sa_sigaction = ours as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO | flags;
-        // SAFETY: sa.sa_mask is a valid sigset_t.
-        unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+        // SAFETY: sa.sa_mask is a valid sigset_t; sigfillset, sigemptyset and sigdelset write
+        // only into it.
+        unsafe {
+            match block_all_but {
+                None => {
+                    libc::sigemptyset(&mut sa.sa_mask);
+                }
+                Some(keep) => {
+                    libc::sigfillset(&mut sa.sa_mask);
+                    for n in 1..SIGNALS as i32 {
+                        if keep & (1 << (n - 1)) != 0 {
+                            libc::sigdelset(&mut sa.sa_mask, n);
+                        }
+                    }
+                }
+            }
+        }
         // SAFETY: sa is fully initialised. Until `state` is 2 (stored below), a signal that
         // reaches our handler meanwhile does not chain.
         if unsafe { libc::sigaction(sig, &sa, core::ptr::null_mut()) } != 0 {

@@ -260,6 +260,40 @@ pub fn install_crashing_user_handler() {
     }
 }
 
+extern "C" fn usr1_handler(_: i32) {
+    let msg = b"usr1 handler ran\n";
+    // SAFETY: write(2) of a static buffer to stderr; async-signal-safe.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+/// A crash with another signal pending and unblocked at the moment the kernel delivers it: both
+/// SIGUSR1 (a handler that prints a line) and SIGSEGV are sent while blocked, then unblocked
+/// with one call. The kernel delivers SIGSEGV first (synchronous signals go first) and then,
+/// unless the crash handler's own mask blocks it, SIGUSR1, whose handler would run nested on
+/// top, before the crash handler's first instruction (on a small alternate stack, the case
+/// that can kill the process without a report).
+#[inline(never)]
+pub fn caller_signal_pending_at_crash() {
+    // SAFETY: installs a handler, then blocks, sends and unblocks signals of this thread;
+    // every struct passed is valid.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = usr1_handler as *const () as usize;
+        sa.sa_flags = libc::SA_ONSTACK;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::sigaddset(&mut set, libc::SIGSEGV);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        let (pid, tid) = (libc::getpid(), libc::gettid());
+        libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGUSR1);
+        libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGSEGV);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// Installs a plain SIGSEGV handler of the "user" before selftrace's.
 pub fn install_user_handler() {
     // SAFETY: installs a plain handler.
@@ -296,6 +330,7 @@ pub fn run(name: &str, dir: &std::path::Path) {
         "in-allocator" => caller_in_allocator(),
         "dlopen" => caller_dlopen(dir),
         "two-threads" => caller_two_threads(),
+        "pending-at-crash" => caller_signal_pending_at_crash(),
         "during-dlopen" => caller_during_dlopen(dir),
         other => panic!("unknown scenario {other}"),
     }
