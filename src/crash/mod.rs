@@ -465,8 +465,8 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
     // take 6.8 KiB of it with AVX-512) could overflow it, and a fault with the crash signal
     // blocked kills the process without any report. The handler's `sa_mask` blocks them as
     // the kernel delivers the crash (a signal pending at that moment would otherwise run
-    // first, nested: seen as a crash with no report in the two-crashes minidump test); this
-    // also covers crash signals taken after this one was installed. Another thread's request
+    // first, nested: seen as a crash with no report in the two-crashes minidump test); a crash
+    // signal that a later `install` took stays blocked here. Another thread's request
     // for this thread's stack times out instead; a minidump takes the context from
     // `publish_waiting` below. The crash signals stay open.
     sys::signal::block_all_except(TAKEN.load(Ordering::Relaxed));

@@ -22,8 +22,14 @@ use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 /// # Async-signal safety
 /// Async-signal-safe (`sigfillset`, `sigdelset`, `pthread_sigmask`).
 pub(crate) fn block_all_except(keep: u64) {
-    // SAFETY: a zeroed sigset_t is valid storage; sigfillset and sigdelset write only into it
-    // and pthread_sigmask only reads it.
+    let set = all_except(keep);
+    // SAFETY: pthread_sigmask only reads the valid set.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut()) };
+}
+
+/// Every signal except those in `keep` (bit `n - 1` for signal `n`).
+fn all_except(keep: u64) -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is valid storage; sigfillset and sigdelset write only into it.
     unsafe {
         let mut set: libc::sigset_t = core::mem::zeroed();
         libc::sigfillset(&mut set);
@@ -32,7 +38,7 @@ pub(crate) fn block_all_except(keep: u64) {
                 libc::sigdelset(&mut set, sig);
             }
         }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut());
+        set
     }
 }
 
@@ -145,22 +151,12 @@ pub(crate) fn take_masked(
         let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
         sa.sa_sigaction = ours as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO | flags;
-        // SAFETY: sa.sa_mask is a valid sigset_t; sigfillset, sigemptyset and sigdelset write
-        // only into it.
-        unsafe {
-            match block_all_but {
-                None => {
-                    libc::sigemptyset(&mut sa.sa_mask);
-                }
-                Some(keep) => {
-                    libc::sigfillset(&mut sa.sa_mask);
-                    for n in 1..SIGNALS as i32 {
-                        if keep & (1 << (n - 1)) != 0 {
-                            libc::sigdelset(&mut sa.sa_mask, n);
-                        }
-                    }
-                }
-            }
+        match block_all_but {
+            Some(keep) => sa.sa_mask = all_except(keep),
+            // SAFETY: sa.sa_mask is a valid sigset_t.
+            None => unsafe {
+                libc::sigemptyset(&mut sa.sa_mask);
+            },
         }
         // SAFETY: sa is fully initialised. Until `state` is 2 (stored below), a signal that
         // reaches our handler meanwhile does not chain.

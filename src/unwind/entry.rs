@@ -4,7 +4,7 @@
 #![allow(unsafe_code)]
 
 use super::arch::{self, ENTRY_REGS};
-use super::outcome::Start;
+use super::outcome::{Outcome, Start};
 use super::regs::RegSet;
 use super::types::{UnwindMode, Walk};
 use super::walk;
@@ -54,15 +54,8 @@ unsafe extern "C" fn capture_inner(
         }
     }
     let o = super::refresh::finish(&Start::Return(RegSet::from_entry(words)), buf, mode);
-    if !out.is_null() {
-        // SAFETY: the status entry points pass a pointer to their own live `Walk`.
-        unsafe {
-            *out = Walk {
-                frames: o.frames,
-                end: o.end,
-            }
-        };
-    }
+    // SAFETY: `out` is what the public entry points passed: null or their live `Walk`.
+    unsafe { write_walk(out, &o) };
     o.frames
 }
 
@@ -83,6 +76,16 @@ unsafe fn capture_fp(
     const FP: usize = entry_word(arch::FP);
     const PC: usize = entry_word(arch::PC);
     let o = walk::capture_fp(words[SP], words[FP], words[PC], buf)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_walk(out, &o) };
+    Some(o.frames)
+}
+
+/// Writes how the walk ended into `out` unless it is null.
+///
+/// # Safety
+/// `out` is null or points to a live [`Walk`].
+unsafe fn write_walk(out: *mut Walk, o: &Outcome) {
     if !out.is_null() {
         // SAFETY: the caller guarantees that a non-null `out` points to a live `Walk`.
         unsafe {
@@ -92,7 +95,6 @@ unsafe fn capture_fp(
             }
         };
     }
-    Some(o.frames)
 }
 
 /// Which word of [`ENTRY_REGS`] holds register slot `r` (a compile-time error if none does).
