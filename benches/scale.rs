@@ -1,20 +1,25 @@
 //! The symbol index at scale: a program that loads rustc's `librustc_driver` (and with it
-//! `libLLVM`: together some 350 MB of code and 240,000 function symbols, from the rustup
+//! `libLLVM`: together some 350 MB of code and 256,600 function symbols, from the rustup
 //! toolchain that builds this bench).
 //!
 //! Each measurement runs in a fresh child process, which `dlopen`s the driver (with
 //! `GLIBC_TUNABLES=glibc.rtld.optional_static_tls=67108864`, without which glibc refuses its
 //! static TLS) and then:
 //! * `selftrace`: `selftrace::init()` before the `dlopen`, then the time of the
-//!   `selftrace::refresh()` that indexes the two objects, and the resident memory it added;
+//!   `selftrace::refresh()` that indexes the two objects (both map more than 64 MiB, so their
+//!   tables are built by the background indexer), the time until `symbolize::prepare()` has
+//!   every name in, the CPU time of all threads meanwhile, and the resident memory added;
+//! * `selftrace_sync`: the same with `symbolize::set_background_index(None)`: `refresh` builds
+//!   every table itself;
 //! * `backtrace_crate`: the time of the first `backtrace::resolve` of an address in the
-//!   driver, and the resident memory it added.
+//!   driver, its CPU time, and the resident memory it added.
 //!
-//! Then both look up 2,000 pseudo-random addresses in the driver's code, each once (cold: the
-//! addresses are spread over 146 MB, so few lookups share a page of the index).
+//! Then both look up 2,000 pseudo-random addresses in the driver's code, each once, and copy
+//! the name out (cold: the addresses are spread over 146 MB, so few lookups share a page of
+//! the index).
 //!
 //! criterion times the index build (`refresh`) and the first resolution; a summary line per
-//! tool, from children alternating between the two, gives resident memory and lookup time.
+//! tool, from children alternating between the two, gives the rest.
 
 #[path = "../tests/support/sysroot.rs"]
 mod sysroot;
@@ -71,13 +76,25 @@ fn addresses((start, len): (usize, usize)) -> Vec<usize> {
         .collect()
 }
 
-/// In a child: `build_ns resident_delta_bytes lookup_ns_per_address named_addresses symbols
-/// index_bytes name_bytes` (the last three: selftrace's whole symbol index after the refresh,
-/// all objects; zero for the backtrace crate).
+/// In a child: `build_ns complete_ns cpu_ns resident_delta_bytes lookup_ns_per_address
+/// named_addresses symbols index_bytes name_bytes`: the time `refresh` (or the first
+/// resolution) took, the time until every name was in (selftrace's background indexer done),
+/// the CPU time of all threads meanwhile, then (after that) the resident memory added, the
+/// cold lookups, and (the last three) selftrace's whole symbol index, all objects (zero for
+/// the backtrace crate).
 fn child(which: &str, path: &str) -> String {
     if which == "selftrace" {
         selftrace::init().expect("init");
     }
+    if which == "selftrace_sync" {
+        selftrace::symbolize::set_background_index(None);
+        selftrace::init().expect("init");
+    }
+    let which = if which == "selftrace_sync" {
+        "selftrace"
+    } else {
+        which
+    };
     let c = CString::new(path).unwrap();
     // SAFETY: loads a library by path; its constructors run (rustc's driver has none that
     // need more than a loaded libstd).
@@ -90,6 +107,7 @@ fn child(which: &str, path: &str) -> String {
         .unwrap();
     let addrs = addresses(driver_code(name));
     let before = resident();
+    let cpu_before = cpu_time();
     let t = Instant::now();
     let mut named = 0;
     if which == "selftrace" {
@@ -100,11 +118,20 @@ fn child(which: &str, path: &str) -> String {
         });
     }
     let build = t.elapsed();
+    if which == "selftrace" {
+        // Until the background indexer has named the two objects too.
+        selftrace::symbolize::prepare().expect("prepare");
+    }
+    let complete = t.elapsed();
+    let cpu = cpu_time() - cpu_before;
     let grown = resident().saturating_sub(before);
     let t = Instant::now();
     for &a in &addrs {
         if which == "selftrace" {
-            named += usize::from(selftrace::symbolize(a).is_some_and(|s| s.name.is_some()));
+            // The name decoded into a buffer, as a crash report or a profile needs it.
+            let mut buf = [0u8; 1024];
+            let name = selftrace::symbolize(a).and_then(|s| s.name);
+            named += usize::from(name.is_some_and(|n| !n.copy_to(&mut buf).is_empty()));
         } else {
             let mut any = false;
             backtrace::resolve(a as *mut _, |s| any |= s.name().is_some());
@@ -119,17 +146,31 @@ fn child(which: &str, path: &str) -> String {
         (0, 0, 0)
     };
     format!(
-        "{} {} {} {} {syms} {bytes} {names}",
+        "{} {} {} {} {} {} {syms} {bytes} {names}",
         build.as_nanos(),
+        complete.as_nanos(),
+        cpu.as_nanos(),
         grown,
         lookup,
         named
     )
 }
 
+/// CPU time of this process so far, every thread (`getrusage(RUSAGE_SELF)`, user + system).
+fn cpu_time() -> Duration {
+    // SAFETY: a zeroed rusage is valid storage for getrusage to fill.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is valid for writes.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
 /// What a child measured (see [`child`]).
 struct Row {
     build: Duration,
+    complete: Duration,
+    cpu: Duration,
     grown: u64,
     lookup: u128,
     named: usize,
@@ -149,19 +190,21 @@ fn run_child(which: &str, driver: &std::path::Path) -> Row {
     let text = String::from_utf8_lossy(&out.stdout);
     let f: Vec<&str> = text.split_whitespace().collect();
     assert!(
-        out.status.success() && f.len() == 7,
+        out.status.success() && f.len() == 9,
         "child {which}: {}{}",
         text,
         String::from_utf8_lossy(&out.stderr)
     );
     Row {
         build: Duration::from_nanos(f[0].parse().unwrap()),
-        grown: f[1].parse().unwrap(),
-        lookup: f[2].parse().unwrap(),
-        named: f[3].parse().unwrap(),
-        syms: f[4].parse().unwrap(),
-        bytes: f[5].parse().unwrap(),
-        names: f[6].parse().unwrap(),
+        complete: Duration::from_nanos(f[1].parse().unwrap()),
+        cpu: Duration::from_nanos(f[2].parse().unwrap()),
+        grown: f[3].parse().unwrap(),
+        lookup: f[4].parse().unwrap(),
+        named: f[5].parse().unwrap(),
+        syms: f[6].parse().unwrap(),
+        bytes: f[7].parse().unwrap(),
+        names: f[8].parse().unwrap(),
     }
 }
 
@@ -176,7 +219,11 @@ fn scale(c: &mut Criterion) {
         return;
     };
     // Interleaved children for the memory and lookup figures.
-    let mut rows: Vec<(&str, Vec<Row>)> = vec![("selftrace", vec![]), ("backtrace_crate", vec![])];
+    let mut rows: Vec<(&str, Vec<Row>)> = vec![
+        ("selftrace", vec![]),
+        ("selftrace_sync", vec![]),
+        ("backtrace_crate", vec![]),
+    ];
     for _ in 0..5 {
         for (which, v) in rows.iter_mut() {
             v.push(run_child(which, &driver));
@@ -189,12 +236,16 @@ fn scale(c: &mut Criterion) {
     );
     for (which, v) in &rows {
         let mut build: Vec<Duration> = v.iter().map(|r| r.build).collect();
+        let mut complete: Vec<Duration> = v.iter().map(|r| r.complete).collect();
+        let mut cpu: Vec<Duration> = v.iter().map(|r| r.cpu).collect();
         let mut rss: Vec<u64> = v.iter().map(|r| r.grown).collect();
         let mut look: Vec<u128> = v.iter().map(|r| r.lookup).collect();
         let r = &v[0];
         eprintln!(
-            "scale: {which:16} first index/resolve {:7.1} ms, +{:5.1} MB resident, {:4} ns per cold lookup, {} of {LOOKUPS} addresses named",
+            "scale: {which:16} first index/resolve {:7.1} ms (every name in: {:.1} ms, CPU time of all threads {:.1} ms), +{:5.1} MB resident, {:4} ns per cold lookup, {} of {LOOKUPS} addresses named",
             median(&mut build).as_secs_f64() * 1e3,
+            median(&mut complete).as_secs_f64() * 1e3,
+            median(&mut cpu).as_secs_f64() * 1e3,
             median(&mut rss) as f64 / 1e6,
             median(&mut look),
             r.named,

@@ -142,6 +142,13 @@ pub use unwind::{
 /// loaded or unloaded since. Not async-signal-safe: call it early, outside signal handlers
 /// (capture works before it too, with frame pointers only).
 ///
+/// The symbol tables of objects that map 64 MiB or more (rustc's `librustc_driver`, a browser's
+/// main library) are built by a background thread instead, so that `init` does not take a
+/// tenth of a second per such object; until one is built, lookups there give no name
+/// ([`symbolize::SymbolSource::Pending`]) and the normal-context functions that need names wait
+/// for it. [`symbolize::set_background_index`] changes the size or turns this off;
+/// [`symbolize::prepare`] waits for every object.
+///
 /// # Errors
 /// [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then use frame
 /// pointers).

@@ -121,7 +121,12 @@ fn symbolize_hostile_addresses() {
     let mut one = [0u8; 1];
     for &a in &addrs {
         if let Some(s) = selftrace::symbolize(a) {
-            let _ = (s.offset(), s.object_offset(), s.name_str(), s.object_name());
+            let _ = (
+                s.offset(),
+                s.object_offset(),
+                s.name_string(),
+                s.object_name(),
+            );
             let _ = s.demangle_into(&mut line);
             let _ = s.demangle_into(&mut empty);
             let _ = s.to_string();

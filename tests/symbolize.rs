@@ -147,7 +147,7 @@ fn kernel_format_names_offsets_and_objects() {
     let line = std::str::from_utf8(&buf[..n]).unwrap();
     let id: String = s.build_id.iter().map(|b| format!("{b:02x}")).collect();
     assert!(!id.is_empty());
-    let raw = s.name_str().unwrap();
+    let raw = s.name_string().unwrap();
     assert!(raw.starts_with("_ZN") || raw.starts_with("_R"), "{raw}");
     assert_eq!(
         line,

@@ -319,7 +319,7 @@ fn check_plt(obj_path: &Path, bias: usize) -> usize {
         }
         let s = symbolize::symbolize(pc).expect("inside the object");
         assert_eq!(
-            s.name_str(),
+            s.name_string().as_deref(),
             Some(name.as_str()),
             "{} at {addr:#x}+7",
             obj_path.display()
@@ -386,7 +386,7 @@ fn signal_trampoline_is_restore_rt_and_versions_are_dropped() {
         return;
     }
     // Versions: the raw name keeps them (what .symtab says), printed names do not.
-    let raw = libc_syms.name_str().unwrap();
+    let raw = libc_syms.name_string().unwrap();
     println!("raw name: {raw}");
     assert!(raw.starts_with("__libc_start_main"), "{raw}");
     let mut buf = [0u8; 128];
@@ -450,7 +450,7 @@ fn signal_trampoline_is_restore_rt_and_versions_are_dropped() {
     }
     assert!(k.contains(" : __restore_rt+0x0/0x0 [libc.so.6]"), "{k}");
     let s = symbolize::symbolize_frame(frames[i], kind).unwrap();
-    assert_eq!(s.name_str(), Some("__restore_rt"));
+    assert_eq!(s.name_string().as_deref(), Some("__restore_rt"));
     let b = selftrace::Backtrace::from_addresses(&frames, false);
     assert_eq!(b.frames()[i].name(), Some("__restore_rt"), "{b:#}");
 }
@@ -555,12 +555,13 @@ fn check_nm(file: &Path, bias: usize) -> usize {
             .unwrap_or_else(|| panic!("{}: nothing at {addr:#x}", file.display()));
         let got = s
             .name
-            .unwrap_or_else(|| panic!("{}: no name at {addr:#x}", file.display()));
+            .unwrap_or_else(|| panic!("{}: no name at {addr:#x}", file.display()))
+            .to_vec();
         assert!(
-            names.iter().any(|n| &n[..n.len().min(4096)] == got),
+            names.iter().any(|n| n[..n.len().min(4096)] == got),
             "{} at {addr:#x}: selftrace {:?}, nm {:?}",
             file.display(),
-            String::from_utf8_lossy(got),
+            String::from_utf8_lossy(&got),
             names
                 .iter()
                 .map(|n| String::from_utf8_lossy(n))

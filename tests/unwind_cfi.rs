@@ -507,7 +507,7 @@ fn names_of(frames: &[usize], first_exact: bool) -> Vec<String> {
         .map(|i| {
             let kind = selftrace::symbolize::frame_kind(frames, i, first_exact);
             selftrace::symbolize(kind.lookup_address(frames[i]))
-                .and_then(|s| s.name.map(|n| String::from_utf8_lossy(n).into_owned()))
+                .and_then(|s| s.name.map(|n| n.to_string_lossy()))
                 .map(|n| format!("{:#}", rustc_demangle::demangle(&n)))
                 .unwrap_or_else(|| format!("{:#x}", frames[i]))
         })
@@ -708,7 +708,7 @@ fn another_threads_truncated_stack_is_reported() {
     assert_eq!(t_end.reason, StopReason::NoUnwindRule);
     let name = selftrace::symbolize(t_end.pc - 1)
         .and_then(|s| s.name)
-        .map(|n| String::from_utf8_lossy(n).into_owned());
+        .map(|n| n.to_string_lossy());
     assert_eq!(name.as_deref(), Some("st_bad_cfi"));
     let path = std::env::temp_dir().join(format!("selftrace-cfi-dump-{}", std::process::id()));
     let f = std::fs::File::create(&path).expect("dump file");

@@ -62,8 +62,8 @@ fn capture_names() -> (Vec<String>, bool) {
             let kind = selftrace::symbolize::frame_kind(&frames, i, false);
             selftrace::symbolize(kind.lookup_address(pc))
                 .and_then(|s| {
-                    s.name_str()
-                        .map(|n| format!("{:#}", rustc_demangle::demangle(n)))
+                    s.name_string()
+                        .map(|n| format!("{:#}", rustc_demangle::demangle(&n)))
                 })
                 .unwrap_or_else(|| format!("{pc:#x}"))
         })

@@ -311,7 +311,7 @@ fn thread_that_never_called_selftrace_unwinds_without_system_calls() {
                 .map(|i| {
                     let kind = selftrace::symbolize::frame_kind(&frames, i, true);
                     selftrace::symbolize(kind.lookup_address(frames[i]))
-                        .and_then(|s| s.name.map(|n| String::from_utf8_lossy(n).into_owned()))
+                        .and_then(|s| s.name.map(|n| n.to_string_lossy()))
                         .map(|n| format!("{:#}", rustc_demangle::demangle(&n)))
                         .unwrap_or_else(|| format!("{:#x}", frames[i]))
                 })

@@ -108,9 +108,7 @@ fn scenario(name: &str) {
                             .enumerate()
                             .filter_map(|(i, &a)| {
                                 let k = selftrace::symbolize::frame_kind(f, i, true);
-                                selftrace::symbolize(k.lookup_address(a))?
-                                    .name_str()
-                                    .map(String::from)
+                                selftrace::symbolize(k.lookup_address(a))?.name_string()
                             })
                             .collect()
                     })

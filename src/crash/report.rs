@@ -85,8 +85,8 @@ fn short_name<'b>(frames: &[usize], i: usize, first_exact: bool, buf: &'b mut [u
     let Some(addr) = frames.get(i) else {
         return "?";
     };
-    match symbolize::symbolize_frame(*addr, kind).and_then(|s| s.name) {
-        Some(name) => symbolize::demangle_into(name, buf),
+    match symbolize::symbolize_frame(*addr, kind).and_then(|s| s.demangle_into(buf)) {
+        Some(name) => name,
         None => "?",
     }
 }

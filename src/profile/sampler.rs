@@ -529,7 +529,7 @@ impl Aggregator {
 fn line(s: &crate::symbolize::BacktraceSymbol) -> Line {
     Line {
         function: Arc::from(s.name.as_deref().unwrap_or("??")),
-        system_name: Arc::from(s.raw_name.unwrap_or("")),
+        system_name: Arc::from(s.raw_name.as_deref().unwrap_or("")),
         file: s.file.map(Arc::from),
         line: s.line,
     }

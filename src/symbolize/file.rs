@@ -50,17 +50,17 @@ impl FileCache {
 
     /// `size` bytes at `offset`, read into new, unzeroed memory; `None` past the end.
     fn read_new(&self, offset: u64, size: u64) -> Option<Box<[u8]>> {
-        self.read_vec(offset, size, 0).map(Vec::into_boxed_slice)
+        self.read_vec(offset, size).map(Vec::into_boxed_slice)
     }
 
-    /// `size` bytes at `offset` in a new vector with room for `extra` more; `None` past the end.
-    fn read_vec(&self, offset: u64, size: u64, extra: usize) -> Option<Vec<u8>> {
+    /// `size` bytes at `offset` in a new vector; `None` past the end.
+    fn read_vec(&self, offset: u64, size: u64) -> Option<Vec<u8>> {
         let len = usize::try_from(size).ok()?;
         if offset.checked_add(size)? > self.size {
             return None;
         }
         let mut v = Vec::new();
-        v.try_reserve_exact(len.checked_add(extra)?).ok()?;
+        v.try_reserve_exact(len).ok()?;
         let mut f = &self.file;
         f.seek(SeekFrom::Start(offset)).ok()?;
         f.take(size).read_to_end(&mut v).ok()?;
@@ -75,30 +75,6 @@ impl FileCache {
         // entry while the cache lives (moving the box when the map grows does not move the
         // block); the caller's lifetime 'a is that of `&'a FileCache` (see the ReadRef impl).
         unsafe { &*kept }
-    }
-}
-
-/// Bytes of a file (or of an image in memory) read into a vector the caller owns: the string
-/// table that becomes an object's pool of names.
-pub(crate) trait ReadOwned {
-    /// `size` bytes at `offset`, in a vector with room for `extra` more; `None` past the end.
-    fn read_owned(self, offset: u64, size: u64, extra: usize) -> Option<Vec<u8>>;
-}
-
-impl ReadOwned for &FileCache {
-    fn read_owned(self, offset: u64, size: u64, extra: usize) -> Option<Vec<u8>> {
-        self.read_vec(offset, size, extra)
-    }
-}
-
-impl ReadOwned for &[u8] {
-    fn read_owned(self, offset: u64, size: u64, extra: usize) -> Option<Vec<u8>> {
-        let start = usize::try_from(offset).ok()?;
-        let bytes = self.get(start..start.checked_add(usize::try_from(size).ok()?)?)?;
-        let mut v = Vec::new();
-        v.try_reserve_exact(bytes.len().checked_add(extra)?).ok()?;
-        v.extend_from_slice(bytes);
-        Some(v)
     }
 }
 

@@ -10,7 +10,7 @@
 //! Everything in this file is async-signal-safe: no allocation, no lock, no panic. Output that
 //! does not fit is truncated (at a UTF-8 boundary), never an error.
 
-use super::{lookup, lookup_frame, Mode, Symbol};
+use super::{lookup, lookup_frame, Mode, Symbol, SymbolName};
 use core::fmt;
 
 /// A `core::fmt::Write` sink over a fixed byte buffer that never fails: what does not fit is
@@ -179,6 +179,35 @@ pub fn without_version(name: &[u8]) -> &[u8] {
     }
 }
 
+/// Longest raw name that the async-signal-safe formatters demangle: they decode it into a stack
+/// buffer of this size first. A longer name (18 of the 256,600 function names of rustc's
+/// `librustc_driver` and `libLLVM`) is written as it is, mangled, cut where the output ends.
+pub const RAW_NAME_MAX: usize = 1024;
+
+/// Writes symbol name `name` demangled (see [`demangle_to`]); a raw name longer than
+/// [`RAW_NAME_MAX`] is written as it is.
+///
+/// # Async-signal safety
+/// Async-signal-safe; uses [`RAW_NAME_MAX`] bytes of stack.
+pub(crate) fn demangle_name_to(name: SymbolName, out: &mut FixedBuf<'_>) {
+    if name.len() > RAW_NAME_MAX {
+        push_name(out, name);
+        return;
+    }
+    let mut raw = [0u8; RAW_NAME_MAX];
+    demangle_to(name.copy_to(&mut raw), out);
+}
+
+/// Writes symbol name `name` as it is (mangled).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn push_name(out: &mut FixedBuf<'_>, name: SymbolName) {
+    for p in name.pieces() {
+        out.push_bytes(p);
+    }
+}
+
 /// Writes `name` demangled into `buf` (see [`demangle_to`]) and returns the text written.
 ///
 /// # Async-signal safety
@@ -238,7 +267,7 @@ pub(crate) fn glibc_line(
         sym.as_ref(),
         line,
         opts.demangle,
-        &mut |out, name| demangle_to(name, out),
+        &mut |out, name| demangle_name_to(name, out),
     );
 }
 
@@ -249,7 +278,7 @@ pub(crate) fn glibc_line_for(
     sym: Option<&Symbol>,
     line: GlibcLine,
     demangle: bool,
-    write_name: &mut dyn FnMut(&mut FixedBuf<'_>, &[u8]),
+    write_name: &mut dyn FnMut(&mut FixedBuf<'_>, SymbolName),
 ) {
     let described = sym.filter(|s| !s.glibc_path.is_empty());
     match (described, line) {
@@ -261,7 +290,7 @@ pub(crate) fn glibc_line_for(
                     if demangle {
                         write_name(out, name);
                     } else {
-                        out.push_bytes(name);
+                        push_name(out, name);
                     }
                     Some(s.start)
                 }
@@ -300,7 +329,7 @@ pub(crate) fn glibc_line_for(
                             if demangle {
                                 write_name(out, name);
                             } else {
-                                out.push_bytes(name);
+                                push_name(out, name);
                             }
                             s.start
                         }
@@ -440,9 +469,9 @@ pub(crate) fn kernel_frame_for(
     match s.name {
         Some(name) => {
             if opts.demangle {
-                demangle_to(name, out);
+                demangle_name_to(name, out);
             } else {
-                out.push_bytes(name);
+                push_name(out, name);
             }
             out.push_bytes(b"+");
             out.push_0x(addr.wrapping_sub(s.start));
@@ -507,7 +536,7 @@ mod tests {
             glibc_path: "./prog",
             bias,
             build_id: &[0xab, 0x01],
-            name,
+            name: name.map(SymbolName::leaked),
             start: 0x401100,
             size: 0x40,
             source: super::super::SymbolSource::Symtab,
@@ -517,7 +546,9 @@ mod tests {
     fn glibc(addr: usize, s: Option<&Symbol>, line: GlibcLine) -> String {
         let mut b = [0u8; 256];
         let mut out = FixedBuf::new(&mut b);
-        glibc_line_for(&mut out, addr, s, line, true, &mut |o, n| demangle_to(n, o));
+        glibc_line_for(&mut out, addr, s, line, true, &mut |o, n| {
+            demangle_name_to(n, o)
+        });
         out.as_str().to_string()
     }
 

@@ -1,12 +1,13 @@
-//! Per-object symbol tables: sorted arrays of 12-byte entries over a pool of names that
-//! selftrace owns.
+//! Per-object symbol tables: sorted arrays of 12-byte entries over a store of front-coded
+//! names that selftrace owns ([`Names`]).
 //!
 //! Built in normal context (it opens, reads and parses ELF files and allocates); looked up from
 //! anywhere, including signal handlers (binary search over a slice, no allocation).
 //!
 //! Files are read into memory selftrace owns (through [`FileCache`](super::file::FileCache)),
-//! never mapped, and the names of the indexed symbols are copied into a pool: nothing a lookup
-//! touches can fault when a file is truncated or rewritten on disk after `init`.
+//! never mapped, and the names of the indexed symbols are front-coded into a store the object's
+//! tables share: nothing a lookup touches can fault when a file is truncated or rewritten on
+//! disk after `init`.
 //!
 //! Where the names come from, per object:
 //! 1. its own file's `.symtab` (every function, exported or not);
@@ -36,17 +37,17 @@ use object::read::ReadRef;
 use object::{Endianness, Object as _, ObjectSection as _};
 use std::fs::File;
 use std::io::Read as _;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
-use super::file::ReadOwned;
+use super::names::{Names, SymbolName, MAX_NAME};
 
 /// An ELF file read with `pread` into buffers owned by the cache (never mapped).
 pub(crate) type Cache = super::file::FileCache;
 /// An ELF file parsed over a [`Cache`] or over memory.
 pub(crate) type Elf<'d, R> = ElfFile64<'d, Endianness, R>;
 
-/// One symbol: start (relative to the table's base), size, offset of its name in the string
-/// table. 12 bytes (plus 2 for the name's length, kept in a parallel array).
+/// One symbol: start (relative to the table's base), size, id of its name in the object's
+/// [`Names`]. 12 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub(crate) struct Sym {
@@ -55,39 +56,34 @@ pub(crate) struct Sym {
     name: u32,
 }
 
-/// A sorted symbol table over a string table in mapped memory.
+/// A sorted symbol table over the object's names.
 ///
 /// A page directory narrows each binary search to the symbols of one address range:
 /// `pages[p]` is the index of the first symbol at or after `p << shift` (relative to `base`).
 /// `shift` is at least 12 (4 KiB) and grows so that the directory has at most one entry per two
-/// symbols: at most 2 bytes per symbol on top of the 12-byte entries and 2-byte name lengths,
-/// 16 bytes per symbol in all at most.
+/// symbols: at most 2 bytes per symbol on top of the 12-byte entries, 14 bytes per symbol in
+/// all at most.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
     /// Link-time address that `Sym::start` is relative to.
     base: u64,
     syms: Box<[Sym]>,
-    /// Name lengths, parallel to `syms` (`u16::MAX`: measure with `strnlen`).
-    lens: Box<[u16]>,
     pages: Box<[u32]>,
     shift: u32,
-    strtab: &'static [u8],
+    names: Option<&'static Names>,
 }
 
-/// A symbol found in a [`Table`]: link-time start, size, raw name bytes.
+/// A symbol found in a [`Table`]: link-time start, size, raw name.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Found {
     pub start: u64,
     pub size: u64,
-    pub name: &'static [u8],
+    pub name: SymbolName,
 }
 
 /// `Sym::name` of a section boundary: the end of a section, which no zero-size symbol before it
 /// extends past, and which never matches itself.
 const BOUNDARY: u32 = u32::MAX;
-
-/// Longest name copied into the pool (longer ones are cut).
-const MAX_NAME: usize = 4096;
 
 /// How far a lookup walks back from the nearest lower symbol to find one that contains the
 /// address (nested or overlapping symbols, as in hand-written assembly).
@@ -101,17 +97,16 @@ impl Table {
 
     /// Heap bytes used by the entries and the page directory.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.syms.len() * (core::mem::size_of::<Sym>() + 2) + self.pages.len() * 4
+        self.syms.len() * core::mem::size_of::<Sym>() + self.pages.len() * 4
     }
 
-    /// Bytes of the names (the table's own pool).
+    /// Bytes of the names (the object's store, which both of its tables share).
     pub(crate) fn name_bytes(&self) -> usize {
-        self.strtab.len()
+        self.names.map_or(0, Names::heap_bytes)
     }
 
-    /// A table over sorted `syms` whose names (of lengths `lens`, measured when they were
-    /// copied: `u16::MAX` for none) lie in `strtab`, with its page directory.
-    fn new(base: u64, syms: Vec<Sym>, lens: Vec<u16>, strtab: &'static [u8]) -> Table {
+    /// A table over sorted `syms` whose names are in `names`, with its page directory.
+    fn new(base: u64, syms: Vec<Sym>, names: &'static Names) -> Table {
         let span = syms.last().map_or(0, |s| u64::from(s.start)) + 1;
         let mut shift = 12;
         while 2 * ((span >> shift) + 2) > syms.len() as u64 && shift < 32 {
@@ -127,16 +122,13 @@ impl Table {
             }
             pages.push(i as u32);
         }
-        let mut lens = lens;
-        lens.resize(syms.len(), u16::MAX);
-        // Owned names: `strtab` is the table's own pool (or a static), never a file mapping.
+        // Owned names: a store built from copies, never a file mapping.
         Table {
             base,
             syms: syms.into_boxed_slice(),
-            lens: lens.into_boxed_slice(),
             pages: pages.into_boxed_slice(),
             shift,
-            strtab,
+            names: Some(names),
         }
     }
 
@@ -146,8 +138,9 @@ impl Table {
     /// otherwise the nearest lower zero-size symbol extends to the next symbol.
     ///
     /// # Async-signal safety
-    /// Binary search; no allocation, no panic.
+    /// Binary search; no allocation, no panic. The name is not decoded here.
     pub(crate) fn lookup(&self, svma: u64, strict: bool) -> Option<Found> {
+        let names = self.names?;
         let rel = svma.checked_sub(self.base)?;
         let rel = u32::try_from(rel).ok()?;
         // The symbols starting in rel's page lie in pages[p]..pages[p + 1]; every symbol
@@ -176,22 +169,11 @@ impl Table {
                 return Some(Found {
                     start: self.base + u64::from(s.start),
                     size: u64::from(s.size),
-                    name: self.name(s.name, self.lens.get(j).copied()),
+                    name: SymbolName::new(names, s.name),
                 });
             }
         }
         None
-    }
-
-    /// The NUL-terminated name at `off` in the string table (without the NUL), of length
-    /// `len` when it was measured at build time.
-    fn name(&self, off: u32, len: Option<u16>) -> &'static [u8] {
-        let rest = self.strtab.get(off as usize..).unwrap_or(&[]);
-        let end = match len {
-            Some(n) if n != u16::MAX => usize::from(n),
-            _ => crate::sys::strnlen(rest),
-        };
-        rest.get(..end).unwrap_or(&[])
     }
 }
 
@@ -209,6 +191,9 @@ pub enum SymbolSource {
     Memory,
     /// No names: the file is missing, unreadable, replaced or not ELF.
     None,
+    /// Not known yet: the background indexer has not built this object's table (see
+    /// [`set_background_index`](super::set_background_index)); no name is given meanwhile.
+    Pending,
 }
 
 /// The file that holds an object's DWARF, and what identifies it, so that `lines` opens the
@@ -263,12 +248,6 @@ pub(crate) fn read_range(file: &File, offset: u64, len: u64) -> Option<Vec<u8>> 
 /// The symbols of one object, built once and never freed.
 #[derive(Debug)]
 pub(crate) struct ObjectSymbols {
-    /// Path as the loader knows it (`[vdso]` for the vDSO).
-    pub path: Box<str>,
-    /// The name glibc's `dladdr` reports (`argv[0]` for the main program, `linux-vdso.so.1`).
-    pub glibc_path: Box<str>,
-    /// GNU build-id of the loaded object (empty if none).
-    pub build_id: Box<[u8]>,
     /// Every function symbol (`.symtab`, else `.dynsym`) and the PLT stubs.
     full: Table,
     /// Defined `.dynsym` symbols, the ones glibc's `dladdr` considers.
@@ -308,8 +287,37 @@ struct Key {
     glibc_path: Box<str>,
 }
 
-/// Every table ever built, for reuse (normal context only).
-static CACHE: Mutex<Vec<(Key, &'static ObjectSymbols)>> = Mutex::new(Vec::new());
+/// An object's place in the index: what identifies it (known at once) and its tables, built
+/// when the object is first seen or by the background indexer ([`super::background`]). Never
+/// freed.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    /// Path as the loader knows it (`[vdso]` for the vDSO).
+    pub path: Box<str>,
+    /// The name glibc's `dladdr` reports.
+    pub glibc_path: Box<str>,
+    /// GNU build-id of the loaded object (empty if none).
+    pub build_id: Box<[u8]>,
+    tables: OnceLock<ObjectSymbols>,
+}
+
+impl Slot {
+    /// The object's tables, once built.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe: one atomic load.
+    pub(crate) fn get(&self) -> Option<&ObjectSymbols> {
+        self.tables.get()
+    }
+
+    /// Sets the tables (the first builder wins).
+    pub(crate) fn set(&self, tables: ObjectSymbols) {
+        let _ = self.tables.set(tables);
+    }
+}
+
+/// Every object ever seen, for reuse (normal context only).
+static CACHE: Mutex<Vec<(Key, &'static Slot)>> = Mutex::new(Vec::new());
 
 /// Directories searched for separate debug files, in order: `$SELFTRACE_DEBUG_DIR` (if set),
 /// then `/usr/lib/debug`.
@@ -322,26 +330,42 @@ fn debug_roots() -> Vec<String> {
     roots
 }
 
-/// The symbols of a loaded object: from the cache, or built now. Normal context only.
-pub(crate) fn for_object(o: &crate::modules::Object) -> &'static ObjectSymbols {
+/// The slot of a loaded object: from the cache, or new, its tables built now or, for an
+/// object that maps at least `background` bytes, queued for the background indexer. Returns
+/// whether tables were built now. Normal context only.
+pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> (&'static Slot, bool) {
     let glibc_path = glibc_name(o);
     let key = Key {
         path: o.path.as_str().into(),
         build_id: o.build_id.clone().unwrap_or_default().into(),
         glibc_path: glibc_path.as_str().into(),
     };
+    let later = !o.is_vdso && o.range.len() >= background;
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, t)) = cache.iter().find(|(k, _)| *k == key) {
-        return t;
+    if let Some(&(_, slot)) = cache.iter().find(|(k, _)| *k == key) {
+        drop(cache);
+        // Another thread may be building it now (a concurrent `init`): a table that is not
+        // for the background indexer is there when this returns, as if built here.
+        if !later {
+            super::background::wait(slot);
+        }
+        return (slot, false);
     }
-    let built: &'static ObjectSymbols = Box::leak(Box::new(build(o, glibc_path)));
-    cache.push((key, built));
-    built
-}
-
-/// How many tables have been built so far (normal context).
-pub(crate) fn tables_built() -> usize {
-    CACHE.lock().unwrap_or_else(|p| p.into_inner()).len()
+    let slot: &'static Slot = Box::leak(Box::new(Slot {
+        path: key.path.clone(),
+        glibc_path: key.glibc_path.clone(),
+        build_id: key.build_id.clone(),
+        tables: OnceLock::new(),
+    }));
+    cache.push((key, slot));
+    // Registered before the cache is unlocked: whoever finds the slot finds its job.
+    super::background::register(slot, o.clone(), later);
+    drop(cache);
+    if later {
+        return (slot, false);
+    }
+    super::background::run(slot);
+    (slot, true)
 }
 
 /// The name glibc's `dladdr` gives an object.
@@ -358,11 +382,9 @@ fn glibc_name(o: &crate::modules::Object) -> String {
     }
 }
 
-fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
+/// The tables of `o`. Normal context (reads files, allocates).
+pub(crate) fn build(o: &crate::modules::Object) -> ObjectSymbols {
     let mut out = ObjectSymbols {
-        path: o.path.as_str().into(),
-        glibc_path: glibc_path.into(),
-        build_id: o.build_id.clone().unwrap_or_default().into(),
         full: Table::default(),
         exported: Table::default(),
         source: SymbolSource::None,
@@ -383,15 +405,12 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
         // the life of the process and no file backs it.
         let image: &'static [u8] = unsafe { core::slice::from_raw_parts(start as *const u8, len) };
         if let Ok(f) = Elf::<&'static [u8]>::parse(image) {
-            let mut pool = Vec::new();
-            let mut full = table(&f, false, &[], &mut pool, None, 0);
+            let mut full = table(&f, false, &[]);
             if full.syms.is_empty() {
-                full = table(&f, true, &[], &mut pool, None, 0);
+                full = table(&f, true, &[]);
             }
-            let exported = table(&f, true, &[], &mut pool, Some(&full), 0);
-            let pool = leak(pool);
-            out.full = full.finish(pool);
-            out.exported = exported.finish(pool);
+            let exported = table(&f, true, &[]);
+            (out.full, out.exported) = finish(full, exported, &[]);
             out.source = SymbolSource::Memory;
         }
         return out;
@@ -425,24 +444,23 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
             crc: None,
         });
     }
-    // One pool of names for both tables, the full one first: most exported names are the
-    // full table's names of the same symbols, and are not copied again.
-    let mut pool = Vec::new();
-    // The exported names that are not the full table's (at most all of `.dynstr`).
-    let room = f
-        .section_by_name(".dynstr")
-        .map_or(0, |s| s.size() as usize);
     let mut full = Draft::default();
+    // Whether the tables came from a debug file (finished while its cache was open).
+    let mut done = false;
     if !f.elf_symbol_table().is_empty() {
-        full = table(&f, false, &plt, &mut pool, None, room);
+        full = table(&f, false, &plt);
         out.source = SymbolSource::Symtab;
     }
     if full.syms.is_empty() || out.dwarf.is_none() {
         if let Some((path, crc, dbg_cache)) = find_debug_file(&o.path, id, &f) {
             if let Ok(dbg) = Elf::parse(&dbg_cache) {
                 if full.syms.is_empty() && !dbg.elf_symbol_table().is_empty() {
-                    full = table(&dbg, false, &plt, &mut pool, None, room);
+                    // The debug file's names outlive its cache: copied into the store now.
+                    let d = table(&dbg, false, &plt);
+                    let exported = table(&f, true, &[]);
+                    (out.full, out.exported) = finish(d, exported, &plt);
                     out.source = SymbolSource::DebugFile;
+                    done = !out.full.syms.is_empty();
                 }
                 if out.dwarf.is_none() && has_debug_info(&dbg) {
                     out.dwarf = Some(DwarfFile {
@@ -455,18 +473,19 @@ fn build(o: &crate::modules::Object, glibc_path: String) -> ObjectSymbols {
             }
         }
     }
+    if done {
+        return out;
+    }
     let dynamic_only = full.syms.is_empty();
     if dynamic_only {
-        full = table(&f, true, &plt, &mut pool, None, room);
+        full = table(&f, true, &plt);
         out.source = SymbolSource::None;
     }
-    let exported = table(&f, true, &[], &mut pool, Some(&full), 0);
+    let exported = table(&f, true, &[]);
     if dynamic_only && !exported.syms.is_empty() {
         out.source = SymbolSource::Dynsym;
     }
-    let pool = leak(pool);
-    out.full = full.finish(pool);
-    out.exported = exported.finish(pool);
+    (out.full, out.exported) = finish(full, exported, &plt);
     out
 }
 
@@ -742,57 +761,112 @@ fn plt_aarch64(bytes: &[u8], addr: u64) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
-/// A table being built: sorted entries whose names are offsets into the object's pool (still
-/// growing, so not yet `'static`) and their lengths.
+/// A table being built: sorted entries (each non-boundary entry's `name` is the index of its
+/// name in `names`, in the order of the entries) and where their names are.
 #[derive(Default)]
-struct Draft {
+struct Draft<'d> {
     base: u64,
     syms: Vec<Sym>,
-    lens: Vec<u16>,
+    names: Vec<NameAt>,
+    /// The string table the names' offsets refer to.
+    strtab: &'d [u8],
 }
 
-impl Draft {
-    /// The pool offset of the name `name` of the symbol that starts at link-time `start`, if
-    /// this table has that symbol with that very name.
-    fn same_name(&self, pool: &[u8], start: u64, name: &[u8]) -> Option<u32> {
-        let rel = u32::try_from(start.checked_sub(self.base)?).ok()?;
-        let i = self.syms.partition_point(|s| s.start < rel);
-        let s = self
-            .syms
-            .get(i)
-            .filter(|s| s.start == rel && s.name != BOUNDARY)?;
-        let len = usize::from(*self.lens.get(i)?);
-        let at = s.name as usize;
-        (pool.get(at..at + len)? == name).then_some(s.name)
-    }
+/// Where an entry's name is.
+#[derive(Clone, Copy)]
+enum NameAt {
+    /// In the string table: offset and length (cut at [`MAX_NAME`]).
+    Str(u32, u16),
+    /// A synthetic symbol's (see [`table`]'s `synthetic`).
+    Synthetic(u32),
+}
 
-    fn finish(self, pool: &'static [u8]) -> Table {
-        if self.syms.is_empty() {
-            return Table::default();
+impl<'d> Draft<'d> {
+    /// The bytes of each entry's name, in order.
+    fn name_bytes<'a>(&'a self, synthetic: &'a [Synthetic]) -> impl Iterator<Item = &'a [u8]> {
+        self.names.iter().map(move |&at| match at {
+            NameAt::Str(off, len) => {
+                let off = off as usize;
+                self.strtab.get(off..off + usize::from(len)).unwrap_or(&[])
+            }
+            NameAt::Synthetic(j) => synthetic.get(j as usize).map_or(&[][..], |s| &s.2[..]),
+        })
+    }
+}
+
+/// An object's two tables, with one store for the names of both (the exported names are
+/// mostly the full table's): `synthetic` is what `full` was built with.
+fn finish(full: Draft<'_>, exported: Draft<'_>, synthetic: &[Synthetic]) -> (Table, Table) {
+    let mut all: Vec<&[u8]> = full.name_bytes(synthetic).collect();
+    let nfull = all.len();
+    // An exported symbol that the full table has at the same address with the same name
+    // takes that name's id (`alias`); the others are added to the store.
+    let starts: Vec<u64> = full
+        .syms
+        .iter()
+        .filter(|s| s.name != BOUNDARY)
+        .map(|s| full.base + u64::from(s.start))
+        .collect();
+    let mut alias: Vec<Option<usize>> = Vec::new();
+    let exported_syms = exported.syms.iter().filter(|s| s.name != BOUNDARY);
+    for (s, name) in exported_syms.zip(exported.name_bytes(&[])) {
+        let start = exported.base + u64::from(s.start);
+        let k = starts.partition_point(|&a| a < start);
+        let same = (k..starts.len())
+            .take_while(|&k| starts[k] == start)
+            .find(|&k| all[k] == name);
+        alias.push(same);
+        if same.is_none() {
+            all.push(name);
         }
-        Table::new(self.base, self.syms, self.lens, pool)
     }
+    let (names, ids) = Names::build(&all);
+    drop(all);
+    let names: &'static Names = Box::leak(Box::new(names));
+    let mut next = 0;
+    let full_syms = set_ids(full.syms, |_| {
+        next += 1;
+        ids.get(next - 1).copied()
+    });
+    let mut added = nfull;
+    let mut k = 0;
+    let exported_syms = set_ids(exported.syms, |_| {
+        k += 1;
+        match alias.get(k - 1).copied().flatten() {
+            Some(j) => ids.get(j).copied(),
+            None => {
+                added += 1;
+                ids.get(added - 1).copied()
+            }
+        }
+    });
+    let table = |base: u64, syms: Vec<Sym>| {
+        if syms.is_empty() {
+            Table::default()
+        } else {
+            Table::new(base, syms, names)
+        }
+    };
+    (
+        table(full.base, full_syms),
+        table(exported.base, exported_syms),
+    )
 }
 
-/// Builds a table from `.symtab` (`dynamic == false`) or `.dynsym`, plus `synthetic` symbols
-/// (PLT stubs). Names go into `pool`, the object's, which both of its tables share: a name
-/// that `share` (the object's full table, built first) already holds for the same address is
-/// not stored twice; `room` more bytes are reserved in the pool for the names of a table built
-/// after this one. Unless `dynamic` (glibc's `dladdr` rules), the end of every section that
-/// holds a symbol is a boundary: no symbol covers an address outside its own section.
-///
-/// The first table of an object (an empty `pool`, nothing to share) reads its string table
-/// into memory it owns and makes the pool of it in place ([`compact_names`]): a large
-/// program's names are tens of megabytes, and copying each one into a new pool, from all over
-/// the string table into memory touched for the first time, cost a fifth of the build.
-fn table<'d, R: ReadRef<'d> + ReadOwned>(
-    f: &Elf<'d, R>,
-    dynamic: bool,
-    synthetic: &[Synthetic],
-    pool: &mut Vec<u8>,
-    share: Option<&Draft>,
-    room: usize,
-) -> Draft {
+/// `syms` with each non-boundary entry's name set to `id(entry)` (a boundary if `None`).
+fn set_ids(mut syms: Vec<Sym>, mut id: impl FnMut(&Sym) -> Option<u32>) -> Vec<Sym> {
+    for s in syms.iter_mut().filter(|s| s.name != BOUNDARY) {
+        s.name = id(s).unwrap_or(BOUNDARY);
+    }
+    syms
+}
+
+/// Builds a draft table from `.symtab` (`dynamic == false`) or `.dynsym`, plus `synthetic`
+/// symbols (PLT stubs). Unless `dynamic` (glibc's `dladdr` rules), the end of every section
+/// that holds a symbol is a boundary: no symbol covers an address outside its own section. The
+/// names stay in the string table, read through `f`'s reader (memory selftrace owns), until
+/// [`finish`] front-codes them.
+fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthetic]) -> Draft<'d> {
     let endian = f.endian();
     let data = f.data();
     let sections = f.elf_section_table();
@@ -805,24 +879,12 @@ fn table<'d, R: ReadRef<'d> + ReadOwned>(
         return Draft::default();
     }
     let symbols = symtab.symbols();
-    let str_section = sections.section(symtab.string_section()).ok();
-    let synthetic_bytes: usize = synthetic.iter().map(|s| s.2.len() + 1).sum();
-    // The string table as the pool to be, when this is the object's first table.
-    let owned = if pool.is_empty() && share.is_none() {
-        str_section
-            .and_then(|s| s.file_range(endian))
-            .and_then(|(off, size)| data.read_owned(off, size, room + synthetic_bytes))
-            .filter(|b| u32::try_from(b.len()).is_ok())
-    } else {
-        None
-    };
-    let strtab: &[u8] = if owned.is_some() {
-        &[]
-    } else {
-        str_section
-            .and_then(|s| s.data(endian, data).ok())
-            .unwrap_or(&[])
-    };
+    let strtab: &'d [u8] = sections
+        .section(symtab.string_section())
+        .ok()
+        .and_then(|s| s.data(endian, data).ok())
+        .filter(|b| u32::try_from(b.len()).is_ok())
+        .unwrap_or(&[]);
     let nsyms = symbols.len() as u64;
     // (start, rank << 56 | index): lower rank wins at equal start, then the lower index; index
     // `i < nsyms` is `symbols[i]`, `nsyms + j` is `synthetic[j]`; rank `u8::MAX` is a section
@@ -887,153 +949,44 @@ fn table<'d, R: ReadRef<'d> + ReadOwned>(
     raw.sort_unstable();
     raw.dedup_by_key(|e| e.0);
     let base = raw.first().map_or(0, |e| e.0);
-    /// Where a kept entry's name is.
-    #[derive(Clone, Copy)]
-    enum Name<'n> {
-        /// A section end: no name.
-        Boundary,
-        /// Bytes to store in the pool (or found there already, in `share`).
-        Bytes(&'n [u8]),
-        /// The string table's name at this offset (the in-place pool).
-        Offset(u32),
-    }
-    let kept: Vec<(u64, u64, Name<'_>)> = raw
-        .iter()
-        .filter(|&&(start, _)| u32::try_from(start - base).is_ok())
-        .map(|&(start, key)| {
-            let i = key & ((1 << 56) - 1);
-            if key >> 56 == u64::from(u8::MAX) {
-                (start, 0, Name::Boundary)
-            } else if let Some(s) = symbols.get(i as usize).filter(|_| i < nsyms) {
-                let at = s.st_name(endian);
-                let name = if owned.is_some() {
-                    Name::Offset(at)
-                } else {
-                    let rest = strtab.get(at as usize..).unwrap_or(&[]);
-                    let len = crate::sys::strnlen(rest).min(MAX_NAME);
-                    Name::Bytes(rest.get(..len).unwrap_or(&[]))
-                };
-                (start, s.st_size(endian), name)
-            } else {
-                let (_, size, name) = &synthetic[(i - nsyms) as usize];
-                (start, *size, Name::Bytes(&name[..name.len().min(MAX_NAME)]))
-            }
-        })
-        .collect();
-    // The in-place pool: the names of the string table at their offsets, first.
-    let mut placed: Vec<(u32, u16)> = Vec::new();
-    if let Some(mut buf) = owned {
-        let offsets: Vec<u32> = kept
-            .iter()
-            .filter_map(|e| match e.2 {
-                Name::Offset(at) => Some(at),
-                _ => None,
-            })
-            .collect();
-        placed = compact_names(&mut buf, &offsets);
-        *pool = buf;
-    }
-    let mut placed = placed.into_iter();
-    // The names `share` holds already, then room for the others at once (growing a pool of
-    // many megabytes by doubling would copy it).
-    let shared: Vec<Option<u32>> = match share {
-        Some(d) => kept
-            .iter()
-            .map(|&(start, _, name)| match name {
-                Name::Bytes(b) => d.same_name(pool, start, b),
-                _ => None,
-            })
-            .collect(),
-        None => Vec::new(),
-    };
-    pool.reserve(
-        kept.iter()
-            .enumerate()
-            .filter_map(|(k, e)| match e.2 {
-                Name::Bytes(b) if shared.get(k).copied().flatten().is_none() => Some(b.len() + 1),
-                _ => None,
-            })
-            .sum::<usize>()
-            + room,
-    );
-    let mut lens = Vec::with_capacity(kept.len());
-    let mut syms = Vec::with_capacity(kept.len());
-    for (k, &(start, size, name)) in kept.iter().enumerate() {
-        let (at, len) = match name {
-            Name::Boundary => (BOUNDARY, 0),
-            Name::Offset(_) => placed.next().unwrap_or((0, 0)),
-            Name::Bytes(b) => {
-                let at = match shared.get(k).copied().flatten() {
-                    Some(at) => at,
-                    None => {
-                        let Ok(at) = u32::try_from(pool.len()) else {
-                            continue;
-                        };
-                        pool.extend_from_slice(b);
-                        pool.push(0);
-                        at
-                    }
-                };
-                // Names are cut at MAX_NAME, below u16::MAX.
-                (at, u16::try_from(b.len()).unwrap_or(u16::MAX))
-            }
+    let mut syms = Vec::with_capacity(raw.len());
+    let mut names = Vec::with_capacity(raw.len());
+    for &(start, key) in &raw {
+        let Ok(rel) = u32::try_from(start - base) else {
+            continue;
         };
-        lens.push(len);
+        let i = key & ((1 << 56) - 1);
+        let (size, name) = if key >> 56 == u64::from(u8::MAX) {
+            (0, None)
+        } else if let Some(s) = symbols.get(i as usize).filter(|_| i < nsyms) {
+            let at = s.st_name(endian);
+            let rest = strtab.get(at as usize..).unwrap_or(&[]);
+            let len = crate::sys::strnlen(rest).min(MAX_NAME);
+            (s.st_size(endian), Some(NameAt::Str(at, len as u16)))
+        } else {
+            let j = (i - nsyms) as u32;
+            let size = synthetic.get(j as usize).map_or(0, |s| s.1);
+            (size, Some(NameAt::Synthetic(j)))
+        };
+        let id = match name {
+            Some(n) => {
+                names.push(n);
+                names.len() as u32 - 1
+            }
+            None => BOUNDARY,
+        };
         syms.push(Sym {
-            start: (start - base) as u32,
+            start: rel,
             size: u32::try_from(size).unwrap_or(u32::MAX),
-            name: at,
+            name: id,
         });
     }
-    Draft { base, syms, lens }
-}
-
-/// Makes `buf`, a string table, the pool of the names that start at `offsets` in it, in place:
-/// each distinct string moves down to the end of the ones before it (in the order of their
-/// offsets, so that a string never overwrites one not yet moved), a string that starts inside
-/// another one (the same string, or a suffix that the linker merged into it) keeps its place in
-/// that one, and the rest of the table is cut off. Returns each offset's (place in the pool,
-/// length cut at [`MAX_NAME`]), in the order of `offsets`; an offset past the end is an empty
-/// name. `buf` must be shorter than 4 GiB.
-fn compact_names(buf: &mut Vec<u8>, offsets: &[u32]) -> Vec<(u32, u16)> {
-    let mut order: Vec<u64> = offsets
-        .iter()
-        .enumerate()
-        .map(|(k, &at)| u64::from(at) << 32 | k as u64)
-        .collect();
-    order.sort_unstable();
-    let mut out = vec![(0u32, 0u16); offsets.len()];
-    let mut dest = 0usize;
-    // The last string moved: where it started, where it ended (past its NUL), where it is now,
-    // its length.
-    let mut last: Option<(usize, usize, usize, usize)> = None;
-    for key in order {
-        let (src, k) = ((key >> 32) as usize, (key & 0xffff_ffff) as usize);
-        let (at, len) = match last {
-            Some((from, end, to, len)) if src < end => (to + (src - from), len - (src - from)),
-            _ if src >= buf.len() => (0, 0),
-            _ => {
-                // Every string moved so far ended at or before `src`, and `dest` is the sum of
-                // their lengths: the move only writes below `src + len + 1`, where no string
-                // still to move starts.
-                let len = crate::sys::strnlen(&buf[src..]);
-                let end = (src + len + 1).min(buf.len());
-                buf.copy_within(src..end, dest);
-                let to = dest;
-                dest += end - src;
-                last = Some((src, end, to, len));
-                (to, len)
-            }
-        };
-        out[k] = (at as u32, len.min(MAX_NAME) as u16);
+    Draft {
+        base,
+        syms,
+        names,
+        strtab,
     }
-    buf.truncate(dest);
-    out
-}
-
-/// Leaks an object's pool of names: its tables refer to it for the rest of the process.
-fn leak(pool: Vec<u8>) -> &'static [u8] {
-    Box::leak(pool.into_boxed_slice())
 }
 
 #[cfg(test)]
@@ -1095,30 +1048,55 @@ mod tests {
     }
     use super::*;
 
+    /// The store of `list` (leaked, as the index's are) and each name's id.
+    fn store(list: &[&[u8]]) -> (&'static Names, Vec<u32>) {
+        let (n, ids) = Names::build(list);
+        (Box::leak(Box::new(n)), ids)
+    }
+
+    /// A table of symbols named `a`, `b`, `c`... in order (then `s26`, `s27`...).
     fn t(syms: &[(u32, u32)]) -> Table {
-        static STR: &[u8] = b"\0a\0b\0c\0d\0";
-        let syms = syms
-            .iter()
-            .enumerate()
-            .map(|(i, &(start, size))| Sym {
-                start,
-                size,
-                name: 1 + 2 * i as u32,
+        let letters: Vec<Vec<u8>> = (0..syms.len())
+            .map(|i| match u8::try_from(i) {
+                Ok(i) if i < 26 => vec![b'a' + i],
+                _ => format!("s{i}").into_bytes(),
             })
             .collect();
-        Table::new(0x1000, syms, Vec::new(), STR)
+        let list: Vec<&[u8]> = letters.iter().map(Vec::as_slice).collect();
+        let (names, ids) = store(&list);
+        let syms = syms
+            .iter()
+            .zip(ids)
+            .map(|(&(start, size), name)| Sym { start, size, name })
+            .collect();
+        Table::new(0x1000, syms, names)
     }
 
     #[test]
     fn lookup_respects_sizes_nesting_and_strictness() {
         let tab = t(&[(0, 0x10), (0x20, 0), (0x40, 0x40), (0x50, 0x8)]);
-        assert_eq!(tab.lookup(0x1000, false).map(|f| f.name), Some(&b"a"[..]));
-        assert_eq!(tab.lookup(0x100f, false).map(|f| f.name), Some(&b"a"[..]));
+        assert_eq!(
+            tab.lookup(0x1000, false).map(|f| f.name.to_vec()),
+            Some(b"a".to_vec())
+        );
+        assert_eq!(
+            tab.lookup(0x100f, false).map(|f| f.name.to_vec()),
+            Some(b"a".to_vec())
+        );
         assert!(tab.lookup(0x1010, false).is_none());
-        assert_eq!(tab.lookup(0x1030, false).map(|f| f.name), Some(&b"b"[..]));
+        assert_eq!(
+            tab.lookup(0x1030, false).map(|f| f.name.to_vec()),
+            Some(b"b".to_vec())
+        );
         assert!(tab.lookup(0x1030, true).is_none());
-        assert_eq!(tab.lookup(0x1020, true).map(|f| f.name), Some(&b"b"[..]));
-        assert_eq!(tab.lookup(0x1052, false).map(|f| f.name), Some(&b"d"[..]));
+        assert_eq!(
+            tab.lookup(0x1020, true).map(|f| f.name.to_vec()),
+            Some(b"b".to_vec())
+        );
+        assert_eq!(
+            tab.lookup(0x1052, false).map(|f| f.name.to_vec()),
+            Some(b"d".to_vec())
+        );
         // Past the nested symbol, inside the outer one.
         assert_eq!(tab.lookup(0x1060, false).map(|f| f.start), Some(0x1040));
         assert!(tab.lookup(0x1080, false).is_none());
@@ -1159,14 +1137,11 @@ mod tests {
 
     #[test]
     fn zero_size_symbols_stop_at_a_section_boundary() {
+        let (names, ids) = store(&[b"a", b"b"]);
         let mut syms: Vec<Sym> = [(0u32, 0u32), (0x20, 0x10)]
             .iter()
-            .enumerate()
-            .map(|(i, &(start, size))| Sym {
-                start,
-                size,
-                name: 1 + 2 * i as u32,
-            })
+            .zip(ids)
+            .map(|(&(start, size), name)| Sym { start, size, name })
             .collect();
         // The first symbol's section ends at 0x8.
         syms.insert(
@@ -1177,118 +1152,79 @@ mod tests {
                 name: BOUNDARY,
             },
         );
-        let tab = Table::new(0x1000, syms, Vec::new(), b"\0a\0b\0");
-        assert_eq!(tab.lookup(0x1004, false).map(|f| f.name), Some(&b"a"[..]));
+        let tab = Table::new(0x1000, syms, names);
+        assert_eq!(
+            tab.lookup(0x1004, false).map(|f| f.name.to_vec()),
+            Some(b"a".to_vec())
+        );
         assert!(tab.lookup(0x1008, false).is_none());
         assert!(tab.lookup(0x101f, false).is_none());
-        assert_eq!(tab.lookup(0x1021, false).map(|f| f.name), Some(&b"b"[..]));
-    }
-
-    #[test]
-    fn a_name_is_shared_only_for_the_same_symbol_with_the_same_name() {
-        let pool = b"foo\0barbaz\0".to_vec();
-        let full = Draft {
-            base: 0x1000,
-            syms: vec![
-                Sym {
-                    start: 0,
-                    size: 4,
-                    name: 0,
-                },
-                Sym {
-                    start: 8,
-                    size: 0,
-                    name: BOUNDARY,
-                },
-                Sym {
-                    start: 16,
-                    size: 4,
-                    name: 4,
-                },
-            ],
-            lens: vec![3, 0, 6],
-        };
-        assert_eq!(full.same_name(&pool, 0x1000, b"foo"), Some(0));
-        assert_eq!(full.same_name(&pool, 0x1010, b"barbaz"), Some(4));
-        // Another name at the same address, a prefix of the name, another address, a
-        // boundary, an address below the base: copied, not shared.
-        assert_eq!(full.same_name(&pool, 0x1000, b"fooo"), None);
-        assert_eq!(full.same_name(&pool, 0x1010, b"bar"), None);
-        assert_eq!(full.same_name(&pool, 0x1004, b"foo"), None);
-        assert_eq!(full.same_name(&pool, 0x1008, b""), None);
-        assert_eq!(full.same_name(&pool, 0x10, b"foo"), None);
-        let pool: &'static [u8] = leak(pool);
-        let tab = full.finish(pool);
         assert_eq!(
-            tab.lookup(0x1011, false).map(|f| f.name),
-            Some(&b"barbaz"[..])
+            tab.lookup(0x1021, false).map(|f| f.name.to_vec()),
+            Some(b"b".to_vec())
         );
     }
 
-    /// The name at `at` in `strtab` as a plain copy gives it: up to the NUL (or the end), cut
-    /// at `MAX_NAME`; empty past the end.
-    fn name_at(strtab: &[u8], at: u32) -> &[u8] {
-        let rest = strtab.get(at as usize..).unwrap_or(&[]);
-        let n = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-        &rest[..n.min(MAX_NAME)]
-    }
-
     #[test]
-    fn names_compacted_in_place_are_the_names_at_their_offsets() {
-        // xorshift: string tables of short and long (past MAX_NAME) strings, with and without
-        // a final NUL, and offsets anywhere in them (string starts, suffixes, repeats, NULs,
-        // past the end), in any order.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        for round in 0..300 {
-            let mut strtab = vec![0u8];
-            let mut starts = vec![];
-            for _ in 0..next(40) {
-                starts.push(strtab.len() as u32);
-                let len = if next(10) == 0 {
-                    4000 + next(300)
-                } else {
-                    next(30)
-                };
-                strtab.extend((0..len).map(|i| b'a' + ((i + round) % 26) as u8));
-                strtab.push(0);
-            }
-            if round % 3 == 0 {
-                strtab.extend_from_slice(b"unterminated");
-            }
-            let n = strtab.len() as u64;
-            let offsets: Vec<u32> = (0..next(60))
-                .map(|_| match next(4) {
-                    0 if !starts.is_empty() => starts[next(starts.len() as u64) as usize],
-                    1 => (n + next(5)) as u32,
-                    _ => next(n) as u32,
+    fn both_tables_name_their_symbols_from_one_store() {
+        let strtab: &[u8] = b"\0foo\0barbaz\0";
+        let draft = |names: Vec<NameAt>, starts: &[u32]| {
+            let mut k = 0;
+            let syms = starts
+                .iter()
+                .map(|&start| {
+                    let name = if start == 8 {
+                        BOUNDARY
+                    } else {
+                        k += 1;
+                        k - 1
+                    };
+                    Sym {
+                        start,
+                        size: 4,
+                        name,
+                    }
                 })
                 .collect();
-            let mut pool = strtab.clone();
-            let placed = compact_names(&mut pool, &offsets);
-            assert_eq!(placed.len(), offsets.len());
-            assert!(pool.len() <= strtab.len());
-            for (&at, &(to, len)) in offsets.iter().zip(&placed) {
-                let want = name_at(&strtab, at);
-                let got = &pool[to as usize..to as usize + usize::from(len)];
-                assert_eq!(got, want, "round {round}, offset {at}");
+            Draft {
+                base: 0x1000,
+                syms,
+                names,
+                strtab,
             }
-        }
-    }
-
-    #[test]
-    fn bad_name_offsets_give_empty_names() {
-        let sym = Sym {
-            start: 0,
-            size: 4,
-            name: 999,
         };
-        let tab = Table::new(0, vec![sym], Vec::new(), b"\0x");
-        assert_eq!(tab.lookup(1, true).map(|f| f.name), Some(&b""[..]));
+        let synthetic: Vec<Synthetic> = vec![(0x1010, 4, b"qux@plt".to_vec())];
+        // The full table: foo, a boundary, barbaz, a PLT stub, a name past the table's end.
+        let full = draft(
+            vec![
+                NameAt::Str(1, 3),
+                NameAt::Str(5, 6),
+                NameAt::Synthetic(0),
+                NameAt::Str(999, 5),
+            ],
+            &[0, 8, 16, 20, 24],
+        );
+        // The exported table: barbaz again, and "baz" (a merged suffix of it).
+        let exported = draft(vec![NameAt::Str(5, 6), NameAt::Str(8, 3)], &[16, 32]);
+        let (full, exported) = finish(full, exported, &synthetic);
+        let name = |t: &Table, a: u64| t.lookup(a, false).map(|f| f.name.to_vec());
+        assert_eq!(name(&full, 0x1001), Some(b"foo".to_vec()));
+        assert_eq!(name(&full, 0x1008), None, "a boundary");
+        assert_eq!(name(&full, 0x1011), Some(b"barbaz".to_vec()));
+        assert_eq!(name(&full, 0x1015), Some(b"qux@plt".to_vec()));
+        assert_eq!(
+            name(&full, 0x1019),
+            Some(Vec::new()),
+            "past the string table"
+        );
+        assert_eq!(name(&exported, 0x1011), Some(b"barbaz".to_vec()));
+        assert_eq!(name(&exported, 0x1021), Some(b"baz".to_vec()));
+        // One store: the same name has the same id in both tables.
+        let (a, b) = (
+            full.lookup(0x1011, false).map(|f| f.name),
+            exported.lookup(0x1011, false).map(|f| f.name),
+        );
+        assert!(a.is_some() && a == b);
+        assert_eq!(full.name_bytes(), exported.name_bytes());
     }
 }

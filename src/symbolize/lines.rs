@@ -10,7 +10,7 @@
 
 use super::format::{FixedBuf, FrameKind};
 use super::index::ObjectSymbols;
-use super::{frame_kind, lookup, Mode};
+use super::{frame_kind, lookup, Mode, SymbolName};
 use crate::unwind::WalkEnd;
 use addr2line::gimli;
 use std::borrow::Cow;
@@ -110,16 +110,16 @@ fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Option<&Context>)
 
 /// One function at a frame: the physical function, or one inlined into it.
 ///
-/// Resolved once per address and cached (frames share it through an `Arc`); the raw name and
-/// the file name point into never-freed memory (the mapped object or debug file, or the
-/// cached DWARF context).
+/// Resolved once per address and cached (frames share it through an `Arc`); a DWARF raw name
+/// and the file name point into never-freed memory (the cached DWARF context), a symbol table's
+/// name is a copy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BacktraceSymbol {
     /// Demangled name (Rust without hash, C++), if known.
     pub name: Option<String>,
     /// Raw (mangled) name, if known: the DWARF linkage name, or the symbol table's name.
-    pub raw_name: Option<&'static str>,
+    pub raw_name: Option<Cow<'static, str>>,
     /// Source file, if known.
     pub file: Option<&'static str>,
     /// Line, if known.
@@ -190,7 +190,7 @@ impl Hasher for AddrHasher {
 fn resolve_symbols(
     obj: &'static ObjectSymbols,
     svma: u64,
-    sym: Option<&'static [u8]>,
+    sym: Option<SymbolName>,
 ) -> Arc<[BacktraceSymbol]> {
     let mut out: Vec<BacktraceSymbol> = Vec::new();
     with_context(obj, |ctx| {
@@ -199,7 +199,11 @@ fn resolve_symbols(
             return;
         };
         while let Ok(Some(f)) = it.next() {
-            let raw_name = f.function.as_ref().and_then(|n| n.name.to_string().ok());
+            let raw_name = f
+                .function
+                .as_ref()
+                .and_then(|n| n.name.to_string().ok())
+                .map(Cow::Borrowed);
             let (file, line, column) = match f.location {
                 Some(l) => (
                     // SAFETY: the string is owned by the DWARF context of `obj`, which is boxed
@@ -221,7 +225,7 @@ fn resolve_symbols(
             });
         }
     });
-    let sym_name = sym.and_then(|n| core::str::from_utf8(n).ok());
+    let sym_name = sym.and_then(|n| String::from_utf8(n.to_vec()).ok().map(Cow::Owned));
     if let Some(last) = out.last_mut() {
         last.inlined = false;
         if last.raw_name.is_none() {
@@ -238,7 +242,7 @@ fn resolve_symbols(
         });
     }
     for s in &mut out {
-        s.name = s.raw_name.map(demangle_owned);
+        s.name = s.raw_name.as_deref().map(demangle_owned);
     }
     out.into()
 }
@@ -297,8 +301,8 @@ impl BacktraceFrame {
         self.symbols.last().and_then(|s| s.name.as_deref())
     }
 
-    fn raw_names(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.symbols.iter().filter_map(|s| s.raw_name)
+    fn raw_names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.symbols.iter().filter_map(|s| s.raw_name.as_deref())
     }
 }
 

@@ -52,23 +52,27 @@
 //! }
 //! ```
 
+mod background;
 mod file;
 mod format;
 mod index;
 mod lines;
+mod names;
 
+pub use background::set_background_index;
 pub(crate) use format::write_truncation;
 pub use format::{
     demangle_into, demangle_to, without_version, write_kernel_frame, FixedBuf, FrameKind,
-    KernelOptions, SymbolsOptions,
+    KernelOptions, SymbolsOptions, RAW_NAME_MAX,
 };
 pub use index::SymbolSource;
 pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol};
+pub use names::SymbolName;
 
 use crate::published::Published;
 use core::ops::Range;
 use format::GlibcLine;
-use index::ObjectSymbols;
+use index::{ObjectSymbols, Slot};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// What [`symbolize`] knows of an address.
@@ -89,8 +93,9 @@ pub struct Symbol {
     pub bias: usize,
     /// The object's GNU build-id (empty if it has none).
     pub build_id: &'static [u8],
-    /// Raw (mangled) symbol name; `None` when no symbol covers the address.
-    pub name: Option<&'static [u8]>,
+    /// Raw (mangled) symbol name, decoded on demand (see [`SymbolName`]); `None` when no
+    /// symbol covers the address.
+    pub name: Option<SymbolName>,
     /// Run-time start of the symbol (0 when `name` is `None`).
     pub start: usize,
     /// Size of the symbol in bytes (0 if unknown).
@@ -137,9 +142,10 @@ impl Symbol {
         self.addr.wrapping_sub(self.bias)
     }
 
-    /// The raw name as text, if it is UTF-8.
-    pub fn name_str(&self) -> Option<&'static str> {
-        self.name.and_then(|n| core::str::from_utf8(n).ok())
+    /// The raw name as an owned string, if it is UTF-8. Normal context (allocates); see
+    /// [`SymbolName`] for the async-signal-safe ways to read it.
+    pub fn name_string(&self) -> Option<String> {
+        self.name.and_then(|n| String::from_utf8(n.to_vec()).ok())
     }
 
     /// The object's file name (last path component).
@@ -148,12 +154,18 @@ impl Symbol {
     }
 
     /// The name demangled into `buf` (Rust legacy and v0; other names as they are), or `None`
-    /// without a symbol.
+    /// without a symbol. A raw name longer than [`RAW_NAME_MAX`] bytes is cut there (and then
+    /// written as it is, not demangled).
     ///
     /// # Async-signal safety
-    /// Async-signal-safe.
+    /// Async-signal-safe; uses [`RAW_NAME_MAX`] bytes of stack for the raw name.
     pub fn demangle_into<'b>(&self, buf: &'b mut [u8]) -> Option<&'b str> {
-        self.name.map(|n| demangle_into(n, buf))
+        let name = self.name?;
+        let mut w = FixedBuf::new(buf);
+        format::demangle_name_to(name, &mut w);
+        let n = w.as_str().len();
+        let (head, _) = buf.split_at(n.min(buf.len()));
+        Some(core::str::from_utf8(head).unwrap_or(""))
     }
 }
 
@@ -170,7 +182,7 @@ pub(crate) enum Mode {
 struct Entry {
     range: Range<usize>,
     bias: usize,
-    syms: &'static ObjectSymbols,
+    syms: &'static Slot,
 }
 
 /// The published index: objects sorted by start address.
@@ -203,20 +215,16 @@ pub(crate) fn rebuild() {
         return;
     }
     // Build outside the writer lock of the published cell: file I/O and parsing take time.
-    let built = index::tables_built();
+    // Objects of at least `background` bytes are built by the background indexer.
+    let background = background::background_min();
     let entries: Box<[Entry]> = objects
         .iter()
         .map(|o| Entry {
             range: o.range.clone(),
             bias: o.bias,
-            syms: index::for_object(o),
+            syms: index::for_object(o, background).0,
         })
         .collect();
-    if index::tables_built() != built {
-        // The files' symbol and string tables were read into the heap and freed; give the
-        // memory back instead of keeping it for allocations that may never come.
-        crate::sys::release_free_heap();
-    }
     INDEX.update(false, |old| {
         if old.is_some_and(|i| i.generation >= generation) {
             None
@@ -229,8 +237,10 @@ pub(crate) fn rebuild() {
     });
 }
 
-/// Makes sure the index covers the objects loaded now: initialises the module snapshot if
-/// needed, refreshes it if objects were loaded or unloaded, and rebuilds the index.
+/// Makes sure the index covers the objects loaded now, with every name: initialises the module
+/// snapshot if needed, refreshes it if objects were loaded or unloaded, rebuilds the index, and
+/// waits for the objects that the background indexer has not finished
+/// ([`set_background_index`]).
 ///
 /// Not async-signal-safe. `selftrace::init()` and `selftrace::refresh()` do the same; call one
 /// of them (or this) before using [`symbolize`] in a signal handler, and again after `dlopen`.
@@ -240,6 +250,11 @@ pub(crate) fn rebuild() {
 pub fn prepare() -> Result<(), crate::Error> {
     crate::init()?;
     rebuild();
+    let slots: Vec<&'static Slot> =
+        INDEX.read(|i| i.map_or_else(Vec::new, |i| i.entries.iter().map(|e| e.syms).collect()));
+    for s in slots {
+        background::wait(s);
+    }
     Ok(())
 }
 
@@ -269,6 +284,19 @@ pub(crate) fn ensure_covers(addrs: &[usize]) {
             crate::refresh();
             rebuild();
         }
+    }
+    // The objects of these addresses that the background indexer has not finished.
+    let slots: Vec<&'static Slot> = INDEX.read(|i| {
+        let Some(i) = i else { return Vec::new() };
+        addrs
+            .iter()
+            .filter_map(|&a| i.find(a))
+            .map(|e| e.syms)
+            .filter(|s| s.get().is_none())
+            .collect()
+    });
+    for s in slots {
+        background::wait(s);
     }
 }
 
@@ -324,11 +352,11 @@ pub(crate) fn lookup_frame(addr: usize, kind: FrameKind, mode: Mode) -> Option<S
 fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
     let e = i.find(addr)?;
     let svma = addr.wrapping_sub(e.bias) as u64;
-    let table = match mode {
-        Mode::All => e.syms.all(),
-        Mode::Exported => &e.syms.exported,
-    };
-    let found = table.lookup(svma, mode == Mode::Exported);
+    let tables = e.syms.get().map(|o| match mode {
+        Mode::All => o.all(),
+        Mode::Exported => &o.exported,
+    });
+    let found = tables.and_then(|t| t.lookup(svma, mode == Mode::Exported));
     Some(Symbol {
         addr,
         path: &e.syms.path,
@@ -338,7 +366,7 @@ fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
         name: found.map(|f| f.name),
         start: found.map_or(0, |f| (f.start as usize).wrapping_add(e.bias)),
         size: found.map_or(0, |f| f.size as usize),
-        source: e.syms.source,
+        source: e.syms.get().map_or(SymbolSource::Pending, |o| o.source),
     })
 }
 
@@ -487,7 +515,7 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
                 sym.as_ref(),
                 GlibcLine::Strings,
                 opts.demangle,
-                &mut |out, name| lines::demangle_any_to(name, out),
+                &mut |out, name| lines::demangle_any_to(&name.to_vec(), out),
             );
             String::from_utf8_lossy(out.as_bytes()).into_owned()
         })
@@ -553,15 +581,16 @@ fn index_totals() -> (usize, usize, usize) {
     ensure();
     INDEX.read(|i| {
         let Some(i) = i else { return (0, 0, 0) };
-        let mut seen: Vec<*const ObjectSymbols> = Vec::new();
+        let mut seen: Vec<*const Slot> = Vec::new();
         let (mut n, mut bytes, mut names) = (0, 0, 0);
         for e in i.entries.iter() {
-            let p: *const ObjectSymbols = e.syms;
+            let p: *const Slot = e.syms;
             if seen.contains(&p) {
                 continue;
             }
             seen.push(p);
-            let (syms, heap, name) = e.syms.stats();
+            let Some(o) = e.syms.get() else { continue };
+            let (syms, heap, name) = o.stats();
             n += syms;
             bytes += heap;
             names += name;
@@ -571,9 +600,12 @@ fn index_totals() -> (usize, usize, usize) {
 }
 
 /// The DWARF-bearing file and symbol table for `addr`'s object (normal context, for `lines`).
+/// Waits for the background indexer where needed.
 pub(crate) fn object_for(addr: usize) -> Option<(&'static ObjectSymbols, usize)> {
-    INDEX.read(|i| {
+    let (slot, bias) = INDEX.read(|i| {
         let e = i?.find(addr)?;
         Some((e.syms, e.bias))
-    })
+    })?;
+    background::wait(slot);
+    Some((slot.get()?, bias))
 }

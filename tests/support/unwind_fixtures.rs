@@ -364,8 +364,8 @@ pub fn name_of(addr: usize) -> (String, String) {
     match selftrace::symbolize(addr) {
         Some(s) => {
             let name = s
-                .name_str()
-                .map(|n| format!("{:#}", rustc_demangle::demangle(n)))
+                .name_string()
+                .map(|n| format!("{:#}", rustc_demangle::demangle(&n)))
                 .unwrap_or_else(|| "?".into());
             (name, s.object_name().to_string())
         }
