@@ -46,6 +46,61 @@ fn resident() -> u64 {
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
 }
 
+/// Resident memory of this process by kind, in bytes: (anonymous, file pages), from
+/// `/proc/self/status` (`RssAnon`, `RssFile`).
+fn resident_kinds() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let kb = |key: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (kb("RssAnon:") * 1024, kb("RssFile:") * 1024)
+}
+
+/// Bytes of `.eh_frame` and `.eh_frame_hdr` of the loaded objects whose file name starts with
+/// one of `prefixes`: what selftrace's unwinder copies of objects that can be unloaded.
+fn unwind_table_bytes(prefixes: &[&str]) -> u64 {
+    let snap = selftrace::modules::snapshot();
+    snap.objects()
+        .iter()
+        .filter(|o| {
+            let name = std::path::Path::new(&o.path).file_name();
+            let name = name.and_then(|n| n.to_str()).unwrap_or("");
+            prefixes.iter().any(|p| name.starts_with(p))
+        })
+        .map(|o| {
+            let len = |r: &Option<std::ops::Range<usize>>| r.as_ref().map_or(0, |r| r.len());
+            (len(&o.eh_frame) + len(&o.eh_frame_hdr)) as u64
+        })
+        .sum()
+}
+
+/// Function symbols of the files whose `.symtab` `object` reads (defined, typed as code, in
+/// code sections): the "per function symbol".
+fn function_symbols(files: &[std::path::PathBuf]) -> usize {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+    files
+        .iter()
+        .map(|f| {
+            let data = std::fs::read(f).expect("read");
+            let obj = object::File::parse(&*data).expect("parse");
+            obj.symbols()
+                .filter(|s| {
+                    s.kind() == object::SymbolKind::Text
+                        && s.is_definition()
+                        && s.section_index()
+                            .and_then(|i| obj.section_by_index(i).ok())
+                            .is_some_and(|sec| sec.kind() == object::SectionKind::Text)
+                })
+                .count()
+        })
+        .sum()
+}
+
 /// The loaded driver's executable segment: (start, len).
 fn driver_code(name: &str) -> (usize, usize) {
     use findshlibs::{Segment, SharedLibrary, TargetSharedLibrary};
@@ -76,15 +131,24 @@ fn addresses((start, len): (usize, usize)) -> Vec<usize> {
         .collect()
 }
 
-/// In a child: `build_ns complete_ns cpu_ns resident_delta_bytes lookup_ns_per_address
-/// named_addresses symbols index_bytes name_bytes`: the time `refresh` (or the first
-/// resolution) took, the time until every name was in (selftrace's background indexer done),
-/// the CPU time of all threads meanwhile, then (after that) the resident memory added, the
-/// cold lookups, and (the last three) selftrace's whole symbol index, all objects (zero for
-/// the backtrace crate).
+/// In a child: `build_ns complete_ns cpu_ns resident_delta anon_delta file_delta
+/// unwind_table_bytes lookup_ns_per_address named_addresses symbols index_bytes name_bytes`:
+/// the time `refresh` (or the first resolution) took, the time until every name was in
+/// (selftrace's background indexer done), the CPU time of all threads meanwhile, then (after
+/// that) the resident memory added (all, anonymous, file pages), the bytes of the two objects'
+/// unwind tables (which selftrace copies: they can be unloaded), the cold lookups, and (the last
+/// three) selftrace's whole symbol index, all objects (zero for the backtrace crate).
 fn child(which: &str, path: &str) -> String {
     if which == "selftrace" {
+        let t = Instant::now();
         selftrace::init().expect("init");
+        if std::env::var_os("SCALE_INIT_TIME").is_some() {
+            eprintln!("init {:?}", t.elapsed());
+        }
+    }
+    if which == "selftrace_init_only" {
+        selftrace::init().expect("init");
+        std::process::exit(0);
     }
     if which == "selftrace_sync" {
         selftrace::symbolize::set_background_index(None);
@@ -107,6 +171,7 @@ fn child(which: &str, path: &str) -> String {
         .unwrap();
     let addrs = addresses(driver_code(name));
     let before = resident();
+    let (anon_before, file_before) = resident_kinds();
     let cpu_before = cpu_time();
     let t = Instant::now();
     let mut named = 0;
@@ -125,6 +190,16 @@ fn child(which: &str, path: &str) -> String {
     let complete = t.elapsed();
     let cpu = cpu_time() - cpu_before;
     let grown = resident().saturating_sub(before);
+    let (anon, file) = resident_kinds();
+    let (anon, file) = (
+        anon.saturating_sub(anon_before),
+        file.saturating_sub(file_before),
+    );
+    let unwind = if which == "selftrace" {
+        unwind_table_bytes(&["librustc_driver", "libLLVM"])
+    } else {
+        0
+    };
     let t = Instant::now();
     for &a in &addrs {
         if which == "selftrace" {
@@ -146,7 +221,7 @@ fn child(which: &str, path: &str) -> String {
         (0, 0, 0)
     };
     format!(
-        "{} {} {} {} {} {} {syms} {bytes} {names}",
+        "{} {} {} {} {anon} {file} {unwind} {} {} {syms} {bytes} {names}",
         build.as_nanos(),
         complete.as_nanos(),
         cpu.as_nanos(),
@@ -172,6 +247,9 @@ struct Row {
     complete: Duration,
     cpu: Duration,
     grown: u64,
+    anon: u64,
+    file: u64,
+    unwind: u64,
     lookup: u128,
     named: usize,
     syms: usize,
@@ -190,7 +268,7 @@ fn run_child(which: &str, driver: &std::path::Path) -> Row {
     let text = String::from_utf8_lossy(&out.stdout);
     let f: Vec<&str> = text.split_whitespace().collect();
     assert!(
-        out.status.success() && f.len() == 9,
+        out.status.success() && f.len() == 12,
         "child {which}: {}{}",
         text,
         String::from_utf8_lossy(&out.stderr)
@@ -200,11 +278,14 @@ fn run_child(which: &str, driver: &std::path::Path) -> Row {
         complete: Duration::from_nanos(f[1].parse().unwrap()),
         cpu: Duration::from_nanos(f[2].parse().unwrap()),
         grown: f[3].parse().unwrap(),
-        lookup: f[4].parse().unwrap(),
-        named: f[5].parse().unwrap(),
-        syms: f[6].parse().unwrap(),
-        bytes: f[7].parse().unwrap(),
-        names: f[8].parse().unwrap(),
+        anon: f[4].parse().unwrap(),
+        file: f[5].parse().unwrap(),
+        unwind: f[6].parse().unwrap(),
+        lookup: f[7].parse().unwrap(),
+        named: f[8].parse().unwrap(),
+        syms: f[9].parse().unwrap(),
+        bytes: f[10].parse().unwrap(),
+        names: f[11].parse().unwrap(),
     }
 }
 
@@ -224,6 +305,10 @@ fn scale(c: &mut Criterion) {
         ("selftrace_sync", vec![]),
         ("backtrace_crate", vec![]),
     ];
+    let functions = function_symbols(&[
+        driver.clone(),
+        sysroot::lib_file(|n| n.starts_with("libLLVM.so.")).expect("libLLVM beside the driver"),
+    ]);
     for _ in 0..5 {
         for (which, v) in rows.iter_mut() {
             v.push(run_child(which, &driver));
@@ -251,6 +336,18 @@ fn scale(c: &mut Criterion) {
             r.named,
         );
         if r.syms > 0 {
+            let mut anon: Vec<u64> = v.iter().map(|r| r.anon).collect();
+            let mut file: Vec<u64> = v.iter().map(|r| r.file).collect();
+            let anon = median(&mut anon);
+            eprintln!(
+                "scale: {which:16} resident growth: {:.1} MB anonymous, of which {:.1} MB are the copies of the two objects' unwind tables, + {:.1} MB of file pages (those tables' pages, which the copy read); beyond the unwind tables: {:.1} MB, {:.0} bytes per function symbol ({functions} in the two objects); per function symbol, {:.2} us of the refresh",
+                anon as f64 / 1e6,
+                r.unwind as f64 / 1e6,
+                median(&mut file) as f64 / 1e6,
+                anon.saturating_sub(r.unwind) as f64 / 1e6,
+                anon.saturating_sub(r.unwind) as f64 / functions as f64,
+                median(&mut build).as_secs_f64() * 1e6 / functions as f64,
+            );
             eprintln!(
                 "scale: {which:16} index of every loaded object (.symtab and .dynsym tables): {} entries, {:.1} MB of entries and page directories + {:.1} MB of names: {:.0} bytes per entry; per entry: {:.2} us of the refresh, {:.0} bytes of its resident growth",
                 r.syms,

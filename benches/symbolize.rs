@@ -58,6 +58,17 @@ fn per_frame(c: &mut Criterion) {
             }
         })
     });
+    g.bench_function("selftrace_symbolize_name", |b| {
+        // The raw name copied out, as a crash report or a profile needs it.
+        let mut buf = [0u8; 1024];
+        b.iter(|| {
+            for &a in &lookups {
+                if let Some(n) = selftrace::symbolize(black_box(a)).and_then(|s| s.name) {
+                    black_box(n.copy_to(&mut buf));
+                }
+            }
+        })
+    });
     g.bench_function("selftrace_symbolize_batched", |b| {
         b.iter(|| {
             selftrace::symbolize::with_symbolizer(|s| {

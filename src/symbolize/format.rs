@@ -190,12 +190,11 @@ pub const RAW_NAME_MAX: usize = 1024;
 /// # Async-signal safety
 /// Async-signal-safe; uses [`RAW_NAME_MAX`] bytes of stack.
 pub(crate) fn demangle_name_to(name: SymbolName, out: &mut FixedBuf<'_>) {
-    if name.len() > RAW_NAME_MAX {
-        push_name(out, name);
-        return;
-    }
     let mut raw = [0u8; RAW_NAME_MAX];
-    demangle_to(name.copy_to(&mut raw), out);
+    match name.copy_len(&mut raw) {
+        n if n > RAW_NAME_MAX => push_name(out, name),
+        n => demangle_to(raw.get(..n).unwrap_or(&[]), out),
+    }
 }
 
 /// Writes symbol name `name` as it is (mangled).

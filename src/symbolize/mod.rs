@@ -502,6 +502,7 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
         Mode::All
     };
     let mut buf = vec![0u8; 4096];
+    let mut raw = vec![0u8; names::MAX_NAME];
     let syms: Vec<Option<Symbol>> =
         with_symbolizer(|s| addrs.iter().map(|&a| s.lookup(a, mode)).collect());
     addrs
@@ -515,7 +516,7 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
                 sym.as_ref(),
                 GlibcLine::Strings,
                 opts.demangle,
-                &mut |out, name| lines::demangle_any_to(&name.to_vec(), out),
+                &mut |out, name| lines::demangle_any_to(name.copy_to(&mut raw), out),
             );
             String::from_utf8_lossy(out.as_bytes()).into_owned()
         })

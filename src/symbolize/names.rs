@@ -1,11 +1,13 @@
-//! An object's symbol names, front-coded: sorted, in blocks of [`BLOCK`] names, each name after
-//! a block's first stored as the length of the prefix it shares with the name before it and the
-//! rest of its bytes.
+//! An object's symbol names, front-coded: sorted (objects of [`SORT_MIN`] names or more; the
+//! others in their symbols' order), in blocks of [`BLOCK`] names, each name after a block's
+//! first stored as the length of the prefix it shares with the name before it and the rest of
+//! its bytes.
 //!
 //! A large program's names are most of its symbol index: rustc's `librustc_driver` and `libLLVM`
 //! have 256,600 function symbols whose names average 130 bytes (Rust v0 and Itanium C++ names
 //! repeat their crate and namespace paths), 33 MB as plain copies. Sorted, a name shares 83 bytes
-//! with the one before it on average; front-coded in blocks of 8 they take 61 bytes each.
+//! with the one before it on average; front-coded in blocks of 4 they take 74 bytes each (in
+//! blocks of 8, 63: blocks of 4 make a cold lookup read fewer cache lines).
 //!
 //! A name is decoded from its block only: at most [`BLOCK`] entries are read, and its bytes are
 //! at most [`BLOCK`] pieces of the store ([`Names::pieces`]), in order, without copying. Lookups
@@ -13,7 +15,7 @@
 //! store built wrong gives a short or empty name, never a fault).
 
 /// Names per block: a decode reads at most this many entries.
-pub(crate) const BLOCK: usize = 8;
+pub(crate) const BLOCK: usize = 4;
 
 /// Longest name stored (longer ones are cut): the symbol tables' own limit.
 pub(crate) const MAX_NAME: usize = 4096;
@@ -25,6 +27,12 @@ const PLACE_BITS: u32 = BLOCK.trailing_zeros();
 /// Blocks must start below this offset of the data to have an id (512 MiB of front-coded
 /// names, some 9 million symbols of one object); names past it have none.
 const MAX_DATA: usize = (u32::MAX >> PLACE_BITS) as usize;
+
+/// Objects with fewer names are front-coded in the order of their symbols' addresses, not
+/// sorted: sorting costs more than 100 ns a name (more than the rest of their index), and the
+/// names of neighbouring functions share much already (107 bytes a name against 74 sorted and
+/// 135 as plain copies, for rustc's driver and LLVM).
+const SORT_MIN: usize = 30_000;
 
 /// Bytes of the store to load ahead per entry of a block to be read: names take 60 on average.
 const LINE_PER_ENTRY: usize = 80;
@@ -60,13 +68,24 @@ impl<'a> Pieces<'a> {
 
 impl Names {
     /// The store of `names` (any order, repeats allowed, each cut at [`MAX_NAME`]) and each
-    /// one's id in it, in the order of `names`. Normal context (allocates, sorts).
+    /// one's id in it, in the order of `names`: sorted first when there are at least
+    /// [`SORT_MIN`] names. Normal context (allocates, sorts).
     pub(crate) fn build(names: &[&[u8]]) -> (Names, Vec<u32>) {
+        Names::build_sorted(names, names.len() >= SORT_MIN)
+    }
+
+    /// [`Names::build`], sorted or in the order given (then a name repeated elsewhere than
+    /// right after itself is stored again, under another id).
+    fn build_sorted(names: &[&[u8]], sort: bool) -> (Names, Vec<u32>) {
         let cut = |i: u32| {
             let n = names[i as usize];
             &n[..n.len().min(MAX_NAME)]
         };
-        let order = sort_names(names.len(), cut);
+        let order = if sort {
+            sort_names(names.len(), cut)
+        } else {
+            (0..names.len() as u32).collect()
+        };
         let mut ids = vec![NO_NAME; names.len()];
         let mut data = Vec::new();
         // The current block's start and the number of names in it.
@@ -120,12 +139,7 @@ impl Names {
             return None;
         }
         let (mut at, k) = ((id >> PLACE_BITS) as usize, id as usize % BLOCK);
-        // Load the lines the entries up to `k` likely take, all at once: read one after the
-        // other (where each entry starts depends on the one before), a cold block cost one
-        // cache miss per entry in turn (some 300 ns of a lookup in a large program).
-        for line in (0..(k + 1) * LINE_PER_ENTRY).step_by(64) {
-            core::hint::black_box(self.data.get(at + line).copied());
-        }
+        self.preload(at, k);
         // Each entry up to the name's: (shared prefix, where its rest starts, its rest's length).
         let mut ent = [(0usize, 0usize, 0usize); BLOCK];
         for e in ent.iter_mut().take(k + 1) {
@@ -157,23 +171,50 @@ impl Names {
         Some(Pieces { pieces, n })
     }
 
+    /// Loads the lines that the entries of the block at `at` up to entry `k` likely take, all at
+    /// once: read one after the other (where each entry starts depends on the one before), a
+    /// cold block cost one cache miss per entry in turn (most of a lookup in a large program).
+    #[inline(always)]
+    fn preload(&self, at: usize, k: usize) {
+        for line in (0..(k + 1) * LINE_PER_ENTRY).step_by(64) {
+            core::hint::black_box(self.data.get(at + line).copied());
+        }
+    }
+
     /// Copies name `id` into `buf`, cut at its length; returns the name's whole length (0 for an
     /// id the store does not have).
     ///
     /// # Async-signal safety
     /// Async-signal-safe.
     pub(crate) fn copy_to(&self, id: u32, buf: &mut [u8]) -> usize {
-        let Some(p) = self.pieces(id) else {
+        if id == NO_NAME {
             return 0;
-        };
+        }
+        let (mut at, k) = ((id >> PLACE_BITS) as usize, id as usize % BLOCK);
+        self.preload(at, k);
+        // Forward through the block: each entry's rest goes where its shared prefix ends,
+        // over the name before it; after entry k, the buffer holds name k (cut at its size).
         let mut len = 0;
-        for piece in p.iter() {
-            let room = buf.len().saturating_sub(len);
-            let take = piece.len().min(room);
-            if let (Some(dst), Some(src)) = (buf.get_mut(len..len + take), piece.get(..take)) {
+        for _ in 0..=k {
+            let (Some(shared), Some(rest)) =
+                (read_len(&self.data, &mut at), read_len(&self.data, &mut at))
+            else {
+                return 0;
+            };
+            let Some(bytes) = self.data.get(at..at + rest) else {
+                return 0;
+            };
+            at += rest;
+            if shared > len {
+                // Only in a store built wrong: a prefix longer than the name before.
+                return 0;
+            }
+            let take = rest.min(buf.len().saturating_sub(shared));
+            if let (Some(dst), Some(src)) = (buf.get_mut(shared..shared + take), bytes.get(..take))
+            {
                 dst.copy_from_slice(src);
             }
-            len += piece.len();
+            len = shared + rest;
         }
         len
     }
@@ -184,13 +225,13 @@ impl Names {
 /// The index keeps names front-coded (sorted, each stored as what it adds to the name before
 /// it: a large program's names take less than half the memory of plain copies), so a name is
 /// not one slice: it is decoded on demand, into a caller's buffer ([`SymbolName::copy_to`]) or
-/// as at most 8 slices of the index ([`SymbolName::pieces`]), or into an owned copy in normal
+/// as at most 4 slices of the index ([`SymbolName::pieces`]), or into an owned copy in normal
 /// context ([`SymbolName::to_vec`], [`SymbolName::to_string_lossy`]). Comparisons with bytes
 /// or text decode nothing into memory. Names longer than 4,096 bytes are cut there.
 ///
 /// # Async-signal safety
 /// Everything but `to_vec`, `to_string_lossy` and the `Debug` impl is async-signal-safe: no
-/// allocation, no lock, no panic; at most 8 entries of the index are read.
+/// allocation, no lock, no panic; at most 4 entries of the index are read.
 #[derive(Clone, Copy)]
 pub struct SymbolName {
     names: &'static Names,
@@ -210,7 +251,7 @@ impl SymbolName {
         SymbolName::new(Box::leak(Box::new(names)), ids[0])
     }
 
-    /// The name's bytes as slices of the index, in order (at most 8).
+    /// The name's bytes as slices of the index, in order (at most 4).
     ///
     /// # Async-signal safety
     /// Async-signal-safe.
@@ -242,8 +283,16 @@ impl SymbolName {
     /// # Async-signal safety
     /// Async-signal-safe.
     pub fn copy_to<'b>(&self, buf: &'b mut [u8]) -> &'b [u8] {
-        let n = self.names.copy_to(self.id, buf).min(buf.len());
+        let n = self.copy_len(buf).min(buf.len());
         buf.get(..n).unwrap_or(&[])
+    }
+
+    /// Copies the name into `buf` (cut at its size) and returns the name's whole length.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub(crate) fn copy_len(&self, buf: &mut [u8]) -> usize {
+        self.names.copy_to(self.id, buf)
     }
 
     /// Whether the name starts with `prefix`.
@@ -307,9 +356,8 @@ impl PartialEq<&str> for SymbolName {
 /// Two names are equal when their bytes are.
 impl PartialEq for SymbolName {
     fn eq(&self, other: &SymbolName) -> bool {
-        if core::ptr::eq(self.names, other.names) {
-            // Within one store every distinct name has one id.
-            return self.id == other.id;
+        if core::ptr::eq(self.names, other.names) && self.id == other.id {
+            return true;
         }
         let (mut a, mut b) = (self.pieces(), other.pieces());
         let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
@@ -471,6 +519,13 @@ fn read_len(data: &[u8], at: &mut usize) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// A `'static` view of a store that lives as long as the test (leaked: tests only).
+    fn leak(s: &Names) -> &'static Names {
+        Box::leak(Box::new(Names {
+            data: s.data.clone(),
+        }))
+    }
+
     fn decode(s: &Names, id: u32) -> Vec<u8> {
         let p = s.pieces(id).expect("an id of the store");
         let v: Vec<u8> = p.iter().flatten().copied().collect();
@@ -512,7 +567,8 @@ mod tests {
                 names.push(n);
             }
             let refs: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
-            let (s, ids) = Names::build(&refs);
+            let sort = round % 2 == 0;
+            let (s, ids) = Names::build_sorted(&refs, sort);
             let mut distinct = names.clone();
             for n in &mut distinct {
                 n.truncate(MAX_NAME);
@@ -524,15 +580,22 @@ mod tests {
             for (n, &id) in names.iter().zip(&ids) {
                 let want = &n[..n.len().min(MAX_NAME)];
                 assert_eq!(decode(&s, id), want, "round {round}");
-                // Equal names share an id, and different names have different ones.
+                // Different names have different ids (and sorted, equal names share one).
                 assert_eq!(by_id.entry(id).or_insert_with(|| want.to_vec()), want);
+                let other = ids[names.iter().position(|m| m == n).unwrap()];
+                assert_eq!(
+                    SymbolName::new(leak(&s), id),
+                    SymbolName::new(leak(&s), other)
+                );
                 let mut small = [0u8; 5];
                 let len = s.copy_to(id, &mut small);
                 assert_eq!(len, want.len());
                 let k = len.min(5);
                 assert_eq!(&small[..k], &want[..k]);
             }
-            assert_eq!(by_id.len(), distinct.len(), "round {round}");
+            if sort {
+                assert_eq!(by_id.len(), distinct.len(), "round {round}");
+            }
             assert!(s.pieces(NO_NAME).is_none());
             assert_eq!(s.copy_to(u32::MAX, &mut [0u8; 4]), 0);
         }
