@@ -14,9 +14,11 @@
 //! by the normal-context functions of this module ([`backtrace_symbols`], [`Backtrace`]), or
 //! explicitly by [`prepare`]. Before that, [`symbolize`] returns `None`.
 //!
-//! Each object's symbol table (sorted 12-byte entries over a pool of names copied out of the
-//! ELF file, read with `pread`, never mapped) is built once per distinct object and **never
-//! freed**. Only the small list that maps address ranges to tables is republished on refresh.
+//! Each object's symbol table (sorted 12-byte entries over the object's names, front-coded
+//! out of the ELF file, read with `pread`, never mapped) is built once per distinct object and
+//! **never freed**. Objects that map 64 MiB or more are built by a background thread
+//! ([`set_background_index`]); until then their addresses have no name
+//! ([`SymbolSource::Pending`]), and [`prepare`] waits for them. Only the small list that maps address ranges to tables is republished on refresh.
 //! That is why a [`Symbol`] can hold `'static` references and be returned by value from a
 //! signal handler: a concurrent refresh cannot free what it points to. The cost is that the
 //! tables of `dlclose`d libraries stay (a `dlopen` of the same library again reuses its table).
@@ -29,7 +31,7 @@
 //! exists (`init()`, [`prepare`], or any normal-context call of this module):
 //!
 //! * [`symbolize`] / [`symbolize_exported`]: a [`Symbol`] (object path, bias, build-id, raw
-//!   name bytes, start, offset, size) by value;
+//!   name, start, offset, size) by value; the name is decoded on demand ([`SymbolName`]);
 //! * [`frame_kind`] / [`FrameKind::lookup_address`]: which captured addresses are return
 //!   addresses (look up at `addr - 1`) and which are exact pcs (frame 0 of a ucontext capture,
 //!   the frame after a signal trampoline);
@@ -565,15 +567,16 @@ pub fn backtrace_symbols_fd_with(
 
 /// Memory used by the symbol index: `(entries, heap bytes of the tables)`. An entry is one
 /// symbol of one table: an object's full table (`.symtab` and PLT stubs) and its exported table
-/// (`.dynsym`, for glibc's naming) each count. The names, copied out of the files into pools
-/// the tables own, are counted by [`index_name_bytes`]. Normal context.
+/// (`.dynsym`, for glibc's naming) each count. The names, front-coded out of the files into a
+/// store per object, are counted by [`index_name_bytes`]. Objects the background indexer has
+/// not finished are not counted. Normal context.
 pub fn index_stats() -> (usize, usize) {
     let (n, bytes, _) = index_totals();
     (n, bytes)
 }
 
-/// Bytes of the symbol names the index holds (copied out of the ELF files, so that no lookup
-/// reads a file mapping that a change on disk could make fault). Normal context.
+/// Bytes of the symbol names the index holds (front-coded copies out of the ELF files, so that
+/// no lookup reads a file mapping that a change on disk could make fault). Normal context.
 pub fn index_name_bytes() -> usize {
     index_totals().2
 }
