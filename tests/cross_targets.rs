@@ -26,6 +26,7 @@ const AARCH64_TESTS: &[&str] = &[
     "hostile",
     "minidump",
     "symbolize",
+    "symbolize_background",
     "symbolize_files",
     "symbolize_signal",
     "symbolize_stripped",

@@ -471,8 +471,7 @@ pub fn install_dump_signal(sig: i32) -> Result<(), Error> {
 ///
 /// # Errors
 /// [`Error::InvalidInput`] for a signal that cannot be caught or that requests stacks, the
-/// errors of [`install`] and of [`crate::symbolize::prepare`], [`Error::Sys`] when `sigaction`
-/// fails.
+/// errors of [`install`] and of [`crate::init`], [`Error::Sys`] when `sigaction` fails.
 pub fn install_dump_signal_to(sig: i32, fd: impl Into<OwnedFd>) -> Result<(), Error> {
     let fd: OwnedFd = fd.into();
     install_dump_signal_fd(sig, fd.as_raw_fd())?;
@@ -491,7 +490,10 @@ fn install_dump_signal_fd(sig: i32, fd: i32) -> Result<(), Error> {
             "the stack-request signal cannot also be the dump signal",
         ));
     }
-    crate::symbolize::prepare()?;
+    // The index, without waiting for the background indexer: a dump meanwhile names the
+    // frames of an object it has not finished by object and offset.
+    crate::init()?;
+    crate::symbolize::rebuild();
     DUMP_FD.store(fd, Ordering::Relaxed);
     let sys_err = |errno| Error::Sys {
         call: "sigaction",
