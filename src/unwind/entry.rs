@@ -53,7 +53,8 @@ unsafe extern "C" fn capture_inner(
             return frames;
         }
     }
-    let o = super::refresh::finish(&Start::Return(RegSet::from_entry(words)), buf, mode);
+    let mut o = Outcome::default();
+    super::refresh::finish(&Start::Return(RegSet::from_entry(words)), buf, mode, &mut o);
     // SAFETY: `out` is what the public entry points passed: null or their live `Walk`.
     unsafe { write_walk(out, &o) };
     o.frames

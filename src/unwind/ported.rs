@@ -1,7 +1,7 @@
 //! The entry points of [`super`] on a target with an unwinder port.
 #![allow(unsafe_code)]
 
-use super::outcome::Start;
+use super::outcome::{Outcome, Start};
 use super::regs::RegSet;
 use super::types::{Regs, StopReason, Truncation, UnwindMode, Walk};
 use super::{entry, walk};
@@ -50,7 +50,8 @@ pub(crate) unsafe fn capture_from_ucontext(
     let Some(r) = r else {
         return none;
     };
-    let o = walk::walk(&Start::Exact(r), buf, mode, true);
+    let mut o = Outcome::default();
+    walk::walk(&Start::Exact(r), buf, mode, true, &mut o);
     Walk {
         frames: o.frames,
         end: o.end,
@@ -59,7 +60,14 @@ pub(crate) unsafe fn capture_from_ucontext(
 
 /// See [`super::Capture::walk_regs`].
 pub(crate) fn capture_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode) -> Walk {
-    let o = walk::walk(&Start::Exact(RegSet::from_regs(regs)), buf, mode, false);
+    let mut o = Outcome::default();
+    walk::walk(
+        &Start::Exact(RegSet::from_regs(regs)),
+        buf,
+        mode,
+        false,
+        &mut o,
+    );
     Walk {
         frames: o.frames,
         end: o.end,

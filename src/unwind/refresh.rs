@@ -47,13 +47,14 @@ thread_local! {
 }
 
 /// Runs a walk for the capture entry points, then, in proven normal context, refreshes and
-/// walks again when the walk met an object loaded after the snapshot.
+/// walks again when the walk met an object loaded after the snapshot. How it went is written
+/// into `out` (see [`walk::walk`]).
 #[inline(never)]
-pub(crate) fn finish(start: &Start, buf: &mut [usize], mode: UnwindMode) -> Outcome {
-    let out = walk::walk(start, buf, mode, true);
+pub(crate) fn finish(start: &Start, buf: &mut [usize], mode: UnwindMode, out: &mut Outcome) {
+    walk::walk(start, buf, mode, true, out);
     let complete = out.end == WalkEnd::Complete;
     if !out.initialized || out.signal_frames != 0 || !AUTO_REFRESH.load(Ordering::Relaxed) {
-        return out;
+        return;
     }
     let sp = start.sp();
     // A complete walk that crossed no signal frame proves normal context; so does a stack with
@@ -64,7 +65,7 @@ pub(crate) fn finish(start: &Start, buf: &mut [usize], mode: UnwindMode) -> Outc
         complete && crate::sys::own_stack_above(sp).is_none() && memory::thread_stack().is_none();
     let refresh = out.unknown_object && (complete || no_signal_frame_above(sp));
     if (!learn_stack && !refresh) || IN_REFRESH.try_with(Cell::get).unwrap_or(true) {
-        return out;
+        return;
     }
     let _ = IN_REFRESH.try_with(|c| c.set(true));
     if learn_stack {
@@ -76,9 +77,7 @@ pub(crate) fn finish(start: &Start, buf: &mut [usize], mode: UnwindMode) -> Outc
     }
     let _ = IN_REFRESH.try_with(|c| c.set(false));
     if refreshed {
-        walk::walk(start, buf, mode, true)
-    } else {
-        out
+        walk::walk(start, buf, mode, true, out);
     }
 }
 /// Whether the current thread's stack, from `sp` to its top, holds no return address into a

@@ -37,15 +37,27 @@ use crate::sys;
 /// which may be a small alternate signal stack).
 const SMALL_WINDOW: usize = 32;
 
-pub(crate) fn walk(start: &Start, buf: &mut [usize], mode: UnwindMode, trusted: bool) -> Outcome {
+/// Walks from `start` into `buf` and writes how it went into `out`.
+///
+/// The outcome is written in place, field by field, and read so by the callers: returned by
+/// value, it went through memory as a copy whose wide loads could not take the narrow stores
+/// just made from the store buffer (a store-forwarding stall, a tenth of a short capture).
+pub(crate) fn walk(
+    start: &Start,
+    buf: &mut [usize],
+    mode: UnwindMode,
+    trusted: bool,
+    out: &mut Outcome,
+) {
     if buf.is_empty() {
-        return Outcome::default();
+        *out = Outcome::default();
+        return;
     }
     objects::with_state(|state| {
         let mut resume = None;
         if let Some(s) = state {
-            match walk_all_cached(s, start, buf, mode, trusted) {
-                Cached::Done(out) => return out,
+            match walk_all_cached(s, start, buf, mode, trusted, out) {
+                Cached::Done => return,
                 Cached::Partial(r) => resume = Some(r),
                 Cached::No => {}
             }
@@ -75,13 +87,14 @@ pub(crate) fn walk(start: &Start, buf: &mut [usize], mode: UnwindMode, trusted: 
         } else {
             job.run();
         }
-        job.out
+        *out = job.out;
     })
 }
 
 /// The common case without a slot, a stack switch or any setup: a capture whose frames the hot
 /// loops handle (rules cached, objects never unloaded, reads on the own stack). Stops at the
-/// first frame that needs more; the full walker goes on from there.
+/// first frame that needs more; the full walker goes on from there. A whole walk is written
+/// into `out`.
 #[inline]
 fn walk_all_cached(
     state: &State,
@@ -89,6 +102,7 @@ fn walk_all_cached(
     buf: &mut [usize],
     mode: UnwindMode,
     trusted: bool,
+    out: &mut Outcome,
 ) -> Cached {
     let Start::Return(entry) = start else {
         return Cached::No;
@@ -130,13 +144,12 @@ fn walk_all_cached(
     let Some(end) = end.end(buf, frames) else {
         return Cached::Partial((regs, frames, dropped));
     };
-    Cached::Done(Outcome {
-        frames,
-        end,
-        signal_frames: 0,
-        unknown_object: false,
-        initialized: true,
-    })
+    out.frames = frames;
+    out.end = end;
+    out.signal_frames = 0;
+    out.unknown_object = false;
+    out.initialized = true;
+    Cached::Done
 }
 
 /// Frame-pointer mode's capture from the entry's stack pointer, frame pointer and pc (a return
@@ -176,8 +189,8 @@ pub(crate) fn capture_fp(sp: usize, fp: usize, pc: usize, buf: &mut [usize]) -> 
 
 /// What [`walk_all_cached`] got done.
 enum Cached {
-    /// The whole walk.
-    Done(Outcome),
+    /// The whole walk (written into the caller's outcome).
+    Done,
     /// Frames up to one that needs the full walker, which goes on from there.
     Partial((RegSet, usize, bool)),
     /// Nothing (not a capture from the own stack).
