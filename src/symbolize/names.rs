@@ -230,8 +230,8 @@ impl Names {
 /// or text decode nothing into memory. Names longer than 4,096 bytes are cut there.
 ///
 /// # Async-signal safety
-/// Everything but `to_vec`, `to_string_lossy` and the `Debug` impl is async-signal-safe: no
-/// allocation, no lock, no panic; at most 4 entries of the index are read.
+/// Everything but `to_vec` and `to_string_lossy` is async-signal-safe: no allocation, no lock,
+/// no panic; at most 4 entries of the index are read.
 #[derive(Clone, Copy)]
 pub struct SymbolName {
     names: &'static Names,
@@ -383,10 +383,17 @@ impl PartialEq for SymbolName {
 
 impl Eq for SymbolName {}
 
-/// The name's bytes, like a byte string's `Debug` (`"main"`). Allocates.
+/// The name's bytes in quotes, anything but printable ASCII escaped (`"main"`).
+///
+/// # Async-signal safety
+/// Async-signal-safe when the formatter's writer is.
 impl core::fmt::Debug for SymbolName {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        core::fmt::Debug::fmt(&self.to_string_lossy(), f)
+        f.write_str("\"")?;
+        for p in self.pieces() {
+            write!(f, "{}", p.escape_ascii())?;
+        }
+        f.write_str("\"")
     }
 }
 
@@ -599,6 +606,20 @@ mod tests {
             assert!(s.pieces(NO_NAME).is_none());
             assert_eq!(s.copy_to(u32::MAX, &mut [0u8; 4]), 0);
         }
+    }
+
+    #[test]
+    fn names_print_and_compare_as_their_bytes() {
+        let a = SymbolName::leaked(b"_ZN3foo3barE");
+        let b = SymbolName::leaked(b"a\"b\x01");
+        assert_eq!(format!("{a}"), "_ZN3foo3barE");
+        assert_eq!(format!("{a:?}"), "\"_ZN3foo3barE\"");
+        assert_eq!(format!("{b:?}"), "\"a\\\"b\\x01\"");
+        assert!(a == "_ZN3foo3barE" && a == b"_ZN3foo3barE"[..] && a != "_ZN3foo3ba");
+        assert!(a.starts_with(b"_ZN3") && !a.starts_with(b"_ZN3foo3barEx"));
+        assert_eq!(a, SymbolName::leaked(b"_ZN3foo3barE"));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 12);
     }
 
     #[test]
