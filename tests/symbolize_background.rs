@@ -191,22 +191,7 @@ fn large_objects_are_named_by_the_background_indexer_and_never_wrongly_before() 
     let _ = std::fs::remove_dir_all(z.parent().unwrap());
     // The default: objects of 64 MiB and more.
     symbolize::set_background_index(Some(64 << 20));
-    let llvm = if cfg!(target_arch = "x86_64") {
-        sysroot::lib_file(|n| n.starts_with("libLLVM.so."))
-    } else {
-        None
-    };
-    match llvm {
-        Some(p) => {
-            exercise(&p, "libLLVM");
-        }
-        None if cfg!(target_arch = "x86_64") => {
-            assert!(
-                std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
-                "rustup's libLLVM is required (rustc --print sysroot)"
-            );
-            println!("SKIP: no libLLVM in rustc's sysroot");
-        }
-        None => {}
+    if let Some(p) = sysroot::rustup_llvm_for_test("zlib only") {
+        exercise(&p, "libLLVM");
     }
 }

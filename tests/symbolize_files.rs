@@ -577,12 +577,6 @@ fn check_nm(file: &Path, bias: usize) -> usize {
     want.len()
 }
 
-/// rustup's `libLLVM` (C++, 150,000 text symbols in its `.symtab`, built with lld), if the
-/// `rustc` on `PATH` has one.
-fn rustup_llvm() -> Option<PathBuf> {
-    sysroot::lib_file(|n| n.starts_with("libLLVM.so."))
-}
-
 #[test]
 fn every_text_symbol_is_named_as_nm_names_it() {
     if !have("nm") {
@@ -590,27 +584,13 @@ fn every_text_symbol_is_named_as_nm_names_it() {
     }
     // A large C++ object this project did not build: the string table of lld's output shares
     // the tails of names, and every name of its 150,000 functions is checked.
-    let llvm = if cfg!(target_arch = "x86_64") {
-        rustup_llvm()
-    } else {
-        None
-    };
-    match &llvm {
-        Some(p) => {
-            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-            // SAFETY: dlopen of rustup's LLVM library by path; its constructors register
-            // LLVM's own options and need nothing from this program.
-            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-            assert!(!h.is_null(), "dlopen {}", p.display());
-        }
-        None if cfg!(target_arch = "x86_64") => {
-            assert!(
-                std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
-                "rustup's libLLVM is required (rustc --print sysroot)"
-            );
-            println!("SKIP: no libLLVM in rustc's sysroot; this program only");
-        }
-        None => {}
+    let llvm = sysroot::rustup_llvm_for_test("this program only");
+    if let Some(p) = &llvm {
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: dlopen of rustup's LLVM library by path; its constructors register LLVM's
+        // own options and need nothing from this program.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "dlopen {}", p.display());
     }
     symbolize::prepare().unwrap();
     let snap = selftrace::modules::snapshot();

@@ -70,7 +70,7 @@ fn jobs() -> MutexGuard<'static, Jobs> {
 }
 
 /// Registers the build of `slot`'s tables: queued for the background thread if `later`, else
-/// claimed by the caller, who must then call [`run`]. Normal context.
+/// claimed by the caller, who must then call [`build_now`]. Normal context.
 pub(crate) fn register(slot: &'static Slot, object: Object, later: bool) {
     let me = crate::sys::getpid();
     let mut j = jobs();
@@ -90,23 +90,10 @@ pub(crate) fn register(slot: &'static Slot, object: Object, later: bool) {
     }
 }
 
-/// Builds the job of `slot` (claimed by the caller) and finishes it.
-pub(crate) fn run(slot: &'static Slot) {
-    let job = {
-        let j = jobs();
-        j.list
-            .iter()
-            .find(|job| core::ptr::eq(job.slot, slot))
-            .map(|job| job.object.clone())
-    };
-    if let Some(object) = job {
-        build_and_finish(slot, &object);
-    }
-}
-
-/// Builds `slot`'s tables, sets them and removes the job. If the build panics, the job is
-/// given up instead (a waiter takes it over), never left claimed by a thread that is gone.
-fn build_and_finish(slot: &'static Slot, object: &Object) {
+/// Builds `slot`'s tables from `object` (its job claimed by the caller), sets them and removes
+/// the job. If the build panics, the job is given up instead (a waiter takes it over), never
+/// left claimed by a thread that is gone.
+pub(crate) fn build_now(slot: &'static Slot, object: &Object) {
     /// Unclaims the job unless disarmed (the build did not return).
     struct Unclaim(&'static Slot);
     impl Drop for Unclaim {
@@ -162,7 +149,7 @@ fn indexer() {
         let Some((slot, object)) = next else {
             return;
         };
-        build_and_finish(slot, &object);
+        build_now(slot, &object);
     }
 }
 
@@ -193,7 +180,7 @@ pub(crate) fn wait(slot: &'static Slot) {
         job.claimed = Some(me);
         let object = job.object.clone();
         drop(j);
-        build_and_finish(slot, &object);
+        build_now(slot, &object);
         j = jobs();
     }
 }

@@ -212,8 +212,16 @@ pub(crate) fn push_name(out: &mut FixedBuf<'_>, name: SymbolName) {
 /// # Async-signal safety
 /// Async-signal-safe.
 pub fn demangle_into<'b>(name: &[u8], buf: &'b mut [u8]) -> &'b str {
+    write_str_into(buf, |w| demangle_to(name, w))
+}
+
+/// Runs `write` on a [`FixedBuf`] over `buf` and returns the text it wrote.
+///
+/// # Async-signal safety
+/// Async-signal-safe when `write` is.
+pub(crate) fn write_str_into(buf: &mut [u8], write: impl FnOnce(&mut FixedBuf<'_>)) -> &str {
     let mut w = FixedBuf::new(buf);
-    demangle_to(name, &mut w);
+    write(&mut w);
     let n = w.as_str().len();
     let (head, _) = buf.split_at(n.min(buf.len()));
     core::str::from_utf8(head).unwrap_or("")

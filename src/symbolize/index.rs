@@ -331,9 +331,9 @@ fn debug_roots() -> Vec<String> {
 }
 
 /// The slot of a loaded object: from the cache, or new, its tables built now or, for an
-/// object that maps at least `background` bytes, queued for the background indexer. Returns
-/// whether tables were built now. Normal context only.
-pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> (&'static Slot, bool) {
+/// object that maps at least `background` bytes, queued for the background indexer. Normal
+/// context only.
+pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> &'static Slot {
     let glibc_path = glibc_name(o);
     let key = Key {
         path: o.path.as_str().into(),
@@ -349,7 +349,7 @@ pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> (&'st
         if !later {
             super::background::wait(slot);
         }
-        return (slot, false);
+        return slot;
     }
     let slot: &'static Slot = Box::leak(Box::new(Slot {
         path: key.path.clone(),
@@ -361,11 +361,10 @@ pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> (&'st
     // Registered before the cache is unlocked: whoever finds the slot finds its job.
     super::background::register(slot, o.clone(), later);
     drop(cache);
-    if later {
-        return (slot, false);
+    if !later {
+        super::background::build_now(slot, o);
     }
-    super::background::run(slot);
-    (slot, true)
+    slot
 }
 
 /// The name glibc's `dladdr` gives an object.
@@ -799,66 +798,52 @@ impl<'d> Draft<'d> {
 fn finish(full: Draft<'_>, exported: Draft<'_>, synthetic: &[Synthetic]) -> (Table, Table) {
     let mut all: Vec<&[u8]> = full.name_bytes(synthetic).collect();
     let nfull = all.len();
-    // An exported symbol that the full table has at the same address with the same name
-    // takes that name's id (`alias`); the others are added to the store.
+    // Where each exported name is in `all`: the full table's name of the symbol at the same
+    // address if it is the same name, else a name of its own, added.
     let starts: Vec<u64> = full
         .syms
         .iter()
         .filter(|s| s.name != BOUNDARY)
         .map(|s| full.base + u64::from(s.start))
         .collect();
-    let mut alias: Vec<Option<usize>> = Vec::new();
     let exported_syms = exported.syms.iter().filter(|s| s.name != BOUNDARY);
-    for (s, name) in exported_syms.zip(exported.name_bytes(&[])) {
-        let start = exported.base + u64::from(s.start);
-        let k = starts.partition_point(|&a| a < start);
-        let same = (k..starts.len())
-            .take_while(|&k| starts[k] == start)
-            .find(|&k| all[k] == name);
-        alias.push(same);
-        if same.is_none() {
-            all.push(name);
-        }
-    }
+    let exported_at: Vec<usize> = exported_syms
+        .zip(exported.name_bytes(&[]))
+        .map(|(s, name)| {
+            let start = exported.base + u64::from(s.start);
+            let k = starts.partition_point(|&a| a < start);
+            let same = (k..nfull)
+                .take_while(|&k| starts[k] == start)
+                .find(|&k| all[k] == name);
+            same.unwrap_or_else(|| {
+                all.push(name);
+                all.len() - 1
+            })
+        })
+        .collect();
     let (names, ids) = Names::build(&all);
     drop(all);
     let names: &'static Names = Box::leak(Box::new(names));
-    let mut next = 0;
-    let full_syms = set_ids(full.syms, |_| {
-        next += 1;
-        ids.get(next - 1).copied()
-    });
-    let mut added = nfull;
-    let mut k = 0;
-    let exported_syms = set_ids(exported.syms, |_| {
-        k += 1;
-        match alias.get(k - 1).copied().flatten() {
-            Some(j) => ids.get(j).copied(),
-            None => {
-                added += 1;
-                ids.get(added - 1).copied()
-            }
+    let table = |d: Draft<'_>, ids: &mut dyn Iterator<Item = u32>| {
+        let mut syms = d.syms;
+        for s in syms.iter_mut().filter(|s| s.name != BOUNDARY) {
+            s.name = ids.next().unwrap_or(BOUNDARY);
         }
-    });
-    let table = |base: u64, syms: Vec<Sym>| {
         if syms.is_empty() {
             Table::default()
         } else {
-            Table::new(base, syms, names)
+            Table::new(d.base, syms, names)
         }
     };
     (
-        table(full.base, full_syms),
-        table(exported.base, exported_syms),
+        table(full, &mut ids.iter().copied()),
+        table(
+            exported,
+            &mut exported_at
+                .iter()
+                .map(|&j| ids.get(j).copied().unwrap_or(BOUNDARY)),
+        ),
     )
-}
-
-/// `syms` with each non-boundary entry's name set to `id(entry)` (a boundary if `None`).
-fn set_ids(mut syms: Vec<Sym>, mut id: impl FnMut(&Sym) -> Option<u32>) -> Vec<Sym> {
-    for s in syms.iter_mut().filter(|s| s.name != BOUNDARY) {
-        s.name = id(s).unwrap_or(BOUNDARY);
-    }
-    syms
 }
 
 /// Builds a draft table from `.symtab` (`dynamic == false`) or `.dynsym`, plus `synthetic`
@@ -1054,6 +1039,11 @@ mod tests {
         (Box::leak(Box::new(n)), ids)
     }
 
+    /// The name of the symbol `tab` finds for `svma`.
+    fn named(tab: &Table, svma: u64, strict: bool) -> Option<Vec<u8>> {
+        tab.lookup(svma, strict).map(|f| f.name.to_vec())
+    }
+
     /// A table of symbols named `a`, `b`, `c`... in order (then `s26`, `s27`...).
     fn t(syms: &[(u32, u32)]) -> Table {
         let letters: Vec<Vec<u8>> = (0..syms.len())
@@ -1075,28 +1065,13 @@ mod tests {
     #[test]
     fn lookup_respects_sizes_nesting_and_strictness() {
         let tab = t(&[(0, 0x10), (0x20, 0), (0x40, 0x40), (0x50, 0x8)]);
-        assert_eq!(
-            tab.lookup(0x1000, false).map(|f| f.name.to_vec()),
-            Some(b"a".to_vec())
-        );
-        assert_eq!(
-            tab.lookup(0x100f, false).map(|f| f.name.to_vec()),
-            Some(b"a".to_vec())
-        );
+        assert_eq!(named(&tab, 0x1000, false).as_deref(), Some(&b"a"[..]));
+        assert_eq!(named(&tab, 0x100f, false).as_deref(), Some(&b"a"[..]));
         assert!(tab.lookup(0x1010, false).is_none());
-        assert_eq!(
-            tab.lookup(0x1030, false).map(|f| f.name.to_vec()),
-            Some(b"b".to_vec())
-        );
+        assert_eq!(named(&tab, 0x1030, false).as_deref(), Some(&b"b"[..]));
         assert!(tab.lookup(0x1030, true).is_none());
-        assert_eq!(
-            tab.lookup(0x1020, true).map(|f| f.name.to_vec()),
-            Some(b"b".to_vec())
-        );
-        assert_eq!(
-            tab.lookup(0x1052, false).map(|f| f.name.to_vec()),
-            Some(b"d".to_vec())
-        );
+        assert_eq!(named(&tab, 0x1020, true).as_deref(), Some(&b"b"[..]));
+        assert_eq!(named(&tab, 0x1052, false).as_deref(), Some(&b"d"[..]));
         // Past the nested symbol, inside the outer one.
         assert_eq!(tab.lookup(0x1060, false).map(|f| f.start), Some(0x1040));
         assert!(tab.lookup(0x1080, false).is_none());
@@ -1153,16 +1128,10 @@ mod tests {
             },
         );
         let tab = Table::new(0x1000, syms, names);
-        assert_eq!(
-            tab.lookup(0x1004, false).map(|f| f.name.to_vec()),
-            Some(b"a".to_vec())
-        );
+        assert_eq!(named(&tab, 0x1004, false).as_deref(), Some(&b"a"[..]));
         assert!(tab.lookup(0x1008, false).is_none());
         assert!(tab.lookup(0x101f, false).is_none());
-        assert_eq!(
-            tab.lookup(0x1021, false).map(|f| f.name.to_vec()),
-            Some(b"b".to_vec())
-        );
+        assert_eq!(named(&tab, 0x1021, false).as_deref(), Some(&b"b"[..]));
     }
 
     #[test]

@@ -163,11 +163,9 @@ impl Symbol {
     /// Async-signal-safe; uses [`RAW_NAME_MAX`] bytes of stack for the raw name.
     pub fn demangle_into<'b>(&self, buf: &'b mut [u8]) -> Option<&'b str> {
         let name = self.name?;
-        let mut w = FixedBuf::new(buf);
-        format::demangle_name_to(name, &mut w);
-        let n = w.as_str().len();
-        let (head, _) = buf.split_at(n.min(buf.len()));
-        Some(core::str::from_utf8(head).unwrap_or(""))
+        Some(format::write_str_into(buf, |w| {
+            format::demangle_name_to(name, w)
+        }))
     }
 }
 
@@ -224,7 +222,7 @@ pub(crate) fn rebuild() {
         .map(|o| Entry {
             range: o.range.clone(),
             bias: o.bias,
-            syms: index::for_object(o, background).0,
+            syms: index::for_object(o, background),
         })
         .collect();
     INDEX.update(false, |old| {
@@ -252,12 +250,28 @@ pub(crate) fn rebuild() {
 pub fn prepare() -> Result<(), crate::Error> {
     crate::init()?;
     rebuild();
-    let slots: Vec<&'static Slot> =
-        INDEX.read(|i| i.map_or_else(Vec::new, |i| i.entries.iter().map(|e| e.syms).collect()));
+    wait_indexed(None);
+    Ok(())
+}
+
+/// Waits for the background indexer's objects: those of `addrs`, or every object. Normal
+/// context.
+fn wait_indexed(addrs: Option<&[usize]>) {
+    let slots: Vec<&'static Slot> = INDEX.read(|i| {
+        let Some(i) = i else { return Vec::new() };
+        let unbuilt = |e: &Entry| e.syms.get().is_none().then_some(e.syms);
+        match addrs {
+            Some(addrs) => addrs
+                .iter()
+                .filter_map(|&a| i.find(a))
+                .filter_map(unbuilt)
+                .collect(),
+            None => i.entries.iter().filter_map(unbuilt).collect(),
+        }
+    });
     for s in slots {
         background::wait(s);
     }
-    Ok(())
 }
 
 /// Normal-context catch-up used by the allocating entry points: builds the index if there is
@@ -288,18 +302,7 @@ pub(crate) fn ensure_covers(addrs: &[usize]) {
         }
     }
     // The objects of these addresses that the background indexer has not finished.
-    let slots: Vec<&'static Slot> = INDEX.read(|i| {
-        let Some(i) = i else { return Vec::new() };
-        addrs
-            .iter()
-            .filter_map(|&a| i.find(a))
-            .map(|e| e.syms)
-            .filter(|s| s.get().is_none())
-            .collect()
-    });
-    for s in slots {
-        background::wait(s);
-    }
+    wait_indexed(Some(addrs));
 }
 
 /// Looks up `addr` in the index: `None` outside every loaded object (or before the index is
@@ -354,11 +357,11 @@ pub(crate) fn lookup_frame(addr: usize, kind: FrameKind, mode: Mode) -> Option<S
 fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
     let e = i.find(addr)?;
     let svma = addr.wrapping_sub(e.bias) as u64;
-    let tables = e.syms.get().map(|o| match mode {
-        Mode::All => o.all(),
-        Mode::Exported => &o.exported,
+    let tables = e.syms.get();
+    let found = tables.and_then(|o| match mode {
+        Mode::All => o.all().lookup(svma, false),
+        Mode::Exported => o.exported.lookup(svma, true),
     });
-    let found = tables.and_then(|t| t.lookup(svma, mode == Mode::Exported));
     Some(Symbol {
         addr,
         path: &e.syms.path,
@@ -368,7 +371,7 @@ fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
         name: found.map(|f| f.name),
         start: found.map_or(0, |f| (f.start as usize).wrapping_add(e.bias)),
         size: found.map_or(0, |f| f.size as usize),
-        source: e.syms.get().map_or(SymbolSource::Pending, |o| o.source),
+        source: tables.map_or(SymbolSource::Pending, |o| o.source),
     })
 }
 

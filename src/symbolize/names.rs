@@ -48,22 +48,14 @@ pub(crate) struct Names {
     data: Box<[u8]>,
 }
 
+/// An entry of a block: the shared prefix's length, where the rest starts in the data, the
+/// rest's length.
+type Entry = (usize, usize, usize);
+
 /// A name's bytes as pieces of the store: `pieces[..n]`, in order.
 pub(crate) struct Pieces<'a> {
     pieces: [&'a [u8]; BLOCK],
     n: usize,
-}
-
-impl<'a> Pieces<'a> {
-    /// The pieces, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
-        self.pieces.iter().take(self.n).copied()
-    }
-
-    /// The name's length.
-    pub(crate) fn len(&self) -> usize {
-        self.iter().map(<[u8]>::len).sum()
-    }
 }
 
 impl Names {
@@ -97,7 +89,7 @@ impl Names {
                 ids[i as usize] = ids[order[k - 1] as usize];
                 continue;
             }
-            // A name further on a block's first name: it would have no id.
+            // A block starting past MAX_DATA would have no id: this name and the rest get none.
             if place == BLOCK && data.len() > MAX_DATA {
                 break;
             }
@@ -130,32 +122,59 @@ impl Names {
         self.data.len()
     }
 
+    /// The entries of name `id`'s block up to its own, and its place `k` in the block: each
+    /// entry's (shared prefix, where its rest starts in `data`, the rest's length). `None` for
+    /// an id the store does not have, or a block cut short.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe: reads at most [`BLOCK`] entries of one block.
+    fn entries(&self, id: u32) -> Option<([Entry; BLOCK], usize)> {
+        if id == NO_NAME {
+            return None;
+        }
+        let (mut at, k) = ((id >> PLACE_BITS) as usize, id as usize % BLOCK);
+        // Load the lines the entries likely take, all at once: read one after the other (where
+        // each starts depends on the one before), a cold block cost one cache miss per entry in
+        // turn (most of a lookup in a large program).
+        for line in (0..(k + 1) * LINE_PER_ENTRY).step_by(64) {
+            core::hint::black_box(self.data.get(at + line).copied());
+        }
+        let mut ent: [Entry; BLOCK] = [(0, 0, 0); BLOCK];
+        let mut len = 0;
+        for e in ent.iter_mut().take(k + 1) {
+            let shared = read_len(&self.data, &mut at)?;
+            let rest = read_len(&self.data, &mut at)?;
+            // Only in a store built wrong: a prefix longer than the name before, or a rest
+            // past the end.
+            if shared > len || self.data.len().saturating_sub(at) < rest {
+                return None;
+            }
+            *e = (shared, at, rest);
+            at += rest;
+            len = shared + rest;
+        }
+        Some((ent, k))
+    }
+
+    /// Length of name `id` (0 for an id the store does not have).
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub(crate) fn len(&self, id: u32) -> usize {
+        self.entries(id).map_or(0, |(ent, k)| ent[k].0 + ent[k].2)
+    }
+
     /// The bytes of name `id` as pieces of the store; `None` for an id the store does not have.
     ///
     /// # Async-signal safety
     /// Async-signal-safe: reads at most [`BLOCK`] entries of one block.
     pub(crate) fn pieces(&self, id: u32) -> Option<Pieces<'_>> {
-        if id == NO_NAME {
-            return None;
-        }
-        let (mut at, k) = ((id >> PLACE_BITS) as usize, id as usize % BLOCK);
-        self.preload(at, k);
-        // Each entry up to the name's: (shared prefix, where its rest starts, its rest's length).
-        let mut ent = [(0usize, 0usize, 0usize); BLOCK];
-        for e in ent.iter_mut().take(k + 1) {
-            let shared = read_len(&self.data, &mut at)?;
-            let rest = read_len(&self.data, &mut at)?;
-            *e = (shared, at, rest);
-            at = at.checked_add(rest)?;
-        }
+        let (ent, k) = self.entries(id)?;
         // Back from the name's own entry: entry j holds bytes [shared_j, shared_j + rest_j) of
         // its name, and its name's first shared_j bytes are those of the name before it.
         let mut pieces: [&[u8]; BLOCK] = [&[]; BLOCK];
         let mut n = 0;
-        let mut want = {
-            let (shared, _, rest) = ent[k];
-            shared + rest
-        };
+        let mut want = ent[k].0 + ent[k].2;
         for &(shared, from, rest) in ent[..=k].iter().rev() {
             if want > shared {
                 let take = (want - shared).min(rest);
@@ -171,52 +190,27 @@ impl Names {
         Some(Pieces { pieces, n })
     }
 
-    /// Loads the lines that the entries of the block at `at` up to entry `k` likely take, all at
-    /// once: read one after the other (where each entry starts depends on the one before), a
-    /// cold block cost one cache miss per entry in turn (most of a lookup in a large program).
-    #[inline(always)]
-    fn preload(&self, at: usize, k: usize) {
-        for line in (0..(k + 1) * LINE_PER_ENTRY).step_by(64) {
-            core::hint::black_box(self.data.get(at + line).copied());
-        }
-    }
-
     /// Copies name `id` into `buf`, cut at its length; returns the name's whole length (0 for an
     /// id the store does not have).
     ///
     /// # Async-signal safety
     /// Async-signal-safe.
     pub(crate) fn copy_to(&self, id: u32, buf: &mut [u8]) -> usize {
-        if id == NO_NAME {
+        let Some((ent, k)) = self.entries(id) else {
             return 0;
-        }
-        let (mut at, k) = ((id >> PLACE_BITS) as usize, id as usize % BLOCK);
-        self.preload(at, k);
+        };
         // Forward through the block: each entry's rest goes where its shared prefix ends,
         // over the name before it; after entry k, the buffer holds name k (cut at its size).
-        let mut len = 0;
-        for _ in 0..=k {
-            let (Some(shared), Some(rest)) =
-                (read_len(&self.data, &mut at), read_len(&self.data, &mut at))
-            else {
-                return 0;
-            };
-            let Some(bytes) = self.data.get(at..at + rest) else {
-                return 0;
-            };
-            at += rest;
-            if shared > len {
-                // Only in a store built wrong: a prefix longer than the name before.
-                return 0;
-            }
+        for &(shared, from, rest) in &ent[..=k] {
             let take = rest.min(buf.len().saturating_sub(shared));
-            if let (Some(dst), Some(src)) = (buf.get_mut(shared..shared + take), bytes.get(..take))
-            {
+            if let (Some(dst), Some(src)) = (
+                buf.get_mut(shared..shared + take),
+                self.data.get(from..from + take),
+            ) {
                 dst.copy_from_slice(src);
             }
-            len = shared + rest;
         }
-        len
+        ent[k].0 + ent[k].2
     }
 }
 
@@ -266,7 +260,7 @@ impl SymbolName {
     /// # Async-signal safety
     /// Async-signal-safe.
     pub fn len(&self) -> usize {
-        self.names.pieces(self.id).map_or(0, |p| p.len())
+        self.names.len(self.id)
     }
 
     /// Whether the name is empty (a symbol whose name could not be read).
@@ -535,8 +529,8 @@ mod tests {
 
     fn decode(s: &Names, id: u32) -> Vec<u8> {
         let p = s.pieces(id).expect("an id of the store");
-        let v: Vec<u8> = p.iter().flatten().copied().collect();
-        assert_eq!(v.len(), p.len());
+        let v: Vec<u8> = p.pieces[..p.n].iter().copied().flatten().copied().collect();
+        assert_eq!(v.len(), s.len(id));
         v
     }
 
@@ -653,7 +647,8 @@ mod tests {
             };
             for id in ids.iter().copied().chain([NO_NAME, u32::MAX - 1, 1 << 31]) {
                 if let Some(p) = bad.pieces(id) {
-                    assert!(p.len() <= MAX_NAME);
+                    let len: usize = p.pieces[..p.n].iter().map(|x| x.len()).sum();
+                    assert!(len <= MAX_NAME && len == bad.len(id));
                 }
                 bad.copy_to(id, &mut [0u8; 64]);
             }
