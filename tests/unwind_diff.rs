@@ -39,6 +39,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 const TEST: &str = "unwind_diff";
+/// Set: the test runs with walk reuse off.
+const NO_REUSE: &str = "SELFTRACE_UNWIND_DIFF_NO_REUSE";
 
 // ---- samples, written by the handler --------------------------------------------------------
 
@@ -823,6 +825,12 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
     }
 
     let libs = &libs;
+    // Run again without walk reuse by the test below: every frame stepped (on x86-64, runs of
+    // compact rules through the fast walk's tight loop and its predicted CFA offsets).
+    let no_reuse = std::env::var_os(NO_REUSE).is_some();
+    if no_reuse {
+        selftrace::unwind::set_walk_reuse(false);
+    }
     let reused_before = selftrace::unwind::stats().frames_reused;
     let (phases, lazy_checks, lazy_handles) = std::thread::scope(|s| {
         s.spawn(move || worker(libs))
@@ -1040,7 +1048,10 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
     // thread's previous walk (`set_walk_reuse`), so the agreement above covers that path too.
     let reused = selftrace::unwind::stats().frames_reused - reused_before;
     eprintln!("frames taken from the thread's previous walk: {reused}");
-    if reused < total as u64 {
+    if no_reuse && reused != 0 {
+        failures.push(format!("{reused} frames reused with walk reuse off"));
+    }
+    if !no_reuse && reused < total as u64 {
         failures.push(format!(
             "only {reused} frames reused in {total} samples: the reuse path is not exercised"
         ));
@@ -1054,4 +1065,35 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
     }
     selftrace::refresh();
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The same comparison with walk reuse off, in a child process (reuse is process-wide): every
+/// frame of every sample stepped, none taken from a thread's previous walk.
+#[test]
+fn selftrace_agrees_with_libunwind_without_walk_reuse() {
+    if std::env::var_os(NO_REUSE).is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "selftrace_agrees_with_libunwind_on_real_code",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(NO_REUSE, "1")
+        .output()
+        .expect("run the test binary");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "without walk reuse: {text}");
+    assert!(
+        text.contains("1 passed"),
+        "the comparison did not run: {text}"
+    );
 }

@@ -104,6 +104,16 @@ impl RuleCache {
         self.compact.get(pc)
     }
 
+    /// [`compact`](Self::compact) of a pc the caller knows to be below 2^47 (for any other,
+    /// possibly another pc's rule).
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe, wait-free.
+    #[inline(always)]
+    pub(crate) fn compact_below(&self, pc: usize) -> Option<Compact> {
+        self.compact.get_below(pc)
+    }
+
     /// The cached rule of `key`.
     ///
     /// # Async-signal safety

@@ -69,7 +69,8 @@ impl Compact {
         }
         let fp = match rule.saved[arch::FP_LANE] {
             SAME => 0,
-            s if s < 0 && s % 8 == 0 && -s / 8 <= 0x3f => (-s / 8) as u64,
+            // Within the frame (at most the CFA offset below the CFA): the fast walks rely on it.
+            s if s < 0 && s % 8 == 0 && -s / 8 <= 0x3f && i32::from(-s) <= rule.cfa_off => (-s / 8) as u64,
             _ => return None,
         };
         let mut slots = 0u64;
@@ -91,7 +92,8 @@ impl Compact {
         (self.0 >> 13) as usize & 0xffff
     }
 
-    /// The frame pointer's save slot in words below the CFA, or 0 if the frame does not save it.
+    /// The frame pointer's save slot in words below the CFA, or 0 if the frame does not save it;
+    /// at most [`cfa_words`](Self::cfa_words).
     #[inline(always)]
     pub(crate) fn fp_words(self) -> usize {
         (self.0 >> 7) as usize & 0x3f
@@ -131,6 +133,19 @@ impl CompactTable {
         if !ENABLED || pc as u64 >= 1 << 47 {
             return None;
         }
+        self.get_below(pc)
+    }
+
+    /// [`get`](Self::get) without the check that `pc` is below 2^47: the caller knows it is
+    /// (for a pc above, the word of another pc may match).
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe, wait-free.
+    #[inline(always)]
+    pub(crate) fn get_below(&self, pc: usize) -> Option<Compact> {
+        if !ENABLED {
+            return None;
+        }
         let w = self.words[index(pc)].load(Ordering::Relaxed);
         ((w ^ tag(pc)) & TAG_MASK == 0).then_some(Compact(w))
     }
@@ -162,7 +177,7 @@ mod tests {
             r
         };
         assert!(Compact::encode(0x1000, &base).is_some());
-        let variants: [fn(&mut Rule); 9] = [
+        let variants: [fn(&mut Rule); 10] = [
             |r| r.kind = Kind::Slow,
             |r| r.cfa_reg = 6,
             |r| r.ra_off = -16,
@@ -170,6 +185,8 @@ mod tests {
             |r| r.cfa_off = 8 << 16,
             |r| r.saved[1] = -8 * 64,
             |r| r.saved[1] = 8,
+            // rbp's slot below the frame (under the CFA offset of 16).
+            |r| r.saved[1] = -24,
             |r| r.saved[1] = UNDEF,
             |r| r.saved[3] = UNDEF,
         ];
@@ -179,5 +196,9 @@ mod tests {
             assert_eq!(Compact::encode(0x1000, &r), None, "variant {i}");
         }
         assert_eq!(Compact::encode(1 << 47, &base), None, "not a user-space pc");
+        let mut at_the_bottom = base;
+        at_the_bottom.saved[1] = -16;
+        let c = Compact::encode(0x1000, &at_the_bottom).expect("rbp at sp");
+        assert_eq!((c.fp_words(), c.cfa_words()), (2, 2));
     }
 }

@@ -77,9 +77,40 @@ fn trusted_code(
 /// Unless `PRECISE`, only rbp is restored from a save slot; a callee-saved register that a
 /// frame saved becomes unknown (and `dropped` is set), which costs nothing unless a later frame
 /// needs it: then the walk is repeated precisely (see `Job::run` in [`super::walk`]).
+///
+/// With walk reuse off, runs of frames with compact rules go through [`compact_run`]; with it
+/// on, this loop steps them (it compares each frame with the record and stages it).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn fast_frames<const PRECISE: bool>(
+    state: &State,
+    loaded: &mut LoadedCheck,
+    current: &mut core::ops::Range<usize>,
+    stack: core::ops::Range<usize>,
+    regs: &mut RegSet,
+    buf: &mut [usize],
+    n: &mut usize,
+    limit: usize,
+    dropped: &mut bool,
+) -> Fast {
+    // Two instances of the loop, so that the one walk reuse uses is not burdened with the
+    // other's case.
+    if !PRECISE && !reuse::enabled() {
+        frames_loop::<false, true>(
+            state, loaded, current, stack, regs, buf, n, limit, dropped,
+        )
+    } else {
+        frames_loop::<PRECISE, false>(
+            state, loaded, current, stack, regs, buf, n, limit, dropped,
+        )
+    }
+}
+
+/// [`fast_frames`]; with `RUN`, runs of compact frames go through [`compact_run`] when there
+/// is no record to compare or stage.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
-pub(crate) fn fast_frames<const PRECISE: bool>(
+fn frames_loop<const PRECISE: bool, const RUN: bool>(
     state: &State,
     loaded: &mut LoadedCheck,
     current: &mut core::ops::Range<usize>,
@@ -159,6 +190,8 @@ pub(crate) fn fast_frames<const PRECISE: bool>(
         None => (&[][..], None),
     };
     let staging = stage.is_some();
+    // No record to compare or stage (walk reuse off, or no record slot).
+    let unrecorded = RUN && !PRECISE && record.is_empty() && !staging;
     // One past the record frame to compare next (record frames lie outermost first, so their
     // sp falls as the index grows), and that frame's sp: the walk compares nothing before its
     // sp reaches it.
@@ -246,6 +279,31 @@ pub(crate) fn fast_frames<const PRECISE: bool>(
         // from it). A return address whose rule has the compact form costs one load of one
         // word; any other pc is looked up in the buckets.
         let compact = if PRECISE { None } else { cache.compact(pc) };
+        // No record to compare or stage (walk reuse off, or no record slot): a run of compact
+        // frames goes through the tight loop of `compact_run`.
+        if compact.is_some() && unrecorded {
+            let mut run = Run {
+                pc,
+                sp,
+                bp,
+                valid,
+                frames,
+                dropped: false,
+            };
+            compact_run(cache, start, code, stack.start, words, buf, &mut run);
+            if run.frames != frames {
+                Run {
+                    pc,
+                    sp,
+                    bp,
+                    valid,
+                    frames,
+                    ..
+                } = run;
+                *dropped |= run.dropped;
+                continue;
+            }
+        }
         let (cfa, ra_at, reg, slots, w) = match compact {
             Some(c) => {
                 let cfa = sp.wrapping_add(c.cfa_words() * W);
@@ -414,6 +472,121 @@ pub(crate) fn fast_frames<const PRECISE: bool>(
     regs.valid = valid;
     *n = frames;
     end
+}
+
+/// The state [`compact_run`] walks with and leaves behind.
+struct Run {
+    pc: usize,
+    sp: usize,
+    bp: usize,
+    valid: u64,
+    frames: usize,
+    /// A frame saved a callee-saved register other than rbp (now unknown).
+    dropped: bool,
+}
+
+/// `x`, which the compiler can no longer relate to any other value: the empty asm statement
+/// (not `pure`, so it stays where it is written) hides where the value came from.
+#[inline(always)]
+fn opaque(mut x: usize) -> usize {
+    // SAFETY: an empty asm statement (a comment): it reads and writes nothing but the register
+    // that holds x, and leaves that as it was.
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) x, options(nomem, nostack, preserves_flags)) };
+    x
+}
+
+/// Steps frames while each one's rule is in the compact table, its reads fall on this thread's
+/// stack (`stack_start`, `words`: see [`readable_word`]) and its return address lies in the
+/// current object's code (`start`, `code`), writing each caller's pc into `buf`; stops at the
+/// first frame that is not such, or when `buf` is full, with `run` at that frame (which the
+/// caller then steps in full). The same steps as the compact case of [`fast_frames`], in a
+/// loop of its own whose few values stay in registers.
+///
+/// The CFA offset is predicted to be the previous frame's (the frames of a recursion, or of
+/// functions built alike, have equal ones) and the prediction checked by a branch: while it
+/// holds, the next return address's load does not wait for the rule's load (the processor
+/// runs ahead on the predicted branch), so the frames' loads overlap instead of forming one
+/// chain of two dependent loads per frame. Where it fails the branch costs a misprediction.
+/// Either way every value is the one the rule gives.
+#[inline(never)]
+fn compact_run(
+    cache: &super::cache::RuleCache,
+    start: usize,
+    code: usize,
+    stack_start: usize,
+    words: usize,
+    buf: &mut [usize],
+    run: &mut Run,
+) {
+    const W: usize = core::mem::size_of::<usize>();
+    const FP_LANE: u64 = 1 << arch::FP_LANE;
+    const BP: usize = FP as usize;
+    let ok = |a: usize| readable_word(a, stack_start, words);
+    // SAFETY: (for every `load` below) `ok` held for the address: aligned and on this thread's
+    // own live stack, between the walk's stack pointer and the stack's high end.
+    let load = |a: usize| unsafe { core::ptr::read_volatile(a as *const usize) };
+    let Run {
+        mut pc,
+        mut sp,
+        mut bp,
+        mut valid,
+        mut frames,
+        mut dropped,
+    } = *run;
+    // Every pc this loop looks up is below 2^47 (see `RuleCache::compact_below`): the first
+    // was found in the table, each later one lies in the current object's code.
+    // And every frame's reads lie above `sp`, so at or above `stack_start` (see below).
+    if start.checked_add(code).is_none_or(|end| end >= 1 << 47) || sp < stack_start {
+        return;
+    }
+    let mut predicted = 0usize;
+    while let Some(c) = cache.compact_below(pc) {
+        let cfa_words = c.cfa_words();
+        let cfa = if cfa_words == predicted {
+            sp.wrapping_add(opaque(predicted) * W)
+        } else {
+            predicted = cfa_words;
+            sp.wrapping_add(cfa_words * W)
+        };
+        let ra_at = cfa.wrapping_sub(W);
+        if cfa <= sp || !ok(ra_at) {
+            break;
+        }
+        // rbp's slot lies between sp and the return address's slot (a compact rule's slot is
+        // within its frame: `Compact::fp_words` is at most `cfa_words`), all of it checked.
+        let slots = c.slots();
+        let rbp_at = cfa.wrapping_sub(c.fp_words() * W);
+        let ra = arch::strip_ra(load(ra_at));
+        // A zero return address wraps to the top and fails the range test too.
+        if ra.wrapping_sub(1).wrapping_sub(start) >= code {
+            break;
+        }
+        let Some(slot) = buf.get_mut(frames) else {
+            break;
+        };
+        *slot = ra;
+        frames += 1;
+        if slots & FP_LANE != 0 {
+            bp = load(rbp_at);
+            valid |= 1 << BP;
+        }
+        // The registers of the other lanes become unknown.
+        if slots & !FP_LANE != 0 {
+            dropped = true;
+            valid &= !arch::lane_regs(slots);
+        }
+        // Registers without a rule keep their values (see `cfi::eval_row`).
+        pc = ra;
+        sp = cfa;
+    }
+    *run = Run {
+        pc,
+        sp,
+        bp,
+        valid,
+        frames,
+        dropped,
+    };
 }
 
 /// Whether `a` is an aligned address of a word that lies within `words` words above `start`

@@ -138,6 +138,12 @@ static TABLE: [Record; RECORDS] = [const {
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
+/// Whether walks reuse records (see [`set_enabled`]).
+#[inline]
+pub(crate) fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
 /// See [`super::set_walk_reuse`].
 pub(crate) fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
