@@ -74,7 +74,7 @@ fn trusted_code(
 /// on this thread's own stack; writes each caller's pc into `buf`. Anything else goes back to
 /// the general step, which handles it (and the errors) in full.
 ///
-/// Unless `PRECISE`, only rbp is restored from a save slot; a callee-saved register that a
+/// Unless `precise`, only rbp is restored from a save slot; a callee-saved register that a
 /// frame saved becomes unknown (and `dropped` is set), which costs nothing unless a later frame
 /// needs it: then the walk is repeated precisely (see `Job::run` in [`super::walk`]).
 ///
@@ -82,7 +82,8 @@ fn trusted_code(
 /// on, this loop steps them (it compares each frame with the record and stages it).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(crate) fn fast_frames<const PRECISE: bool>(
+pub(crate) fn fast_frames(
+    precise: bool,
     state: &State,
     loaded: &mut LoadedCheck,
     current: &mut core::ops::Range<usize>,
@@ -95,14 +96,12 @@ pub(crate) fn fast_frames<const PRECISE: bool>(
 ) -> Fast {
     // Two instances of the loop, so that the one walk reuse uses is not burdened with the
     // other's case.
-    if !PRECISE && !reuse::enabled() {
-        frames_loop::<false, true>(
-            state, loaded, current, stack, regs, buf, n, limit, dropped,
-        )
+    if precise {
+        frames_loop::<true, false>(state, loaded, current, stack, regs, buf, n, limit, dropped)
+    } else if !reuse::enabled() {
+        frames_loop::<false, true>(state, loaded, current, stack, regs, buf, n, limit, dropped)
     } else {
-        frames_loop::<PRECISE, false>(
-            state, loaded, current, stack, regs, buf, n, limit, dropped,
-        )
+        frames_loop::<false, false>(state, loaded, current, stack, regs, buf, n, limit, dropped)
     }
 }
 
@@ -290,7 +289,15 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
                 frames,
                 dropped: false,
             };
-            compact_run(cache, start, code, stack.start, words, buf, &mut run);
+            compact_run(
+                state,
+                loaded,
+                (&mut start, &mut code, current),
+                stack.start,
+                words,
+                buf,
+                &mut run,
+            );
             if run.frames != frames {
                 Run {
                     pc,
@@ -496,8 +503,9 @@ fn opaque(mut x: usize) -> usize {
 }
 
 /// Steps frames while each one's rule is in the compact table, its reads fall on this thread's
-/// stack (`stack_start`, `words`: see [`readable_word`]) and its return address lies in the
-/// current object's code (`start`, `code`), writing each caller's pc into `buf`; stops at the
+/// stack (`stack_start`, `words`: see [`readable_word`]) and its return address lies in code
+/// this walk may trust (the current object's, `start` and `code`, or another's, which then
+/// becomes the current one, as in [`trusted_code`]), writing each caller's pc into `buf`; stops at the
 /// first frame that is not such, or when `buf` is full, with `run` at that frame (which the
 /// caller then steps in full). The same steps as the compact case of [`fast_frames`], in a
 /// loop of its own whose few values stay in registers.
@@ -510,9 +518,9 @@ fn opaque(mut x: usize) -> usize {
 /// Either way every value is the one the rule gives.
 #[inline(never)]
 fn compact_run(
-    cache: &super::cache::RuleCache,
-    start: usize,
-    code: usize,
+    state: &State,
+    loaded: &mut LoadedCheck,
+    (start_out, code_out, current): (&mut usize, &mut usize, &mut core::ops::Range<usize>),
     stack_start: usize,
     words: usize,
     buf: &mut [usize],
@@ -525,6 +533,8 @@ fn compact_run(
     // SAFETY: (for every `load` below) `ok` held for the address: aligned and on this thread's
     // own live stack, between the walk's stack pointer and the stack's high end.
     let load = |a: usize| unsafe { core::ptr::read_volatile(a as *const usize) };
+    let cache = &state.cache;
+    let (mut start, mut code) = (*start_out, *code_out);
     let Run {
         mut pc,
         mut sp,
@@ -557,8 +567,13 @@ fn compact_run(
         let slots = c.slots();
         let rbp_at = cfa.wrapping_sub(c.fp_words() * W);
         let ra = arch::strip_ra(load(ra_at));
-        // A zero return address wraps to the top and fails the range test too.
-        if ra.wrapping_sub(1).wrapping_sub(start) >= code {
+        // A return address in another object: one this walk may trust (as in the caller),
+        // whose code ends below 2^47 too.
+        if ra.wrapping_sub(1).wrapping_sub(start) >= code
+            && (ra == 0
+                || !trusted_code(state, loaded, &mut start, &mut code, current, ra)
+                || start.checked_add(code).is_none_or(|end| end >= 1 << 47))
+        {
             break;
         }
         let Some(slot) = buf.get_mut(frames) else {
@@ -579,6 +594,7 @@ fn compact_run(
         pc = ra;
         sp = cfa;
     }
+    (*start_out, *code_out) = (start, code);
     *run = Run {
         pc,
         sp,

@@ -120,7 +120,8 @@ fn walk_all_cached(
     let mut frames = 1;
     let limit = buf.len().min(MAX_FRAMES);
     let end = match mode {
-        UnwindMode::Dwarf => fast_frames::<false>(
+        UnwindMode::Dwarf => fast_frames(
+            false,
             state,
             &mut LoadedCheck::default(),
             &mut (0..0),
@@ -285,11 +286,8 @@ impl Job<'_, '_> {
                     &mut out.frames,
                     limit,
                 ),
-                (_, Some(state), _) if !exact => (if precise {
-                    fast_frames::<true>
-                } else {
-                    fast_frames::<false>
-                })(
+                (_, Some(state), _) if !exact => fast_frames(
+                    precise,
                     state,
                     &mut w.loaded,
                     &mut w.current,
