@@ -203,6 +203,8 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
     // Where the walk joined the record: the index of the record frame it reached.
     let mut joined = None;
     let mut reused = 0;
+    // The CFA offset (in words) of the last compact frame: the next one's is predicted equal.
+    let mut predicted = 0usize;
     let end = loop {
         if sp >= next_sp {
             // Record frames below this one are no longer on the stack. (`next_sp` is the sp of
@@ -313,7 +315,14 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
         }
         let (cfa, ra_at, reg, slots, w) = match compact {
             Some(c) => {
-                let cfa = sp.wrapping_add(c.cfa_words() * W);
+                // Predicted as in `compact_run`.
+                let cfa_words = c.cfa_words();
+                let cfa = if cfa_words == predicted {
+                    sp.wrapping_add(opaque(predicted) * W)
+                } else {
+                    predicted = cfa_words;
+                    sp.wrapping_add(cfa_words * W)
+                };
                 (cfa, cfa.wrapping_sub(W), SP_, c.slots(), [0; WORDS])
             }
             None => {
