@@ -94,8 +94,9 @@ pub(crate) fn fast_frames(
     limit: usize,
     dropped: &mut bool,
 ) -> Fast {
-    // Two instances of the loop, so that the one walk reuse uses is not burdened with the
-    // other's case.
+    // Three instances of the loop: the precise one, one with the compact run (no record to
+    // compare or stage) and one without, so that the loop walk reuse uses carries no call
+    // it never makes.
     if precise {
         frames_loop::<true, false>(state, loaded, current, stack, regs, buf, n, limit, dropped)
     } else if !reuse::enabled() {
