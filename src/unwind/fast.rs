@@ -5,6 +5,7 @@
 #![allow(unsafe_code)]
 
 use super::arch::{self, FP, PC, SP};
+use super::compact::Compact;
 use super::objects::{LoadedCheck, State};
 use super::regs::RegSet;
 use super::reuse;
@@ -106,8 +107,8 @@ pub(crate) fn fast_frames(
     }
 }
 
-/// [`fast_frames`]; with `RUN`, runs of compact frames go through [`compact_run`] when there
-/// is no record to compare or stage.
+/// [`fast_frames`]; with `RUN` (never with `PRECISE`), runs of compact frames go through
+/// [`compact_run`] when there is no record to compare or stage.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn frames_loop<const PRECISE: bool, const RUN: bool>(
@@ -191,7 +192,7 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
     };
     let staging = stage.is_some();
     // No record to compare or stage (walk reuse off, or no record slot).
-    let unrecorded = RUN && !PRECISE && record.is_empty() && !staging;
+    let unrecorded = RUN && record.is_empty() && !staging;
     // One past the record frame to compare next (record frames lie outermost first, so their
     // sp falls as the index grows), and that frame's sp: the walk compares nothing before its
     // sp reaches it.
@@ -316,14 +317,7 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
         }
         let (cfa, ra_at, reg, slots, w) = match compact {
             Some(c) => {
-                // Predicted as in `compact_run`.
-                let cfa_words = c.cfa_words();
-                let cfa = if cfa_words == predicted {
-                    sp.wrapping_add(opaque(predicted) * W)
-                } else {
-                    predicted = cfa_words;
-                    sp.wrapping_add(cfa_words * W)
-                };
+                let cfa = predicted_cfa(sp, c, &mut predicted);
                 (cfa, cfa.wrapping_sub(W), SP_, c.slots(), [0; WORDS])
             }
             None => {
@@ -502,30 +496,47 @@ struct Run {
     dropped: bool,
 }
 
-/// `x`, which the compiler can no longer relate to any other value: the empty asm statement
-/// (not `pure`, so it stays where it is written) hides where the value came from.
+/// The CFA of a frame with compact rule `c` at stack pointer `sp`, the CFA offset predicted to
+/// be `predicted` words (the previous compact frame's, which then becomes this one's).
+///
+/// The prediction is checked by a branch: while it holds, the processor runs ahead on the
+/// branch and the CFA (so the next return address's load) does not wait for the load of the
+/// rule word, so the frames' loads overlap instead of forming one chain of two dependent loads
+/// per frame (the frames of a recursion, or of functions built alike, have equal offsets).
+/// Where it fails the branch costs a misprediction. Either way the CFA is the one the rule
+/// gives.
 #[inline(always)]
-fn opaque(mut x: usize) -> usize {
-    // SAFETY: an empty asm statement (a comment): it reads and writes nothing but the register
-    // that holds x, and leaves that as it was.
-    unsafe { core::arch::asm!("/* {0} */", inout(reg) x, options(nomem, nostack, preserves_flags)) };
-    x
+fn predicted_cfa(sp: usize, c: Compact, predicted: &mut usize) -> usize {
+    let words = c.cfa_words();
+    if words == *predicted {
+        let mut x = *predicted;
+        // SAFETY: an empty asm statement (a comment): it reads and writes nothing but the
+        // register that holds x, and leaves that as it was. Not `pure`, so it stays on this
+        // branch; it hides that x equals `words`, so the compiler cannot use the loaded value
+        // here (and make the branch a conditional move).
+        unsafe { core::arch::asm!("/* {0} */", inout(reg) x, options(nomem, nostack, preserves_flags)) };
+        sp.wrapping_add(x * core::mem::size_of::<usize>())
+    } else {
+        *predicted = words;
+        sp.wrapping_add(words * core::mem::size_of::<usize>())
+    }
+}
+
+/// Whether every pc in the code range (`start`, `len`) is below 2^47 (see
+/// [`RuleCache::compact_below`](super::cache::RuleCache::compact_below)).
+#[inline(always)]
+fn below_2_47(start: usize, len: usize) -> bool {
+    start.checked_add(len).is_some_and(|end| end < 1 << 47)
 }
 
 /// Steps frames while each one's rule is in the compact table, its reads fall on this thread's
 /// stack (`stack_start`, `words`: see [`readable_word`]) and its return address lies in code
 /// this walk may trust (the current object's, `start` and `code`, or another's, which then
-/// becomes the current one, as in [`trusted_code`]), writing each caller's pc into `buf`; stops at the
-/// first frame that is not such, or when `buf` is full, with `run` at that frame (which the
-/// caller then steps in full). The same steps as the compact case of [`fast_frames`], in a
-/// loop of its own whose few values stay in registers.
-///
-/// The CFA offset is predicted to be the previous frame's (the frames of a recursion, or of
-/// functions built alike, have equal ones) and the prediction checked by a branch: while it
-/// holds, the next return address's load does not wait for the rule's load (the processor
-/// runs ahead on the predicted branch), so the frames' loads overlap instead of forming one
-/// chain of two dependent loads per frame. Where it fails the branch costs a misprediction.
-/// Either way every value is the one the rule gives.
+/// becomes the current one, as in [`trusted_code`]), writing each caller's pc into `buf`;
+/// stops at the first frame that is not such, or when `buf` is full, with `run` at that frame
+/// (which the caller then steps in full). The same steps as the compact case of
+/// [`fast_frames`], in a loop of its own whose few values stay in registers, with the CFA
+/// offsets predicted ([`predicted_cfa`]).
 #[inline(never)]
 fn compact_run(
     state: &State,
@@ -556,18 +567,12 @@ fn compact_run(
     // Every pc this loop looks up is below 2^47 (see `RuleCache::compact_below`): the first
     // was found in the table, each later one lies in the current object's code.
     // And every frame's reads lie above `sp`, so at or above `stack_start` (see below).
-    if start.checked_add(code).is_none_or(|end| end >= 1 << 47) || sp < stack_start {
+    if !below_2_47(start, code) || sp < stack_start {
         return;
     }
     let mut predicted = 0usize;
     while let Some(c) = cache.compact_below(pc) {
-        let cfa_words = c.cfa_words();
-        let cfa = if cfa_words == predicted {
-            sp.wrapping_add(opaque(predicted) * W)
-        } else {
-            predicted = cfa_words;
-            sp.wrapping_add(cfa_words * W)
-        };
+        let cfa = predicted_cfa(sp, c, &mut predicted);
         let ra_at = cfa.wrapping_sub(W);
         if cfa <= sp || !ok(ra_at) {
             break;
@@ -582,7 +587,7 @@ fn compact_run(
         if ra.wrapping_sub(1).wrapping_sub(start) >= code
             && (ra == 0
                 || !trusted_code(state, loaded, &mut start, &mut code, current, ra)
-                || start.checked_add(code).is_none_or(|end| end >= 1 << 47))
+                || !below_2_47(start, code))
         {
             break;
         }
