@@ -101,10 +101,12 @@ fn exercise(path: &Path, what: &str) -> usize {
     // At once, in a child of this moment: its copy of the indexer's job has nobody to build
     // it in the child, whose `prepare` must build it itself.
     // SAFETY: fork in a process whose other threads hold no lock the child takes (this binary
-    // runs one test; the indexer holds its job list only between builds); the child calls
-    // selftrace, writes with write(2) and leaves with _exit.
+    // runs one test; the indexer takes no lock); the child calls selftrace, writes with
+    // write(2) and leaves with _exit, or dies of SIGALRM if it hangs.
     let child = unsafe { libc::fork() };
     if child == 0 {
+        // SAFETY: alarm has no preconditions; its default action ends a hung child.
+        unsafe { libc::alarm(120) };
         let pending_at_fork = picks
             .iter()
             .filter(|(a, _)| {
@@ -166,8 +168,8 @@ fn exercise(path: &Path, what: &str) -> usize {
     pending
 }
 
-/// The system's zlib, copied to a new path (a new object for the index).
-fn zlib_copy() -> PathBuf {
+/// The system's zlib, copied to a new path (a new object for the index), named after `n`.
+fn zlib_copy(n: usize) -> PathBuf {
     let triple = format!("{}-linux-gnu", std::env::consts::ARCH);
     let src = ["/lib", "/usr/lib"]
         .iter()
@@ -176,9 +178,102 @@ fn zlib_copy() -> PathBuf {
         .expect("the system's libz.so.1 (zlib1g)");
     let dir = std::env::temp_dir().join(format!("selftrace-bg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let dst = dir.join("libz-selftrace-copy.so");
+    let dst = dir.join(format!("libz-selftrace-copy{n}.so"));
     std::fs::copy(&src, &dst).unwrap();
     dst
+}
+
+/// Loads eight more copies of zlib (eight queued tables) and forks children one after the
+/// other while the indexer builds them, so that forks land at every point of its work:
+/// claiming a table, building it, publishing it, ending. Each child must name a function of
+/// every copy after its own `prepare` (a child that hangs dies of SIGALRM and fails the test).
+fn forks_while_the_indexer_works() {
+    let copies: Vec<(usize, u64, Vec<Vec<u8>>)> = (1..=8)
+        .map(|n| {
+            let p = zlib_copy(n);
+            let want = functions(&p);
+            let (addr, names) = sample(&want, 1)[0];
+            let names = names.clone();
+            let c = CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: dlopen of a copy of the system's zlib; its constructors need nothing.
+            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            assert!(!h.is_null(), "dlopen {}", p.display());
+            (n, addr, names)
+        })
+        .collect();
+    // One refresh queues all eight; the indexer starts on them now.
+    selftrace::refresh();
+    let snap = selftrace::modules::snapshot();
+    let bias_of = |n: usize| {
+        let file = format!("libz-selftrace-copy{n}.so");
+        snap.objects()
+            .iter()
+            .find(|o| {
+                Path::new(&o.path)
+                    .file_name()
+                    .is_some_and(|f| f == file.as_str())
+            })
+            .map(|o| o.bias)
+            .expect("the copy in the snapshot")
+    };
+    let targets: Vec<(usize, Vec<Vec<u8>>)> = copies
+        .iter()
+        .map(|(n, a, names)| (bias_of(*n) + *a as usize, names.clone()))
+        .collect();
+    let mut children = Vec::new();
+    let mut pending_at_forks = 0;
+    let mut forks_during = 0;
+    for i in 0..64 {
+        let pending = targets
+            .iter()
+            .filter(|(pc, _)| {
+                symbolize::symbolize(*pc).is_some_and(|s| s.source == SymbolSource::Pending)
+            })
+            .count();
+        pending_at_forks += pending;
+        if pending == 0 && i >= 16 {
+            break;
+        }
+        // SAFETY: as in `exercise`: the only other thread is the indexer, which takes no lock;
+        // the child uses selftrace and leaves with _exit, or dies of SIGALRM if it hangs.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: alarm has no preconditions.
+            unsafe { libc::alarm(120) };
+            let ok = std::panic::catch_unwind(|| {
+                symbolize::prepare().expect("prepare");
+                for (pc, names) in &targets {
+                    assert!(!check(*pc, names, "zlib copy in a child"));
+                }
+            })
+            .is_ok();
+            // SAFETY: _exit ends the child without the parent's atexit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        assert!(child > 0, "fork");
+        children.push(child);
+        forks_during += usize::from(pending > 0);
+    }
+    let children_n = children.len();
+    for child in children {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid status pointer.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "a child forked while the indexer worked did not name every copy ({status:#x}; \
+             14 is SIGALRM: it hung)"
+        );
+    }
+    symbolize::prepare().expect("prepare");
+    for (pc, names) in &targets {
+        assert!(!check(*pc, names, "zlib copy"), "named after prepare");
+    }
+    println!(
+        "forks while indexing: {forks_during} of {} forks found a copy pending \
+         ({pending_at_forks} pending lookups)",
+        children_n
+    );
 }
 
 #[test]
@@ -186,8 +281,9 @@ fn large_objects_are_named_by_the_background_indexer_and_never_wrongly_before() 
     selftrace::init().expect("init");
     // Every object seen from now on goes to the indexer.
     symbolize::set_background_index(Some(0));
-    let z = zlib_copy();
+    let z = zlib_copy(0);
     exercise(&z, "zlib copy");
+    forks_while_the_indexer_works();
     let _ = std::fs::remove_dir_all(z.parent().unwrap());
     // The default: objects of 64 MiB and more.
     symbolize::set_background_index(Some(64 << 20));

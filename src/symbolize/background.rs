@@ -11,15 +11,16 @@
 //! [`super::prepare`]) wait for the objects they need, or build them themselves if the
 //! background thread has not started on them.
 //!
-//! Every build is a job in one list, claimed by the thread (and process) that builds it; a
-//! waiter whose job is claimed by a thread of this process waits for it, and takes over a job
-//! that nobody of this process builds (a child forked while the indexer worked has no indexer).
+//! A slot's builder is one atomic word, claimed with a compare-exchange by the thread that
+//! builds its tables; a waiter whose slot a live thread of this process builds sleeps on that
+//! word, and takes over a slot whose builder is no thread of this process. The queue is a list
+//! that only grows. No lock is taken anywhere, so a child forked at any moment (while the
+//! parent's indexer builds, queues or finishes) has nothing half-held: it has no indexer
+//! thread, finds the parent's builder gone, and builds what it needs itself.
+#![allow(unsafe_code)]
 
 use super::index::{build, Slot};
-use crate::modules::Object;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 
 /// Objects that map at least this many bytes are indexed in the background
 /// (`usize::MAX`: none).
@@ -43,144 +44,152 @@ pub(crate) fn background_min() -> usize {
     BACKGROUND_MIN.load(Ordering::Relaxed)
 }
 
-/// A table to build.
-struct Job {
-    slot: &'static Slot,
-    object: Object,
-    /// The process whose thread builds it (a pid), if any.
-    claimed: Option<i32>,
+/// The slots queued for the background indexer, newest first, linked by [`Slot::next`]. Only
+/// ever pushed to (slots are never freed), so it is walked without a lock.
+static QUEUE: AtomicPtr<Slot> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The process whose `selftrace-index` thread runs (its pid), or 0.
+static INDEXER: AtomicI32 = AtomicI32::new(0);
+
+/// How long a waiter sleeps before it checks again that the builder it waits for is alive.
+const RECHECK_NS: u64 = 100_000_000;
+
+/// Whether thread `tid` is a live thread of this process (a thread of the parent of a forked
+/// child is not).
+fn alive(tid: u32) -> bool {
+    let Ok(tid) = i32::try_from(tid) else {
+        return false;
+    };
+    tid == crate::sys::gettid() || crate::sys::tgkill(tid, 0) != Err(libc::ESRCH)
 }
 
-/// The jobs not finished, and whether this process has an indexer thread running (its pid).
-struct Jobs {
-    list: Vec<Job>,
-    indexer: Option<i32>,
-}
-
-static JOBS: Mutex<Jobs> = Mutex::new(Jobs {
-    list: Vec::new(),
-    indexer: None,
-});
-
-/// Signalled whenever a job finishes.
-static FINISHED: Condvar = Condvar::new();
-
-fn jobs() -> MutexGuard<'static, Jobs> {
-    JOBS.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Registers the build of `slot`'s tables: queued for the background thread if `later`, else
-/// claimed by the caller, who must then call [`build_now`]. Normal context.
-pub(crate) fn register(slot: &'static Slot, object: Object, later: bool) {
-    let me = crate::sys::getpid();
-    let mut j = jobs();
-    j.list.push(Job {
-        slot,
-        object,
-        claimed: (!later).then_some(me),
-    });
-    if later && j.indexer != Some(me) {
-        let spawned = std::thread::Builder::new()
-            .name("selftrace-index".into())
-            .spawn(indexer);
-        // Without a thread the jobs wait for the first caller that needs them.
-        if spawned.is_ok() {
-            j.indexer = Some(me);
+/// Claims `slot` for the calling thread if its tables are not built and no live thread of this
+/// process builds them. Returns whether it did.
+fn claim(slot: &Slot) -> bool {
+    let me = crate::sys::gettid() as u32;
+    let mut seen = slot.builder.load(Ordering::Acquire);
+    loop {
+        if seen == Slot::BUILT || (seen != 0 && alive(seen)) {
+            return false;
+        }
+        match slot
+            .builder
+            .compare_exchange(seen, me, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return true,
+            Err(now) => seen = now,
         }
     }
 }
 
-/// Builds `slot`'s tables from `object` (its job claimed by the caller), sets them and removes
-/// the job. If the build panics, the job is given up instead (a waiter takes it over), never
-/// left claimed by a thread that is gone.
-pub(crate) fn build_now(slot: &'static Slot, object: &Object) {
-    /// Unclaims the job unless disarmed (the build did not return).
+/// Queues `slot` for the background indexer and starts the indexer thread if this process has
+/// none. Normal context.
+pub(crate) fn queue(slot: &'static Slot) {
+    let ptr = core::ptr::from_ref(slot).cast_mut();
+    let mut head = QUEUE.load(Ordering::Relaxed);
+    loop {
+        slot.next.store(head, Ordering::Relaxed);
+        match QUEUE.compare_exchange(head, ptr, Ordering::SeqCst, Ordering::Relaxed) {
+            Ok(_) => break,
+            Err(now) => head = now,
+        }
+    }
+    // After the push (SeqCst): an indexer that announced its end before this load looks at
+    // the queue once more and finds the slot; one that did so after it was seen running.
+    let me = crate::sys::getpid();
+    let running = INDEXER.load(Ordering::SeqCst);
+    if running == me
+        || INDEXER
+            .compare_exchange(running, me, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+    {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("selftrace-index".into())
+        .spawn(indexer);
+    if spawned.is_err() {
+        // Without a thread the slots wait for the first caller that needs them.
+        let _ = INDEXER.compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// The first queued slot the caller could claim (claimed), if any.
+fn claim_queued() -> Option<&'static Slot> {
+    let mut p = QUEUE.load(Ordering::SeqCst);
+    // SAFETY: every pointer in the queue is a leaked `&'static Slot` (`queue`), published
+    // with its `next` written before it (the compare-exchange orders it).
+    while let Some(slot) = unsafe { p.as_ref() } {
+        if claim(slot) {
+            return Some(slot);
+        }
+        p = slot.next.load(Ordering::Acquire);
+    }
+    None
+}
+
+/// Builds `slot`'s tables (claimed by the caller), sets them and wakes the waiters. If the
+/// build panics, the claim is given up instead (a waiter takes it over), never left to a
+/// thread that is gone.
+pub(crate) fn build_now(slot: &'static Slot) {
+    /// Gives the claim up unless disarmed (the build did not return).
     struct Unclaim(&'static Slot);
     impl Drop for Unclaim {
         fn drop(&mut self) {
-            let mut j = jobs();
-            if let Some(job) = j
-                .list
-                .iter_mut()
-                .find(|job| core::ptr::eq(job.slot, self.0))
-            {
-                job.claimed = None;
-            }
-            FINISHED.notify_all();
+            self.0.builder.store(0, Ordering::Release);
+            crate::sys::futex_wake(&self.0.builder, i32::MAX);
         }
     }
     let guard = Unclaim(slot);
-    let tables = build(object);
+    let tables = build(&slot.object, &slot.debug_roots);
     core::mem::forget(guard);
     // The files' symbol and string tables were read into the heap and freed; give the memory
     // back instead of keeping it for allocations that may never come. Before the tables are
     // out: the trim's TLB shootdowns would slow the first lookups on other cores.
     crate::sys::release_free_heap();
     slot.set(tables);
-    let mut j = jobs();
-    j.list.retain(|job| !core::ptr::eq(job.slot, slot));
-    drop(j);
-    FINISHED.notify_all();
+    slot.builder.store(Slot::BUILT, Ordering::Release);
+    crate::sys::futex_wake(&slot.builder, i32::MAX);
 }
 
-/// The background thread: builds queued jobs until there are none, then ends.
+/// The background thread: builds queued slots until there are none, then ends.
 fn indexer() {
     // Process-directed signals (a profiler's tick, SIGQUIT for a dump) go to other threads.
     crate::sys::signal::block_all_except(0);
     let me = crate::sys::getpid();
     loop {
-        let next = {
-            let mut j = jobs();
-            match j
-                .list
-                .iter_mut()
-                .find(|job| job.claimed.is_none_or(|p| p != me))
-            {
-                Some(job) => {
-                    job.claimed = Some(me);
-                    Some((job.slot, job.object.clone()))
-                }
-                None => {
-                    j.indexer = None;
-                    None
-                }
-            }
-        };
-        let Some((slot, object)) = next else {
+        while let Some(slot) = claim_queued() {
+            build_now(slot);
+        }
+        // Announce the end, then look once more: a slot queued meanwhile may have seen this
+        // thread running and started none.
+        let _ = INDEXER.compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+        let Some(slot) = claim_queued() else {
             return;
         };
-        build_now(slot, &object);
+        build_now(slot);
+        if INDEXER
+            .compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            // Another indexer started meanwhile; it builds the rest.
+            return;
+        }
     }
 }
 
-/// Waits until `slot`'s tables are built, building them here if no thread of this process is
-/// at it. Normal context.
+/// Waits until `slot`'s tables are built, building them here if no live thread of this
+/// process is at it. Normal context.
 pub(crate) fn wait(slot: &'static Slot) {
-    if slot.get().is_some() {
-        return;
-    }
-    let me = crate::sys::getpid();
-    let mut j = jobs();
-    loop {
-        if slot.get().is_some() {
-            return;
-        }
-        let Some(job) = j.list.iter_mut().find(|job| core::ptr::eq(job.slot, slot)) else {
-            // No job and no tables: none will come (cannot happen; never wait for it).
-            return;
-        };
-        if job.claimed == Some(me) {
-            // A thread of this process builds it; wake now and then in case it gave up.
-            j = FINISHED
-                .wait_timeout(j, Duration::from_millis(100))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
+    while slot.get().is_none() {
+        if claim(slot) {
+            build_now(slot);
             continue;
         }
-        job.claimed = Some(me);
-        let object = job.object.clone();
-        drop(j);
-        build_now(slot, &object);
-        j = jobs();
+        let builder = slot.builder.load(Ordering::Acquire);
+        if builder != Slot::BUILT && builder != 0 {
+            // Woken when it is built or given up; now and then, check the builder is alive.
+            crate::sys::futex_wait(&slot.builder, builder, RECHECK_NS);
+        }
     }
 }

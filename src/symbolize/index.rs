@@ -37,7 +37,8 @@ use object::read::ReadRef;
 use object::{Endianness, Object as _, ObjectSection as _};
 use std::fs::File;
 use std::io::Read as _;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::Mutex;
 
 use super::names::{Names, SymbolName, MAX_NAME};
 
@@ -290,6 +291,10 @@ struct Key {
 /// An object's place in the index: what identifies it (known at once) and its tables, built
 /// when the object is first seen or by the background indexer ([`super::background`]). Never
 /// freed.
+///
+/// Nothing here is behind a lock: the tables are published with one compare-exchange, and who
+/// builds them is one atomic word. A child forked at any moment (while another thread of the
+/// parent builds the tables) finds the slot consistent and can build them itself.
 #[derive(Debug)]
 pub(crate) struct Slot {
     /// Path as the loader knows it (`[vdso]` for the vDSO).
@@ -298,21 +303,49 @@ pub(crate) struct Slot {
     pub glibc_path: Box<str>,
     /// GNU build-id of the loaded object (empty if none).
     pub build_id: Box<[u8]>,
-    tables: OnceLock<ObjectSymbols>,
+    /// The object the tables are built from.
+    pub(crate) object: crate::modules::Object,
+    /// The directories searched for its separate debug file, read from the environment when
+    /// the slot was made (never by the background thread).
+    pub(crate) debug_roots: Box<[String]>,
+    /// Who builds the tables: 0 nobody, [`Slot::BUILT`] once they are set, otherwise the
+    /// builder's thread id (of this process, or of the parent of a forked child).
+    pub(crate) builder: AtomicU32,
+    /// The next slot in the background indexer's queue (a list that only grows).
+    pub(crate) next: AtomicPtr<Slot>,
+    /// The tables once built (from `Box::into_raw`, set once, never freed).
+    tables: AtomicPtr<ObjectSymbols>,
 }
 
 impl Slot {
+    /// [`Slot::builder`] once the tables are set (no thread id is this large).
+    pub(crate) const BUILT: u32 = u32::MAX;
+
     /// The object's tables, once built.
     ///
     /// # Async-signal safety
     /// Async-signal-safe: one atomic load.
     pub(crate) fn get(&self) -> Option<&ObjectSymbols> {
-        self.tables.get()
+        let p = self.tables.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer here came from `Box::into_raw` in `set`, was published
+        // (Release) after the tables were written, and is never freed or replaced: the tables
+        // live as long as the slot.
+        unsafe { p.as_ref() }
     }
 
-    /// Sets the tables (the first builder wins).
+    /// Sets the tables (the first builder wins; a later set drops its own).
     pub(crate) fn set(&self, tables: ObjectSymbols) {
-        let _ = self.tables.set(tables);
+        let p = Box::into_raw(Box::new(tables));
+        let won = self.tables.compare_exchange(
+            core::ptr::null_mut(),
+            p,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if won.is_err() {
+            // SAFETY: p came from Box::into_raw above and was never published.
+            drop(unsafe { Box::from_raw(p) });
+        }
     }
 }
 
@@ -351,18 +384,29 @@ pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> &'sta
         }
         return slot;
     }
+    // Claimed now by this thread if it builds the tables itself, before any other thread
+    // can find the slot in the cache.
+    let builder = if later {
+        0
+    } else {
+        crate::sys::gettid() as u32
+    };
     let slot: &'static Slot = Box::leak(Box::new(Slot {
         path: key.path.clone(),
         glibc_path: key.glibc_path.clone(),
         build_id: key.build_id.clone(),
-        tables: OnceLock::new(),
+        object: o.clone(),
+        debug_roots: debug_roots().into(),
+        builder: AtomicU32::new(builder),
+        next: AtomicPtr::new(core::ptr::null_mut()),
+        tables: AtomicPtr::new(core::ptr::null_mut()),
     }));
     cache.push((key, slot));
-    // Registered before the cache is unlocked: whoever finds the slot finds its job.
-    super::background::register(slot, o.clone(), later);
     drop(cache);
-    if !later {
-        super::background::build_now(slot, o);
+    if later {
+        super::background::queue(slot);
+    } else {
+        super::background::build_now(slot);
     }
     slot
 }
@@ -382,7 +426,7 @@ fn glibc_name(o: &crate::modules::Object) -> String {
 }
 
 /// The tables of `o`. Normal context (reads files, allocates).
-pub(crate) fn build(o: &crate::modules::Object) -> ObjectSymbols {
+pub(crate) fn build(o: &crate::modules::Object, debug_roots: &[String]) -> ObjectSymbols {
     let mut out = ObjectSymbols {
         full: Table::default(),
         exported: Table::default(),
@@ -451,7 +495,7 @@ pub(crate) fn build(o: &crate::modules::Object) -> ObjectSymbols {
         out.source = SymbolSource::Symtab;
     }
     if full.syms.is_empty() || out.dwarf.is_none() {
-        if let Some((path, crc, dbg_cache)) = find_debug_file(&o.path, id, &f) {
+        if let Some((path, crc, dbg_cache)) = find_debug_file(&o.path, id, &f, debug_roots) {
             if let Ok(dbg) = Elf::parse(&dbg_cache) {
                 if full.syms.is_empty() && !dbg.elf_symbol_table().is_empty() {
                     // The debug file's names outlive its cache: copied into the store now.
@@ -560,11 +604,11 @@ fn find_debug_file<'d, R: ReadRef<'d>>(
     path: &str,
     build_id: Option<&[u8]>,
     f: &Elf<'d, R>,
+    roots: &[String],
 ) -> Option<(String, Option<u32>, Cache)> {
-    let roots = debug_roots();
     if let Some(id) = build_id.filter(|id| id.len() >= 2) {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        for r in &roots {
+        for r in roots {
             let c = format!("{r}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
             let Some(cache) = open_cache(&c) else {
                 continue;
@@ -587,7 +631,7 @@ fn find_debug_file<'d, R: ReadRef<'d>>(
     }
     let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or(".");
     let mut candidates = vec![format!("{dir}/{name}"), format!("{dir}/.debug/{name}")];
-    for r in &roots {
+    for r in roots {
         candidates.push(format!("{r}{dir}/{name}"));
     }
     for c in candidates {
