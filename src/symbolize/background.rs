@@ -11,15 +11,17 @@
 //! [`super::prepare`]) wait for the objects they need, or build them themselves if the
 //! background thread has not started on them.
 //!
-//! A slot's builder is one atomic word, claimed with a compare-exchange by the thread that
-//! builds its tables; a waiter whose slot a live thread of this process builds sleeps on that
-//! word, and takes over a slot whose builder is no thread of this process. The queue is a list
-//! that only grows. No lock is taken anywhere, so a child forked at any moment (while the
-//! parent's indexer builds, queues or finishes) has nothing half-held: it has no indexer
-//! thread, finds the parent's builder gone, and builds what it needs itself.
+//! A slot's builder is one atomic word (its process and thread ids), claimed with a
+//! compare-exchange by the thread that builds its tables; a waiter whose slot a live thread of
+//! this process builds sleeps on a futex, and takes over a slot whose builder is no thread of
+//! this process. The queue is a list that only grows. The background thread takes no lock of
+//! this crate, so a child forked at any moment (while the parent's indexer builds, queues or
+//! finishes) has nothing of it half-held: it has no indexer thread, finds the parent's builder
+//! gone, and builds what it needs itself.
 #![allow(unsafe_code)]
 
-use super::index::{build, Slot};
+use super::index::{build, ObjectSymbols, Slot};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 
 /// Objects that map at least this many bytes are indexed in the background
@@ -54,22 +56,28 @@ static INDEXER: AtomicI32 = AtomicI32::new(0);
 /// How long a waiter sleeps before it checks again that the builder it waits for is alive.
 const RECHECK_NS: u64 = 100_000_000;
 
-/// Whether thread `tid` is a live thread of this process (a thread of the parent of a forked
-/// child is not).
-fn alive(tid: u32) -> bool {
-    let Ok(tid) = i32::try_from(tid) else {
-        return false;
-    };
-    tid == crate::sys::gettid() || crate::sys::tgkill(tid, 0) != Err(libc::ESRCH)
+/// The calling thread as a builder: `pid << 32 | tid`.
+pub(crate) fn me() -> u64 {
+    (crate::sys::getpid() as u32 as u64) << 32 | crate::sys::gettid() as u32 as u64
+}
+
+/// Whether `builder` (`pid << 32 | tid`) is a live thread of this process: not a thread of
+/// the parent of a forked child. When unsure (a seccomp filter that refuses `tgkill`), no: a
+/// second build of the same tables is harmless (the first one set wins), a wait for a thread
+/// that is gone is not.
+fn alive(builder: u64) -> bool {
+    let (pid, tid) = ((builder >> 32) as i32, builder as u32 as i32);
+    pid == crate::sys::getpid()
+        && (tid == crate::sys::gettid() || crate::sys::tgkill(tid, 0) == Ok(()))
 }
 
 /// Claims `slot` for the calling thread if its tables are not built and no live thread of this
 /// process builds them. Returns whether it did.
 fn claim(slot: &Slot) -> bool {
-    let me = crate::sys::gettid() as u32;
+    let me = me();
     let mut seen = slot.builder.load(Ordering::Acquire);
     loop {
-        if seen == Slot::BUILT || (seen != 0 && alive(seen)) {
+        if seen == Slot::BUILT || slot.get().is_some() || (seen != 0 && alive(seen)) {
             return false;
         }
         match slot
@@ -83,7 +91,7 @@ fn claim(slot: &Slot) -> bool {
 }
 
 /// Queues `slot` for the background indexer and starts the indexer thread if this process has
-/// none. Normal context.
+/// none. Normal context; once per slot (`for_object`, for a slot it made).
 pub(crate) fn queue(slot: &'static Slot) {
     let ptr = core::ptr::from_ref(slot).cast_mut();
     let mut head = QUEUE.load(Ordering::Relaxed);
@@ -128,28 +136,20 @@ fn claim_queued() -> Option<&'static Slot> {
     None
 }
 
-/// Builds `slot`'s tables (claimed by the caller), sets them and wakes the waiters. If the
-/// build panics, the claim is given up instead (a waiter takes it over), never left to a
-/// thread that is gone.
+/// Builds `slot`'s tables (claimed by the caller), sets them and wakes the waiters. A build
+/// that panics (a bug, on a file it cannot handle) sets empty tables instead: the object has
+/// no names, and nobody builds it again or waits for a thread that gave up.
 pub(crate) fn build_now(slot: &'static Slot) {
-    /// Gives the claim up unless disarmed (the build did not return).
-    struct Unclaim(&'static Slot);
-    impl Drop for Unclaim {
-        fn drop(&mut self) {
-            self.0.builder.store(0, Ordering::Release);
-            crate::sys::futex_wake(&self.0.builder, i32::MAX);
-        }
-    }
-    let guard = Unclaim(slot);
-    let tables = build(&slot.object, &slot.debug_roots);
-    core::mem::forget(guard);
+    let built =
+        std::panic::catch_unwind(AssertUnwindSafe(|| build(&slot.object, &slot.debug_roots)));
     // The files' symbol and string tables were read into the heap and freed; give the memory
     // back instead of keeping it for allocations that may never come. Before the tables are
     // out: the trim's TLB shootdowns would slow the first lookups on other cores.
     crate::sys::release_free_heap();
-    slot.set(tables);
+    slot.set(built.unwrap_or_else(|_| ObjectSymbols::empty()));
     slot.builder.store(Slot::BUILT, Ordering::Release);
-    crate::sys::futex_wake(&slot.builder, i32::MAX);
+    slot.changed.fetch_add(1, Ordering::Release);
+    crate::sys::futex_wake(&slot.changed, i32::MAX);
 }
 
 /// The background thread: builds queued slots until there are none, then ends.
@@ -179,17 +179,26 @@ fn indexer() {
 }
 
 /// Waits until `slot`'s tables are built, building them here if no live thread of this
-/// process is at it. Normal context.
+/// process is at it. Returns at once, without tables, when the calling thread is the one
+/// building them (a panic hook that symbolizes during the build). Normal context.
 pub(crate) fn wait(slot: &'static Slot) {
-    while slot.get().is_none() {
+    loop {
+        // Read before the checks: a change after them makes the futex wait return at once.
+        let changed = slot.changed.load(Ordering::Acquire);
+        if slot.get().is_some() {
+            return;
+        }
         if claim(slot) {
             build_now(slot);
             continue;
         }
         let builder = slot.builder.load(Ordering::Acquire);
+        if builder == me() {
+            return;
+        }
         if builder != Slot::BUILT && builder != 0 {
-            // Woken when it is built or given up; now and then, check the builder is alive.
-            crate::sys::futex_wait(&slot.builder, builder, RECHECK_NS);
+            // Woken when it is built; now and then, check that the builder is alive.
+            crate::sys::futex_wait(&slot.changed, changed, RECHECK_NS);
         }
     }
 }

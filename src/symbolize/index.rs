@@ -37,7 +37,7 @@ use object::read::ReadRef;
 use object::{Endianness, Object as _, ObjectSection as _};
 use std::fs::File;
 use std::io::Read as _;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::names::{Names, SymbolName, MAX_NAME};
@@ -262,6 +262,17 @@ pub(crate) struct ObjectSymbols {
 }
 
 impl ObjectSymbols {
+    /// No tables: no names ([`SymbolSource::None`]).
+    pub(crate) fn empty() -> ObjectSymbols {
+        ObjectSymbols {
+            full: Table::default(),
+            exported: Table::default(),
+            source: SymbolSource::None,
+            dwarf: None,
+            debug_path: None,
+        }
+    }
+
     /// Every function symbol: `.symtab` (own or debug file), or `.dynsym` when there is none,
     /// and the PLT stubs.
     pub(crate) fn all(&self) -> &Table {
@@ -309,8 +320,11 @@ pub(crate) struct Slot {
     /// the slot was made (never by the background thread).
     pub(crate) debug_roots: Box<[String]>,
     /// Who builds the tables: 0 nobody, [`Slot::BUILT`] once they are set, otherwise the
-    /// builder's thread id (of this process, or of the parent of a forked child).
-    pub(crate) builder: AtomicU32,
+    /// builder's process and thread ids (`pid << 32 | tid`; in a forked child, the parent's).
+    pub(crate) builder: AtomicU64,
+    /// Bumped after every change of `builder` by a builder (built, or given up): the futex
+    /// word its waiters sleep on.
+    pub(crate) changed: AtomicU32,
     /// The next slot in the background indexer's queue (a list that only grows).
     pub(crate) next: AtomicPtr<Slot>,
     /// The tables once built (from `Box::into_raw`, set once, never freed).
@@ -318,8 +332,8 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// [`Slot::builder`] once the tables are set (no thread id is this large).
-    pub(crate) const BUILT: u32 = u32::MAX;
+    /// [`Slot::builder`] once the tables are set (no process id is this large).
+    pub(crate) const BUILT: u64 = u64::MAX;
 
     /// The object's tables, once built.
     ///
@@ -386,18 +400,15 @@ pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> &'sta
     }
     // Claimed now by this thread if it builds the tables itself, before any other thread
     // can find the slot in the cache.
-    let builder = if later {
-        0
-    } else {
-        crate::sys::gettid() as u32
-    };
+    let builder = if later { 0 } else { super::background::me() };
     let slot: &'static Slot = Box::leak(Box::new(Slot {
         path: key.path.clone(),
         glibc_path: key.glibc_path.clone(),
         build_id: key.build_id.clone(),
         object: o.clone(),
         debug_roots: debug_roots().into(),
-        builder: AtomicU32::new(builder),
+        builder: AtomicU64::new(builder),
+        changed: AtomicU32::new(0),
         next: AtomicPtr::new(core::ptr::null_mut()),
         tables: AtomicPtr::new(core::ptr::null_mut()),
     }));
@@ -427,13 +438,7 @@ fn glibc_name(o: &crate::modules::Object) -> String {
 
 /// The tables of `o`. Normal context (reads files, allocates).
 pub(crate) fn build(o: &crate::modules::Object, debug_roots: &[String]) -> ObjectSymbols {
-    let mut out = ObjectSymbols {
-        full: Table::default(),
-        exported: Table::default(),
-        source: SymbolSource::None,
-        dwarf: None,
-        debug_path: None,
-    };
+    let mut out = ObjectSymbols::empty();
     if o.is_vdso {
         // The image starts at its ELF header (AT_SYSINFO_EHDR); the section headers lie past
         // the end of the PT_LOAD, in the rest of its last page.

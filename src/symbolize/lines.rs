@@ -250,15 +250,6 @@ fn resolve_symbols(
 impl BacktraceFrame {
     /// Resolves one captured address.
     pub fn resolve(addr: usize, kind: FrameKind) -> BacktraceFrame {
-        let mut cache = FRAME_CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        BacktraceFrame::resolve_cached(addr, kind, &mut cache)
-    }
-
-    fn resolve_cached(
-        addr: usize,
-        kind: FrameKind,
-        cache: &mut Option<FrameCache>,
-    ) -> BacktraceFrame {
         let sym = super::lookup_frame(addr, kind, Mode::All);
         let probe = sym.map_or(kind.lookup_address(addr), |s| s.addr);
         let mut frame = BacktraceFrame {
@@ -274,14 +265,20 @@ impl BacktraceFrame {
         };
         let svma = probe.wrapping_sub(bias) as u64;
         let key = (obj as *const ObjectSymbols as usize, svma);
-        let cache = cache.get_or_insert_with(|| FrameCache {
-            map: HashMap::default(),
-        });
-        if let Some(hit) = cache.map.get(&key) {
-            frame.symbols = hit.clone();
+        // The cache is locked only to look and to insert, never while this thread waits for
+        // the background indexer or reads DWARF: a second thread resolving the same address
+        // meanwhile does the same work, and a fork meanwhile finds the lock free.
+        let cache = || FRAME_CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let hit = cache().as_ref().and_then(|c| c.map.get(&key).cloned());
+        if let Some(hit) = hit {
+            frame.symbols = hit;
             return frame;
         }
         let symbols = resolve_symbols(obj, svma, sym.name);
+        let mut cache = cache();
+        let cache = cache.get_or_insert_with(|| FrameCache {
+            map: HashMap::default(),
+        });
         if cache.map.len() >= FRAME_CACHE_MAX {
             cache.map.clear();
         }
