@@ -195,6 +195,8 @@ fn forbid_ptrace_and_processes() {
         stmt(ret, kill),
         stmt(ld, 0), // seccomp_data.nr
     ];
+    // aarch64 has neither fork nor vfork (glibc forks with clone).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut killed = vec![libc::SYS_ptrace as u32, libc::SYS_clone3 as u32];
     #[cfg(target_arch = "x86_64")]
     killed.extend([libc::SYS_fork as u32, libc::SYS_vfork as u32]);
