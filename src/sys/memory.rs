@@ -244,6 +244,7 @@ pub(crate) fn learn_pthread_layout() {
 /// # Async-signal safety
 /// Async-signal-safe: reads the thread's own `struct pthread` (through the thread pointer) and no
 /// system call.
+#[inline]
 pub(crate) fn own_stack_above(sp: usize) -> Option<(usize, usize)> {
     let off = PD_STACKBLOCK.load(Ordering::Relaxed);
     if off != 0 {

@@ -116,9 +116,13 @@ pub(crate) fn fp_chain(
             Exit::Bounds
         } else {
             // The hot loop: nothing but the checks, two loads and a store, so that its state
-            // (fp and the frame count) stays in registers; the rarer cases are handled outside
-            // it, then it resumes. fp was checked before it was taken.
-            loop {
+            // (fp and the output position) stays in registers; the rarer cases are handled
+            // outside it, then it resumes. fp was checked before it was taken. The output is an
+            // iterator: its position and end are two registers, where an index, the buffer and
+            // its length were three (one of them spilled).
+            let total = buf.len();
+            let mut out = buf.get_mut(frames..).unwrap_or_default().iter_mut();
+            let exit = loop {
                 // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack,
                 // between the walk's stack pointer and the stack's high end.
                 let (next, ra) = unsafe {
@@ -131,11 +135,10 @@ pub(crate) fn fp_chain(
                 if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
                     break Exit::Other(next, ra);
                 }
-                let Some(slot) = buf.get_mut(frames) else {
+                let Some(slot) = out.next() else {
                     break Exit::Full(next, ra);
                 };
                 *slot = ra;
-                frames += 1;
                 // The caller's frame record: on the stack, aligned, and above this one
                 // (at or above this frame's end, fp + 16, the caller's stack pointer).
                 if !readable_word(next, base, max_rotated) || next <= fp + W {
@@ -144,7 +147,9 @@ pub(crate) fn fp_chain(
                     break Exit::Bounds;
                 }
                 fp = next;
-            }
+            };
+            frames = total - out.len();
+            exit
         };
         // The pc is the last return address stored (kept out of the loop: one register less).
         if frames != *n {

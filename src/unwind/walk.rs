@@ -159,8 +159,8 @@ fn walk_all_cached(
 /// walk must do it (the caller runs that from the start, so that this frame is not on the stack
 /// below it: a signal handler's alternate stack is small). Reads neither the other saved
 /// registers nor the thread's stack bounds a second time, which is most of the fixed cost of a
-/// short capture.
-#[inline(never)]
+/// short capture. Inlined into its one caller, `entry::capture_fp`, which is never inlined.
+#[inline]
 pub(crate) fn capture_fp(sp: usize, fp: usize, pc: usize, buf: &mut [usize]) -> Option<Outcome> {
     let (_, high) = sys::own_stack_above(sp).filter(|_| !buf.is_empty())?;
     buf[0] = pc;
