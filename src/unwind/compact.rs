@@ -1,7 +1,8 @@
 //! The compact table: the rules of return addresses that have the simplest form, one word each.
 //!
-//! Most return addresses have the simplest rule: CFA = rsp + 8n, the return address at CFA - 8,
-//! rbp unchanged or saved just below. Such a rule, with the pc's bits that its index does not
+//! Most return addresses have the simplest rule: CFA = rsp + 8n (or rbp + 8n in code built
+//! with frame pointers, as Rust's std and a distribution's libraries are), the return address
+//! at CFA - 8, rbp unchanged or saved just below. Such a rule, with the pc's bits that its index does not
 //! give, fits one word ([`Compact`]); those words sit in a table of [`ENTRIES`] (256 KiB) indexed
 //! by pc bits 3-17, so the return addresses of 64 bytes of code share a table line (and return
 //! addresses 256 KiB apart share a word: the last one stored keeps it, the other is found in the
@@ -43,12 +44,13 @@ fn index(pc: usize) -> usize {
     (pc >> 3) % ENTRIES.max(1)
 }
 
-/// The rule of a return address in one word, for the frame most code has: CFA = rsp + a
-/// positive multiple of 8, the return address at CFA - 8, rbp unchanged or saved in one of the
-/// 63 words below the CFA, every other callee-saved register unchanged or saved (the fast walk
-/// then forgets it). Bits: 0 present; 1-6 which of [`arch::SAVED`] the frame saves (as in the
-/// packed rule); 7-12 rbp's save slot in words below the CFA (0: unchanged); 13-28 the CFA
-/// offset in words; 29-63 the tag ([`tag`]; bits 62-63 are zero).
+/// The rule of a return address in one word, for the frame most code has: CFA = rsp (or, in
+/// code built with frame pointers, rbp) + a positive multiple of 8, the return address at
+/// CFA - 8, rbp unchanged or saved in one of the 63 words below the CFA and within the frame,
+/// every other callee-saved register unchanged or saved (the fast walk then forgets it). Bits:
+/// 0 present; 1-6 which of [`arch::SAVED`] the frame saves (as in the packed rule); 7-12 rbp's
+/// save slot in words below the CFA (0: unchanged); 13-27 the CFA offset in words; 28 the CFA
+/// is rbp-based; 29-63 the tag ([`tag`]; bits 62-63 are zero).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Compact(u64);
 
@@ -57,11 +59,11 @@ impl Compact {
     fn encode(pc: usize, rule: &Rule) -> Option<Compact> {
         if !ENABLED
             || rule.kind != Kind::Cfi
-            || rule.cfa_reg as u16 != arch::SP
+            || (rule.cfa_reg as u16 != arch::SP && rule.cfa_reg as u16 != arch::FP)
             || rule.ra_off != -8
             || rule.cfa_off <= 0
             || rule.cfa_off % 8 != 0
-            || rule.cfa_off / 8 > 0xffff
+            || rule.cfa_off / 8 > 0x7fff
             || pc as u64 >= 1 << 47
             || arch::LANES > 6
         {
@@ -81,15 +83,24 @@ impl Compact {
                 _ => slots |= 1 << lane,
             }
         }
+        let rbp_based = u64::from(rule.cfa_reg as u16 == arch::FP);
         Some(Compact(
-            tag(pc) | slots << 1 | fp << 7 | (rule.cfa_off as u64 / 8) << 13,
+            tag(pc) | slots << 1 | fp << 7 | (rule.cfa_off as u64 / 8) << 13 | rbp_based << 28,
         ))
     }
 
-    /// The CFA's offset from rsp, in words (at least 1).
+    /// Whether the CFA is rbp plus [`cfa_words`](Self::cfa_words) (the frame of code built with
+    /// frame pointers, past its prologue), not rsp plus them.
+    #[inline(always)]
+    pub(crate) fn rbp_based(self) -> bool {
+        self.0 & 1 << 28 != 0
+    }
+
+    /// The CFA's offset from rsp (or rbp: [`rbp_based`](Self::rbp_based)), in words (at
+    /// least 1).
     #[inline(always)]
     pub(crate) fn cfa_words(self) -> usize {
-        (self.0 >> 13) as usize & 0xffff
+        (self.0 >> 13) as usize & 0x7fff
     }
 
     /// The frame pointer's save slot in words below the CFA, or 0 if the frame does not save it;
@@ -179,10 +190,10 @@ mod tests {
         assert!(Compact::encode(0x1000, &base).is_some());
         let variants: [fn(&mut Rule); 10] = [
             |r| r.kind = Kind::Slow,
-            |r| r.cfa_reg = 6,
+            |r| r.cfa_reg = 3,
             |r| r.ra_off = -16,
             |r| r.cfa_off = 12,
-            |r| r.cfa_off = 8 << 16,
+            |r| r.cfa_off = 8 << 15,
             |r| r.saved[1] = -8 * 64,
             |r| r.saved[1] = 8,
             // rbp's slot below the frame (under the CFA offset of 16).
@@ -200,5 +211,22 @@ mod tests {
         at_the_bottom.saved[1] = -16;
         let c = Compact::encode(0x1000, &at_the_bottom).expect("rbp at sp");
         assert_eq!((c.fp_words(), c.cfa_words()), (2, 2));
+        assert!(!c.rbp_based());
+        // A frame-pointer frame past its prologue: CFA = rbp + 16, rbp saved at CFA - 16.
+        let mut fp_frame = at_the_bottom;
+        fp_frame.cfa_reg = arch::FP as u8;
+        let c = Compact::encode(0x1000, &fp_frame).expect("rbp-based");
+        assert!(c.rbp_based());
+        assert_eq!((c.fp_words(), c.cfa_words(), c.slots()), (2, 2, 1 << 1));
+        // The largest CFA offset (32,767 words), rsp- or rbp-based.
+        let mut big = fp_frame;
+        big.cfa_off = 8 * 0x7fff;
+        let c = Compact::encode(0x1000, &big).expect("largest offset");
+        assert!(c.rbp_based());
+        assert_eq!(c.cfa_words(), 0x7fff);
+        big.cfa_reg = arch::SP as u8;
+        let c = Compact::encode(0x1000, &big).expect("largest offset");
+        assert!(!c.rbp_based());
+        assert_eq!(c.cfa_words(), 0x7fff);
     }
 }

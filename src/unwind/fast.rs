@@ -316,6 +316,13 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
             }
         }
         let (cfa, ra_at, reg, slots, w) = match compact {
+            Some(c) if c.rbp_based() => {
+                if valid & (1 << BP) == 0 {
+                    break Fast::Slow;
+                }
+                let cfa = bp.wrapping_add(c.cfa_words() * W);
+                (cfa, cfa.wrapping_sub(W), BP, c.slots(), [0; WORDS])
+            }
             Some(c) => {
                 let cfa = predicted_cfa(sp, c, &mut predicted);
                 (cfa, cfa.wrapping_sub(W), SP_, c.slots(), [0; WORDS])
@@ -572,13 +579,22 @@ fn compact_run(
     }
     let mut predicted = 0usize;
     while let Some(c) = cache.compact_below(pc) {
-        let cfa = predicted_cfa(sp, c, &mut predicted);
+        let cfa = if c.rbp_based() {
+            // rbp known and at or above sp, so that the frame below the CFA lies above sp.
+            if valid & (1 << BP) == 0 || bp < sp {
+                break;
+            }
+            bp.wrapping_add(c.cfa_words() * W)
+        } else {
+            predicted_cfa(sp, c, &mut predicted)
+        };
         let ra_at = cfa.wrapping_sub(W);
         if cfa <= sp || !ok(ra_at) {
             break;
         }
-        // rbp's slot lies between sp and the return address's slot (a compact rule's slot is
-        // within its frame: `Compact::fp_words` is at most `cfa_words`), all of it checked.
+        // rbp's slot lies between the CFA's base (sp, or rbp at or above it) and the return
+        // address's slot (a compact rule's slot is within its frame: `Compact::fp_words` is at
+        // most `cfa_words`), all of it checked.
         let slots = c.slots();
         let rbp_at = cfa.wrapping_sub(c.fp_words() * W);
         let ra = arch::strip_ra(load(ra_at));
