@@ -71,13 +71,24 @@ fn alive(builder: u64) -> bool {
         && (tid == crate::sys::gettid() || crate::sys::tgkill(tid, 0) == Ok(()))
 }
 
+/// Whether `builder` leaves the slot to be claimed: its tables are not built and no live
+/// thread of this process builds them.
+fn free(builder: u64) -> bool {
+    builder != Slot::BUILT && (builder == 0 || !alive(builder))
+}
+
+/// Whether [`claim`] would take `slot` now.
+fn claimable(slot: &Slot) -> bool {
+    slot.get().is_none() && free(slot.builder.load(Ordering::Acquire))
+}
+
 /// Claims `slot` for the calling thread if its tables are not built and no live thread of this
 /// process builds them. Returns whether it did.
 fn claim(slot: &Slot) -> bool {
     let me = me();
     let mut seen = slot.builder.load(Ordering::Acquire);
     loop {
-        if seen == Slot::BUILT || slot.get().is_some() || (seen != 0 && alive(seen)) {
+        if slot.get().is_some() || !free(seen) {
             return false;
         }
         match slot
@@ -122,18 +133,26 @@ pub(crate) fn queue(slot: &'static Slot) {
     }
 }
 
-/// The first queued slot the caller could claim (claimed), if any.
+/// The oldest queued slot the caller could claim (claimed), if any: the objects are built in
+/// the order they were queued, as a refresh found them.
 fn claim_queued() -> Option<&'static Slot> {
-    let mut p = QUEUE.load(Ordering::SeqCst);
-    // SAFETY: every pointer in the queue is a leaked `&'static Slot` (`queue`), published
-    // with its `next` written before it (the compare-exchange orders it).
-    while let Some(slot) = unsafe { p.as_ref() } {
+    loop {
+        let mut oldest = None;
+        let mut p = QUEUE.load(Ordering::SeqCst);
+        // SAFETY: every pointer in the queue is a leaked `&'static Slot` (`queue`), published
+        // with its `next` written before it (the compare-exchange orders it).
+        while let Some(slot) = unsafe { p.as_ref() } {
+            if claimable(slot) {
+                oldest = Some(slot);
+            }
+            p = slot.next.load(Ordering::Acquire);
+        }
+        let slot = oldest?;
         if claim(slot) {
             return Some(slot);
         }
-        p = slot.next.load(Ordering::Acquire);
+        // Claimed by another thread meanwhile: look again.
     }
-    None
 }
 
 /// Builds `slot`'s tables (claimed by the caller), sets them and wakes the waiters. A build
