@@ -1,16 +1,16 @@
 //! The compact table: the rules of return addresses that have the simplest form, one word each.
 //!
-//! Most return addresses have the simplest rule: CFA = rsp + 8n (or rbp + 8n in code built
-//! with frame pointers, as Rust's std and a distribution's libraries are), the return address
-//! at CFA - 8, rbp unchanged or saved just below. Such a rule, with the pc's bits that its index does not
-//! give, fits one word ([`Compact`]); those words sit in a table of [`ENTRIES`] (256 KiB) indexed
-//! by pc bits 3-17, so the return addresses of 64 bytes of code share a table line (and return
-//! addresses 256 KiB apart share a word: the last one stored keeps it, the other is found in the
-//! buckets of [`super::cache`]). The fast walk looks here first: a hit is one load of one word,
-//! which a writer replaces whole (no sequence number needed); a miss goes on to the buckets. In
-//! the 2,048-site bench (160 KiB of code) every stepped frame hits it; against libunwind in the
-//! same process the walk went from 0.93-1.0x (buckets alone) to 0.76-0.82x (a table of half the
-//! size, where 12% of the frames missed) to 0.61-0.70x.
+//! Most return addresses have the simplest rule: CFA = rsp + 8n (or rbp + 8n in code built with
+//! frame pointers, as Rust's std and a distribution's libraries are), the return address at
+//! CFA - 8, rbp unchanged or saved just below. Such a rule, with the pc's bits that its index does
+//! not give, fits one word ([`Compact`]); those words sit in a table of [`ENTRIES`] (256 KiB)
+//! indexed by pc bits 3-17, so the return addresses of 64 bytes of code share a table line (and
+//! return addresses 256 KiB apart share a word: the last one stored keeps it, the other is found in
+//! the buckets of [`super::cache`]). The fast walk looks here first: a hit is one load of one word,
+//! which a writer replaces whole (no sequence number needed); a miss goes on to the buckets. In the
+//! 2,048-site bench (160 KiB of code) every stepped frame hits it; against libunwind in the same
+//! process the walk went from 0.93-1.0x (buckets alone) to 0.76-0.82x (a table of half the size,
+//! where 12% of the frames missed) to 0.61-0.70x.
 //!
 //! The form is x86-64's (`ENABLED`); on aarch64 the table holds nothing yet and every frame is
 //! found in the buckets.
