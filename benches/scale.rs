@@ -16,7 +16,8 @@
 //!
 //! Then both look up 2,000 pseudo-random addresses in the driver's code, each once, and copy
 //! the name out (cold: the addresses are spread over 146 MB, so few lookups share a page of
-//! the index).
+//! the index); then 2,000 other addresses after writing 256 MB, so that none of the index is
+//! in a cache (a crash handler's lookup long after start-up).
 //!
 //! criterion times the index build (`refresh`) and the first resolution; a summary line per
 //! tool, from children alternating between the two, gives the rest.
@@ -118,9 +119,9 @@ fn driver_code(name: &str) -> (usize, usize) {
     code.expect("the driver's code segment")
 }
 
-/// `LOOKUPS` addresses spread over `code` (a fixed xorshift sequence).
-fn addresses((start, len): (usize, usize)) -> Vec<usize> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+/// `LOOKUPS` addresses spread over `code` (a fixed xorshift sequence from `seed`).
+fn addresses((start, len): (usize, usize), seed: u64) -> Vec<usize> {
+    let mut x: u64 = seed;
     (0..LOOKUPS)
         .map(|_| {
             x ^= x << 13;
@@ -136,8 +137,9 @@ fn addresses((start, len): (usize, usize)) -> Vec<usize> {
 /// the time `refresh` (or the first resolution) took, the time until every name was in
 /// (selftrace's background indexer done), the CPU time of all threads meanwhile, then (after
 /// that) the resident memory added (all, anonymous, file pages), the bytes of the two objects'
-/// unwind tables (which selftrace copies: they can be unloaded), the cold lookups, and (the last
-/// three) selftrace's whole symbol index, all objects (zero for the backtrace crate).
+/// unwind tables (which selftrace copies: they can be unloaded), the cold lookups, selftrace's
+/// whole symbol index, all objects (zero for the backtrace crate), and `flushed_lookup_ns`: the
+/// lookups of other addresses after 256 MB were written.
 fn child(which: &str, path: &str) -> String {
     if which == "selftrace" {
         let t = Instant::now();
@@ -169,7 +171,7 @@ fn child(which: &str, path: &str) -> String {
         .unwrap()
         .to_str()
         .unwrap();
-    let addrs = addresses(driver_code(name));
+    let addrs = addresses(driver_code(name), 0x9e37_79b9_7f4a_7c15);
     let before = resident();
     let (anon_before, file_before) = resident_kinds();
     let cpu_before = cpu_time();
@@ -200,20 +202,34 @@ fn child(which: &str, path: &str) -> String {
     } else {
         0
     };
-    let t = Instant::now();
-    for &a in &addrs {
-        if which == "selftrace" {
-            // The name decoded into a buffer, as a crash report or a profile needs it.
-            let mut buf = [0u8; 1024];
-            let name = selftrace::symbolize(a).and_then(|s| s.name);
-            named += usize::from(name.is_some_and(|n| !n.copy_to(&mut buf).is_empty()));
-        } else {
-            let mut any = false;
-            backtrace::resolve(a as *mut _, |s| any |= s.name().is_some());
-            named += usize::from(any);
+    let lookups = |addrs: &[usize]| {
+        let mut named = 0;
+        let t = Instant::now();
+        for &a in addrs {
+            if which == "selftrace" {
+                // The name decoded into a buffer, as a crash report or a profile needs it.
+                let mut buf = [0u8; 1024];
+                let name = selftrace::symbolize(a).and_then(|s| s.name);
+                named += usize::from(name.is_some_and(|n| !n.copy_to(&mut buf).is_empty()));
+            } else {
+                let mut any = false;
+                backtrace::resolve(a as *mut _, |s| any |= s.name().is_some());
+                named += usize::from(any);
+            }
         }
+        (t.elapsed().as_nanos() / addrs.len() as u128, named)
+    };
+    let (lookup, n) = lookups(&addrs);
+    named += n;
+    // Then other addresses after 256 MB were written, so that the index is out of every cache
+    // (a crash handler's lookup long after start-up).
+    let mut flush = vec![0u8; 256 << 20];
+    for (i, b) in flush.iter_mut().enumerate().step_by(64) {
+        *b = i as u8;
     }
-    let lookup = t.elapsed().as_nanos() / LOOKUPS as u128;
+    std::hint::black_box(&flush);
+    drop(flush);
+    let (flushed, _) = lookups(&addresses(driver_code(name), 0x2545_f491_4f6c_dd1d));
     let (syms, bytes, names) = if which == "selftrace" {
         let (n, b) = selftrace::symbolize::index_stats();
         (n, b, selftrace::symbolize::index_name_bytes())
@@ -221,7 +237,7 @@ fn child(which: &str, path: &str) -> String {
         (0, 0, 0)
     };
     format!(
-        "{} {} {} {} {anon} {file} {unwind} {} {} {syms} {bytes} {names}",
+        "{} {} {} {} {anon} {file} {unwind} {} {} {syms} {bytes} {names} {flushed}",
         build.as_nanos(),
         complete.as_nanos(),
         cpu.as_nanos(),
@@ -251,6 +267,7 @@ struct Row {
     file: u64,
     unwind: u64,
     lookup: u128,
+    flushed: u128,
     named: usize,
     syms: usize,
     bytes: usize,
@@ -268,7 +285,7 @@ fn run_child(which: &str, driver: &std::path::Path) -> Row {
     let text = String::from_utf8_lossy(&out.stdout);
     let f: Vec<&str> = text.split_whitespace().collect();
     assert!(
-        out.status.success() && f.len() == 12,
+        out.status.success() && f.len() == 13,
         "child {which}: {}{}",
         text,
         String::from_utf8_lossy(&out.stderr)
@@ -282,6 +299,7 @@ fn run_child(which: &str, driver: &std::path::Path) -> Row {
         file: f[5].parse().unwrap(),
         unwind: f[6].parse().unwrap(),
         lookup: f[7].parse().unwrap(),
+        flushed: f[12].parse().unwrap(),
         named: f[8].parse().unwrap(),
         syms: f[9].parse().unwrap(),
         bytes: f[10].parse().unwrap(),
@@ -325,14 +343,16 @@ fn scale(c: &mut Criterion) {
         let mut cpu: Vec<Duration> = v.iter().map(|r| r.cpu).collect();
         let mut rss: Vec<u64> = v.iter().map(|r| r.grown).collect();
         let mut look: Vec<u128> = v.iter().map(|r| r.lookup).collect();
+        let mut flushed: Vec<u128> = v.iter().map(|r| r.flushed).collect();
         let r = &v[0];
         eprintln!(
-            "scale: {which:16} first index/resolve {:7.1} ms (every name in: {:.1} ms, CPU time of all threads {:.1} ms), +{:5.1} MB resident, {:4} ns per cold lookup, {} of {LOOKUPS} addresses named",
+            "scale: {which:16} first index/resolve {:7.1} ms (every name in: {:.1} ms, CPU time of all threads {:.1} ms), +{:5.1} MB resident, {:4} ns per cold lookup ({} ns with the caches flushed first), {} of {LOOKUPS} addresses named",
             median(&mut build).as_secs_f64() * 1e3,
             median(&mut complete).as_secs_f64() * 1e3,
             median(&mut cpu).as_secs_f64() * 1e3,
             median(&mut rss) as f64 / 1e6,
             median(&mut look),
+            median(&mut flushed),
             r.named,
         );
         if r.syms > 0 {
