@@ -104,8 +104,9 @@ impl RuleCache {
         self.compact.get(pc)
     }
 
-    /// [`compact`](Self::compact) of a pc the caller knows to be below 2^47 (for any other,
-    /// possibly another pc's rule).
+    /// [`compact`](Self::compact) of a pc the caller knows to be in
+    /// [`compact::LOW`](super::compact::LOW)..[`compact::HIGH`](super::compact::HIGH) (for any
+    /// other, possibly another pc's rule).
     ///
     /// # Async-signal safety
     /// Async-signal-safe, wait-free.

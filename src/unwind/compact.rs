@@ -25,17 +25,25 @@ const ENABLED: bool = cfg!(target_arch = "x86_64");
 /// Entries of the table (a power of two): one word each, 256 KiB; none without a compact form.
 const ENTRIES: usize = if ENABLED { 1 << 15 } else { 0 };
 
-/// Bits of a compact word that must equal [`tag`] of the pc: present (bit 0) and the pc bits
-/// that the entry's index does not give (29-63).
-const TAG_MASK: u64 = 1 | !0 << 29;
+/// The lowest pc with a compact rule: [`tag`] needs a pc bit outside the index set, so that an
+/// empty word (0) matches no pc.
+pub(crate) const LOW: usize = 1 << 18;
 
-/// The tag of a return address in its compact word: present, pc bits 0-2 (bits 29-31), pc bits
-/// 17-46 (bits 32-61). The entry's index gives pc bits 3-17; with the tag, the whole pc of a pc
-/// under 2^47 (no compact rule is stored or looked up for any other).
+/// The end of the pcs with a compact rule: [`tag`] holds pc bits up to 46 (user space can reach
+/// above with 5-level page tables).
+pub(crate) const HIGH: usize = 1 << 47;
+
+/// Bits of a compact word that must equal [`tag`] of the pc: the pc bits that the entry's index
+/// does not give (0-28 and 46-48).
+const TAG_MASK: u64 = ((1 << 29) - 1) | (7 << 46);
+
+/// The tag of a return address in its compact word, pc rotated right by 18 (one instruction),
+/// of which [`TAG_MASK`] keeps pc bits 18-46 (bits 0-28) and 0-2 (bits 46-48). The entry's
+/// index gives pc bits 3-17; with the tag, the whole pc of a pc in [`LOW`]..[`HIGH`] (no compact
+/// rule is stored or looked up for any other).
 #[inline(always)]
 fn tag(pc: usize) -> u64 {
-    let pc = pc as u64;
-    1 | (pc & 7) << 29 | (pc >> 17) << 32
+    (pc as u64).rotate_right(18)
 }
 
 /// The index of pc's word.
@@ -48,9 +56,9 @@ fn index(pc: usize) -> usize {
 /// code built with frame pointers, rbp) + a positive multiple of 8, the return address at
 /// CFA - 8, rbp unchanged or saved in one of the 63 words below the CFA and within the frame,
 /// every other callee-saved register unchanged or saved (the fast walk then forgets it). Bits:
-/// 0 present; 1-6 which of [`arch::SAVED`] the frame saves (as in the packed rule); 7-12 rbp's
-/// save slot in words below the CFA (0: unchanged); 13-27 the CFA offset in words; 28 the CFA
-/// is rbp-based; 29-63 the tag ([`tag`]; bits 62-63 are zero).
+/// 0-28 and 46-48 the tag ([`tag`]); 29 the CFA is rbp-based; 30-35 which of [`arch::SAVED`]
+/// the frame saves (as in the packed rule); 36-41 rbp's save slot in words below the CFA (0:
+/// unchanged); 49-63 the CFA offset in words (one shift to read it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Compact(u64);
 
@@ -64,7 +72,7 @@ impl Compact {
             || rule.cfa_off <= 0
             || rule.cfa_off % 8 != 0
             || rule.cfa_off / 8 > 0x7fff
-            || pc as u64 >= 1 << 47
+            || !(LOW..HIGH).contains(&pc)
             || arch::LANES > 6
         {
             return None;
@@ -85,7 +93,11 @@ impl Compact {
         }
         let rbp_based = u64::from(rule.cfa_reg as u16 == arch::FP);
         Some(Compact(
-            tag(pc) | slots << 1 | fp << 7 | (rule.cfa_off as u64 / 8) << 13 | rbp_based << 28,
+            tag(pc) & TAG_MASK
+                | rbp_based << 29
+                | slots << 30
+                | fp << 36
+                | (rule.cfa_off as u64 / 8) << 49,
         ))
     }
 
@@ -93,27 +105,27 @@ impl Compact {
     /// frame pointers, past its prologue), not rsp plus them.
     #[inline(always)]
     pub(crate) fn rbp_based(self) -> bool {
-        self.0 & 1 << 28 != 0
+        self.0 & 1 << 29 != 0
     }
 
     /// The CFA's offset from rsp (or rbp: [`rbp_based`](Self::rbp_based)), in words (at
     /// least 1).
     #[inline(always)]
     pub(crate) fn cfa_words(self) -> usize {
-        (self.0 >> 13) as usize & 0x7fff
+        (self.0 >> 49) as usize
     }
 
     /// The frame pointer's save slot in words below the CFA, or 0 if the frame does not save it;
     /// at most [`cfa_words`](Self::cfa_words).
     #[inline(always)]
     pub(crate) fn fp_words(self) -> usize {
-        (self.0 >> 7) as usize & 0x3f
+        (self.0 >> 36) as usize & 0x3f
     }
 
     /// Which lanes the frame saves, one bit per lane, as in the packed rule.
     #[inline(always)]
     pub(crate) fn slots(self) -> u64 {
-        (self.0 >> 1) & 0x3f
+        (self.0 >> 30) & 0x3f
     }
 }
 
@@ -134,21 +146,20 @@ impl CompactTable {
     }
 
     /// The compact rule of return address `pc`, if the table holds one: one load of one word,
-    /// which a writer replaces whole. A pc at or above 2^47 (user space can reach there with
-    /// 5-level page tables) has no compact rule: the tag holds bits up to 46 only.
+    /// which a writer replaces whole. A pc outside [`LOW`]..[`HIGH`] has no compact rule.
     ///
     /// # Async-signal safety
     /// Async-signal-safe, wait-free.
     #[inline(always)]
     pub(crate) fn get(&self, pc: usize) -> Option<Compact> {
-        if !ENABLED || pc as u64 >= 1 << 47 {
+        if !ENABLED || !(LOW..HIGH).contains(&pc) {
             return None;
         }
         self.get_below(pc)
     }
 
-    /// [`get`](Self::get) without the check that `pc` is below 2^47: the caller knows it is
-    /// (for a pc above, the word of another pc may match).
+    /// [`get`](Self::get) without the check that `pc` is in [`LOW`]..[`HIGH`]: the caller knows
+    /// it is (for another pc, an empty word or that of another pc may match).
     ///
     /// # Async-signal safety
     /// Async-signal-safe, wait-free.
@@ -187,7 +198,7 @@ mod tests {
             r.ra_off = -8;
             r
         };
-        assert!(Compact::encode(0x1000, &base).is_some());
+        assert!(Compact::encode(0x40_1000, &base).is_some());
         let variants: [fn(&mut Rule); 10] = [
             |r| r.kind = Kind::Slow,
             |r| r.cfa_reg = 3,
@@ -204,29 +215,62 @@ mod tests {
         for (i, f) in variants.iter().enumerate() {
             let mut r = base;
             f(&mut r);
-            assert_eq!(Compact::encode(0x1000, &r), None, "variant {i}");
+            assert_eq!(Compact::encode(0x40_1000, &r), None, "variant {i}");
         }
         assert_eq!(Compact::encode(1 << 47, &base), None, "not a user-space pc");
+        assert_eq!(Compact::encode(LOW - 8, &base), None, "below the lowest");
+        assert!(Compact::encode(HIGH - 8, &base).is_some());
         let mut at_the_bottom = base;
         at_the_bottom.saved[1] = -16;
-        let c = Compact::encode(0x1000, &at_the_bottom).expect("rbp at sp");
+        let c = Compact::encode(0x40_1000, &at_the_bottom).expect("rbp at sp");
         assert_eq!((c.fp_words(), c.cfa_words()), (2, 2));
         assert!(!c.rbp_based());
         // A frame-pointer frame past its prologue: CFA = rbp + 16, rbp saved at CFA - 16.
         let mut fp_frame = at_the_bottom;
         fp_frame.cfa_reg = arch::FP as u8;
-        let c = Compact::encode(0x1000, &fp_frame).expect("rbp-based");
+        let c = Compact::encode(0x40_1000, &fp_frame).expect("rbp-based");
         assert!(c.rbp_based());
         assert_eq!((c.fp_words(), c.cfa_words(), c.slots()), (2, 2, 1 << 1));
         // The largest CFA offset (32,767 words), rsp- or rbp-based.
         let mut big = fp_frame;
         big.cfa_off = 8 * 0x7fff;
-        let c = Compact::encode(0x1000, &big).expect("largest offset");
+        let c = Compact::encode(0x40_1000, &big).expect("largest offset");
         assert!(c.rbp_based());
         assert_eq!(c.cfa_words(), 0x7fff);
         big.cfa_reg = arch::SP as u8;
-        let c = Compact::encode(0x1000, &big).expect("largest offset");
+        let c = Compact::encode(0x40_1000, &big).expect("largest offset");
         assert!(!c.rbp_based());
         assert_eq!(c.cfa_words(), 0x7fff);
+    }
+
+    #[test]
+    fn the_table_finds_the_stored_pc_and_no_other() {
+        let mut r = Rule::of(Kind::Cfi);
+        r.cfa_reg = arch::SP as u8;
+        r.cfa_off = 24;
+        r.ra_off = -8;
+        r.saved[arch::FP_LANE] = -16;
+        let t = CompactTable::new();
+        let pcs = [LOW, 0x40_1234, 0x7f12_3456_789a, HIGH - 1];
+        for &pc in &pcs {
+            assert_eq!(t.get(pc), None, "{pc:#x} in an empty table");
+        }
+        for &pc in &pcs {
+            t.put(pc, &r);
+            let c = t.get(pc).expect("stored");
+            assert_eq!((c.cfa_words(), c.fp_words(), c.rbp_based()), (3, 2, false));
+            // Every pc sharing its word (a multiple of 256 KiB away, or in the same 8 bytes),
+            // one that differs in a single tag bit, and ones outside the range: none.
+            let others = (0..47)
+                .map(|b| pc ^ 1 << b)
+                .chain([pc + (ENTRIES << 3), pc.wrapping_sub(ENTRIES << 3), pc | 1 << 47]);
+            for other in others.filter(|&o| o != pc) {
+                assert_eq!(t.get(other), None, "{other:#x} beside {pc:#x}");
+            }
+        }
+        // Below LOW an empty word would match without the range check.
+        assert_eq!(t.get(0), None);
+        assert_eq!(t.get(8), None);
+        assert_eq!(t.get(LOW - 8), None);
     }
 }

@@ -5,7 +5,7 @@
 #![allow(unsafe_code)]
 
 use super::arch::{self, FP, PC, SP};
-use super::compact::Compact;
+use super::compact::{self, Compact};
 use super::objects::{LoadedCheck, State};
 use super::regs::RegSet;
 use super::reuse;
@@ -529,11 +529,11 @@ fn predicted_cfa(sp: usize, c: Compact, predicted: &mut usize) -> usize {
     }
 }
 
-/// Whether every pc in the code range (`start`, `len`) is below 2^47 (see
-/// [`RuleCache::compact_below`](super::cache::RuleCache::compact_below)).
+/// Whether every pc in the code range (`start`, `len`) and its end may have a compact rule
+/// (see [`RuleCache::compact_below`](super::cache::RuleCache::compact_below)).
 #[inline(always)]
-fn below_2_47(start: usize, len: usize) -> bool {
-    start.checked_add(len).is_some_and(|end| end < 1 << 47)
+fn compact_range(start: usize, len: usize) -> bool {
+    start >= compact::LOW && start.checked_add(len).is_some_and(|end| end < compact::HIGH)
 }
 
 /// Steps frames while each one's rule is in the compact table, its reads fall on this thread's
@@ -571,13 +571,16 @@ fn compact_run(
         mut frames,
         mut dropped,
     } = *run;
-    // Every pc this loop looks up is below 2^47 (see `RuleCache::compact_below`): the first
-    // was found in the table, each later one lies in the current object's code.
+    // Every pc this loop looks up may have a compact rule (see `RuleCache::compact_below`): the
+    // first was found in the table, each later one lies in the current object's code.
     // And every frame's reads lie above `sp`, so at or above `stack_start` (see below).
-    if !below_2_47(start, code) || sp < stack_start {
+    if !compact_range(start, code) || sp < stack_start {
         return;
     }
     let mut predicted = 0usize;
+    // The lanes the run's frames saved: their registers become unknown, once at the end (the
+    // loop reads only rbp's validity, which only a restore changes).
+    let mut lost = 0u64;
     while let Some(c) = cache.compact_below(pc) {
         let cfa = if c.rbp_based() {
             // rbp known and at or above sp, so that the frame below the CFA lies above sp.
@@ -599,11 +602,11 @@ fn compact_run(
         let rbp_at = cfa.wrapping_sub(c.fp_words() * W);
         let ra = arch::strip_ra(load(ra_at));
         // A return address in another object: one this walk may trust (as in the caller),
-        // whose code ends below 2^47 too.
+        // whose code may have compact rules too.
         if ra.wrapping_sub(1).wrapping_sub(start) >= code
             && (ra == 0
                 || !trusted_code(state, loaded, &mut start, &mut code, current, ra)
-                || !below_2_47(start, code))
+                || !compact_range(start, code))
         {
             break;
         }
@@ -616,15 +619,14 @@ fn compact_run(
             bp = load(rbp_at);
             valid |= 1 << BP;
         }
-        // The registers of the other lanes become unknown.
-        if slots & !FP_LANE != 0 {
-            dropped = true;
-            valid &= !arch::lane_regs(slots);
-        }
+        lost |= slots;
         // Registers without a rule keep their values (see `cfi::eval_row`).
         pc = ra;
         sp = cfa;
     }
+    // The registers of the other lanes are unknown (`lane_regs` leaves rbp out).
+    dropped |= lost & !FP_LANE != 0;
+    valid &= !arch::lane_regs(lost);
     (*start_out, *code_out) = (start, code);
     *run = Run {
         pc,
