@@ -79,8 +79,10 @@ fn trusted_code(
 /// frame saved becomes unknown (and `dropped` is set), which costs nothing unless a later frame
 /// needs it: then the walk is repeated precisely (see `Job::run` in [`super::walk`]).
 ///
-/// With walk reuse off, runs of frames with compact rules go through [`compact_run`]; with it
-/// on, this loop steps them (it compares each frame with the record and stages it).
+/// Runs of frames with compact rules go through [`compact_run`] unless the walk stages its
+/// frames for a new record (then this loop steps them, comparing each with the record and
+/// staging it); a walk with a record that does not stage runs up to the record frame where
+/// the last walk joined it.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn fast_frames(
@@ -95,20 +97,16 @@ pub(crate) fn fast_frames(
     limit: usize,
     dropped: &mut bool,
 ) -> Fast {
-    // Three instances of the loop: the precise one, one with the compact run (no record to
-    // compare or stage) and one without, so that the loop walk reuse uses carries no call
-    // it never makes.
+    // Two instances of the loop: the precise one, and one with the compact run.
     if precise {
         frames_loop::<true, false>(state, loaded, current, stack, regs, buf, n, limit, dropped)
-    } else if !reuse::enabled() {
-        frames_loop::<false, true>(state, loaded, current, stack, regs, buf, n, limit, dropped)
     } else {
-        frames_loop::<false, false>(state, loaded, current, stack, regs, buf, n, limit, dropped)
+        frames_loop::<false, true>(state, loaded, current, stack, regs, buf, n, limit, dropped)
     }
 }
 
 /// [`fast_frames`]; with `RUN` (never with `PRECISE`), runs of compact frames go through
-/// [`compact_run`] when there is no record to compare or stage.
+/// [`compact_run`] when the walk does not stage its frames.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn frames_loop<const PRECISE: bool, const RUN: bool>(
@@ -186,19 +184,24 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
     } else {
         reuse::Claim::take(stack.end, state.generation)
     };
-    let (record, mut stage) = match claim.as_mut() {
+    let (record, mut stage, hint) = match claim.as_mut() {
         Some(c) => c.parts(),
-        None => (&[][..], None),
+        None => (&[][..], None, None),
     };
     let staging = stage.is_some();
-    // No record to compare or stage (walk reuse off, or no record slot).
-    let unrecorded = RUN && record.is_empty() && !staging;
+    // Nothing to stage (walk reuse off, no record slot, or a walk that skips staging): runs of
+    // compact frames may go through `compact_run`, up to the next record frame to compare.
+    let unstaged = RUN && !staging;
     // One past the record frame to compare next (record frames lie outermost first, so their
     // sp falls as the index grows), and that frame's sp: the walk compares nothing before its
-    // sp reaches it.
-    let mut cursor = record.len();
+    // sp reaches it. A walk that does not stage starts at the frame where the last one joined
+    // (see `Claim::parts`).
     let record_len = record.len();
-    let mut next_sp = record.last().map_or(usize::MAX, |f| f.sp);
+    let mut cursor = hint.map_or(record_len, |h| h + 1);
+    let mut next_sp = match cursor.checked_sub(1) {
+        Some(i) => record[i].sp,
+        None => usize::MAX,
+    };
     // Frames of this loop staged for the next record, and the first that may be recorded.
     let mut staged = 0usize;
     let mut floor = 0usize;
@@ -282,9 +285,9 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
         // from it). A return address whose rule has the compact form costs one load of one
         // word; any other pc is looked up in the buckets.
         let compact = if PRECISE { None } else { cache.compact(pc) };
-        // No record to compare or stage (walk reuse off, or no record slot): a run of compact
-        // frames goes through the tight loop of `compact_run`.
-        if compact.is_some() && unrecorded {
+        // Nothing to stage: a run of compact frames below the next record frame to compare
+        // (`next_sp`) goes through the tight loop of `compact_run`.
+        if compact.is_some() && unstaged {
             let mut run = Run {
                 pc,
                 sp,
@@ -298,7 +301,9 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
                 loaded,
                 (&mut start, &mut code, current),
                 stack.start,
-                words,
+                // Reads below the next record frame to compare only: the run stops before a
+                // frame at or above it, whose return address's slot lies there.
+                words.min((next_sp.wrapping_sub(stack.start) / W).saturating_sub(1)),
                 buf,
                 &mut run,
             );
@@ -482,7 +487,7 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
             }
         }
         // Whether the walk joined the record after stepping frames of its own.
-        c.complete(joined.is_some() && frames - *n > reused);
+        c.complete(joined.is_some() && frames - *n > reused, joined.unwrap_or(0));
     }
     v[PC_] = pc;
     v[SP_] = sp;
@@ -541,7 +546,8 @@ fn compact_range(start: usize, len: usize) -> bool {
 /// this walk may trust (the current object's, `start` and `code`, or another's, which then
 /// becomes the current one, as in [`trusted_code`]), writing each caller's pc into `buf`;
 /// stops at the first frame that is not such, or when `buf` is full, with `run` at that frame
-/// (which the caller then steps in full). The same steps as the compact case of
+/// (which the caller then steps in full, or joins to its record: the caller bounds `words`
+/// below the next record frame it compares). The same steps as the compact case of
 /// [`fast_frames`], in a loop of its own whose few values stay in registers, with the CFA
 /// offsets predicted ([`predicted_cfa`]).
 #[inline(never)]

@@ -95,6 +95,8 @@ struct Data {
     /// The last walk joined the record below frames that differed from it: the next ones
     /// probably will too, and skip staging their own frames.
     varying: bool,
+    /// The record frame where that walk joined it (see [`Claim::parts`]).
+    joined: usize,
     /// Frames in `frames`, outermost first: `frames[len - 1]` is the innermost.
     len: usize,
     frames: [Frame; CAP],
@@ -129,6 +131,7 @@ static TABLE: [Record; RECORDS] = [const {
             generation: 0,
             since_commit: 0,
             varying: false,
+            joined: 0,
             len: 0,
             frames: [EMPTY; CAP],
             stage: [EMPTY; CAP],
@@ -137,12 +140,6 @@ static TABLE: [Record; RECORDS] = [const {
 }; RECORDS];
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
-
-/// Whether walks reuse records (see [`set_enabled`]).
-#[inline]
-pub(crate) fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
-}
 
 /// See [`super::set_walk_reuse`].
 pub(crate) fn set_enabled(on: bool) {
@@ -225,14 +222,18 @@ impl Claim {
 
     /// The recorded frames (outermost first) and the stage: the frames of the walk in
     /// progress, innermost first, by index modulo [`CAP`]; no stage when this walk should not
-    /// stage its frames (see [`Claim::staging`]).
+    /// stage its frames (see [`Claim::staging`]). Then, for a walk that does not stage, the
+    /// record frame where the last walk joined the record below frames of its own: the frames
+    /// of the record above it are those that differed, so this walk need not compare its own
+    /// frames with them (a frame not compared is stepped: the same frame, at a step's cost).
     #[inline(always)]
-    pub(crate) fn parts(&mut self) -> (&[Frame], Option<&mut [Frame; CAP]>) {
+    pub(crate) fn parts(&mut self) -> (&[Frame], Option<&mut [Frame; CAP]>, Option<usize>) {
         let valid = self.valid;
         let staging = self.staging();
         let d = self.data();
         let len = if valid { d.len.min(CAP) } else { 0 };
-        (&d.frames[..len], staging.then_some(&mut d.stage))
+        let joined = (!staging && d.varying && d.joined < len).then_some(d.joined);
+        (&d.frames[..len], staging.then_some(&mut d.stage), joined)
     }
 
     /// The stage (see [`Claim::parts`]).
@@ -254,10 +255,12 @@ impl Claim {
         !d.varying || d.since_commit.is_multiple_of(16)
     }
 
-    /// Notes how a complete walk went: it joined the record after stepping frames of its own
-    /// (`varying`), or not.
-    pub(crate) fn complete(&mut self, varying: bool) {
-        self.data().varying = varying;
+    /// Notes how a complete walk went: it joined the record at record frame `joined` after
+    /// stepping frames of its own (`varying`), or not.
+    pub(crate) fn complete(&mut self, varying: bool, joined: usize) {
+        let d = self.data();
+        d.varying = varying;
+        d.joined = joined;
     }
 
     /// Replaces the record with a complete walk: the recorded frames `keep` (the outermost
