@@ -99,17 +99,28 @@ pub(crate) fn fast_frames(
 ) -> Fast {
     // Two instances of the loop: the precise one, and one with the compact run.
     if precise {
-        frames_loop::<true, false>(state, loaded, current, stack, regs, buf, n, limit, dropped)
+        return frames_loop::<true, false>(
+            None, state, loaded, current, stack, regs, buf, n, limit, dropped,
+        );
+    }
+    // The record of this thread's previous walk (see `tail`): not in the precise walk, which
+    // is rare and tracks registers a record does not hold.
+    let mut claim = reuse::Claim::take(stack.end, state.generation);
+    if claim.as_mut().is_none_or(reuse::Claim::runs) {
+        frames_loop::<false, true>(claim, state, loaded, current, stack, regs, buf, n, limit, dropped)
     } else {
-        frames_loop::<false, true>(state, loaded, current, stack, regs, buf, n, limit, dropped)
+        frames_loop::<false, false>(claim, state, loaded, current, stack, regs, buf, n, limit, dropped)
     }
 }
 
-/// [`fast_frames`]; with `RUN` (never with `PRECISE`), runs of compact frames go through
-/// [`compact_run`] when the walk does not stage its frames.
+/// [`fast_frames`], with the walk's `claim` on its thread's record; with `RUN` (never with
+/// `PRECISE`; the caller chooses it by [`reuse::Claim::runs`]), runs of compact frames go
+/// through [`compact_run`]. Two instances, so that the loop of a walk that compares every
+/// record frame or stages its own carries no call it does not make.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn frames_loop<const PRECISE: bool, const RUN: bool>(
+    mut claim: Option<reuse::Claim>,
     state: &State,
     loaded: &mut LoadedCheck,
     current: &mut core::ops::Range<usize>,
@@ -177,21 +188,16 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
             _ => return Fast::Slow,
         }
     }
-    // The record of this thread's previous walk (see `tail`): not in the precise walk, which
-    // is rare and tracks registers a record does not hold.
-    let mut claim = if PRECISE {
-        None
-    } else {
-        reuse::Claim::take(stack.end, state.generation)
-    };
     let (record, mut stage, hint) = match claim.as_mut() {
         Some(c) => c.parts(),
         None => (&[][..], None, None),
     };
     let staging = stage.is_some();
-    // Nothing to stage (walk reuse off, no record slot, or a walk that skips staging): runs of
-    // compact frames may go through `compact_run`, up to the next record frame to compare.
-    let unstaged = RUN && !staging;
+    // Nothing to stage and no record frame to compare before the one the last walks joined
+    // (walk reuse off, no record slot, or a walk that skips staging below a stable join; see
+    // `Claim::runs`, which chose this instance): runs of compact frames go through
+    // `compact_run`, up to the next record frame to compare.
+    let unstaged = RUN;
     // One past the record frame to compare next (record frames lie outermost first, so their
     // sp falls as the index grows), and that frame's sp: the walk compares nothing before its
     // sp reaches it. A walk that does not stage starts at the frame where the last one joined
@@ -487,7 +493,11 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
             }
         }
         // Whether the walk joined the record after stepping frames of its own.
-        c.complete(joined.is_some() && frames - *n > reused, joined.unwrap_or(0));
+        c.complete(
+            joined.is_some() && frames - *n > reused,
+            joined.unwrap_or(0),
+            hint.is_some(),
+        );
     }
     v[PC_] = pc;
     v[SP_] = sp;

@@ -97,6 +97,9 @@ struct Data {
     varying: bool,
     /// The record frame where that walk joined it (see [`Claim::parts`]).
     joined: usize,
+    /// How many walks in a row before it joined the record at the same frame after frames of
+    /// their own.
+    same: u32,
     /// Frames in `frames`, outermost first: `frames[len - 1]` is the innermost.
     len: usize,
     frames: [Frame; CAP],
@@ -132,6 +135,7 @@ static TABLE: [Record; RECORDS] = [const {
             since_commit: 0,
             varying: false,
             joined: 0,
+            same: 0,
             len: 0,
             frames: [EMPTY; CAP],
             stage: [EMPTY; CAP],
@@ -151,12 +155,22 @@ pub(crate) fn reused() -> u64 {
     TABLE.iter().map(|r| r.reused.load(Ordering::Relaxed)).sum()
 }
 
+/// Walks in a row that joined the record at the same frame before the next ones start
+/// comparing there (see [`Claim::parts`]).
+const SAME_JOINS: u32 = 4;
+
+/// Record frames above the join frame there must be for a walk to start comparing at it (see
+/// [`Claim::parts`]).
+const SKIP_MIN: usize = 8;
+
 /// A record held by one walk; released on drop.
 pub(crate) struct Claim {
     rec: &'static Record,
     high: usize,
     /// The record is this thread's and of the current generation (else it is empty to us).
     valid: bool,
+    /// This walk stages its frames (see [`Claim::staging`]).
+    staging: bool,
 }
 
 impl Claim {
@@ -201,6 +215,7 @@ impl Claim {
             rec,
             high,
             valid: false,
+            staging: false,
         };
         let d = c.data();
         let valid = mine && d.generation == generation && d.len <= CAP;
@@ -208,8 +223,10 @@ impl Claim {
             d.len = 0;
             d.generation = generation;
             d.varying = false;
+            d.same = 0;
         }
         c.valid = valid;
+        c.staging = c.staging();
         c
     }
 
@@ -223,17 +240,41 @@ impl Claim {
     /// The recorded frames (outermost first) and the stage: the frames of the walk in
     /// progress, innermost first, by index modulo [`CAP`]; no stage when this walk should not
     /// stage its frames (see [`Claim::staging`]). Then, for a walk that does not stage, the
-    /// record frame where the last walk joined the record below frames of its own: the frames
-    /// of the record above it are those that differed, so this walk need not compare its own
-    /// frames with them (a frame not compared is stepped: the same frame, at a step's cost).
+    /// record frame where the last walks all joined the record below frames of their own
+    /// ([`SAME_JOINS`] in a row): the frames of the record above it are those that keep
+    /// differing, so this walk need not compare its own frames with them (a frame not compared
+    /// is stepped: the same frame, at a step's cost). Not where the walks join at different
+    /// frames (a recursion of varying depth: comparing finds the innermost frame to join).
     #[inline(always)]
     pub(crate) fn parts(&mut self) -> (&[Frame], Option<&mut [Frame; CAP]>, Option<usize>) {
-        let valid = self.valid;
-        let staging = self.staging();
+        let (len, joined) = self.plan();
+        let staging = self.staging;
+        let d = self.data();
+        (&d.frames[..len], staging.then_some(&mut d.stage), joined)
+    }
+
+    /// The record's length to this walk, and the record frame [`parts`](Self::parts) gives.
+    #[inline(always)]
+    fn plan(&mut self) -> (usize, Option<usize>) {
+        let (valid, staging) = (self.valid, self.staging);
         let d = self.data();
         let len = if valid { d.len.min(CAP) } else { 0 };
-        let joined = (!staging && d.varying && d.joined < len).then_some(d.joined);
-        (&d.frames[..len], staging.then_some(&mut d.stage), joined)
+        // One walk in 4 compares every frame all the same: the walks that start at the frame
+        // always join there, so only the others tell whether the join moved.
+        let stable = !staging && d.varying && d.same >= SAME_JOINS && !d.since_commit.is_multiple_of(4);
+        // Only above many record frames: comparing a few costs less than the joins that
+        // starting at the frame can miss (a recursion a level deeper or shallower).
+        let above = len.saturating_sub(d.joined + 1);
+        (len, (stable && d.joined < len && above >= SKIP_MIN).then_some(d.joined))
+    }
+
+    /// Whether this walk compares no record frame before the one [`parts`](Self::parts) gives
+    /// and stages nothing: its runs of compact frames may go through the fast walk's compact
+    /// run.
+    #[inline(always)]
+    pub(crate) fn runs(&mut self) -> bool {
+        let (len, joined) = self.plan();
+        !self.staging && (len == 0 || joined.is_some())
     }
 
     /// The stage (see [`Claim::parts`]).
@@ -256,9 +297,16 @@ impl Claim {
     }
 
     /// Notes how a complete walk went: it joined the record at record frame `joined` after
-    /// stepping frames of its own (`varying`), or not.
-    pub(crate) fn complete(&mut self, varying: bool, joined: usize) {
+    /// stepping frames of its own (`varying`), or not; `hinted`: it started comparing at the
+    /// frame [`parts`](Self::parts) gave (so it could not join elsewhere, and does not count).
+    pub(crate) fn complete(&mut self, varying: bool, joined: usize, hinted: bool) {
         let d = self.data();
+        if !hinted {
+            d.same = match varying && d.varying && joined == d.joined {
+                true => d.same.saturating_add(1),
+                false => 0,
+            };
+        }
         d.varying = varying;
         d.joined = joined;
     }
