@@ -259,9 +259,9 @@ impl Claim {
         let (valid, staging) = (self.valid, self.staging);
         let d = self.data();
         let len = if valid { d.len.min(CAP) } else { 0 };
-        // One walk in 4 compares every frame all the same: the walks that start at the frame
+        // One walk in 8 compares every frame all the same: the walks that start at the frame
         // always join there, so only the others tell whether the join moved.
-        let stable = !staging && d.varying && d.same >= SAME_JOINS && !d.since_commit.is_multiple_of(4);
+        let stable = !staging && d.varying && d.same >= SAME_JOINS && !d.since_commit.is_multiple_of(8);
         // Only above many record frames: comparing a few costs less than the joins that
         // starting at the frame can miss (a recursion a level deeper or shallower).
         let above = len.saturating_sub(d.joined + 1);
