@@ -105,8 +105,8 @@ pub(crate) fn fast_frames(
     }
     // The record of this thread's previous walk (see `tail`): not in the precise walk, which
     // is rare and tracks registers a record does not hold.
-    let mut claim = reuse::Claim::take(stack.end, state.generation);
-    if claim.as_mut().is_none_or(reuse::Claim::runs) {
+    let claim = reuse::Claim::take(stack.end, state.generation);
+    if claim.as_ref().is_none_or(reuse::Claim::runs) {
         frames_loop::<false, true>(claim, state, loaded, current, stack, regs, buf, n, limit, dropped)
     } else {
         frames_loop::<false, false>(claim, state, loaded, current, stack, regs, buf, n, limit, dropped)
@@ -193,11 +193,6 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
         None => (&[][..], None, None),
     };
     let staging = stage.is_some();
-    // Nothing to stage and no record frame to compare before the one the last walks joined
-    // (walk reuse off, no record slot, or a walk that skips staging below a stable join; see
-    // `Claim::runs`, which chose this instance): runs of compact frames go through
-    // `compact_run`, up to the next record frame to compare.
-    let unstaged = RUN;
     // One past the record frame to compare next (record frames lie outermost first, so their
     // sp falls as the index grows), and that frame's sp: the walk compares nothing before its
     // sp reaches it. A walk that does not stage starts at the frame where the last one joined
@@ -291,9 +286,10 @@ fn frames_loop<const PRECISE: bool, const RUN: bool>(
         // from it). A return address whose rule has the compact form costs one load of one
         // word; any other pc is looked up in the buckets.
         let compact = if PRECISE { None } else { cache.compact(pc) };
-        // Nothing to stage: a run of compact frames below the next record frame to compare
-        // (`next_sp`) goes through the tight loop of `compact_run`.
-        if compact.is_some() && unstaged {
+        // With `RUN` (nothing to stage and no record frame to compare before the one the last
+        // walks joined: see `Claim::runs`, which chose this instance), a run of compact frames
+        // below the next record frame to compare (`next_sp`) goes through `compact_run`.
+        if compact.is_some() && RUN {
             let mut run = Run {
                 pc,
                 sp,

@@ -167,10 +167,13 @@ const SKIP_MIN: usize = 8;
 pub(crate) struct Claim {
     rec: &'static Record,
     high: usize,
-    /// The record is this thread's and of the current generation (else it is empty to us).
-    valid: bool,
+    /// Frames of the record this walk may use: 0 unless the record is this thread's and of
+    /// the current generation.
+    len: usize,
     /// This walk stages its frames (see [`Claim::staging`]).
     staging: bool,
+    /// The record frame to start comparing at (see [`Claim::parts`]).
+    hint: Option<usize>,
 }
 
 impl Claim {
@@ -214,8 +217,9 @@ impl Claim {
         let mut c = Claim {
             rec,
             high,
-            valid: false,
+            len: 0,
             staging: false,
+            hint: None,
         };
         let d = c.data();
         let valid = mine && d.generation == generation && d.len <= CAP;
@@ -225,8 +229,19 @@ impl Claim {
             d.varying = false;
             d.same = 0;
         }
-        c.valid = valid;
         c.staging = c.staging();
+        let staging = c.staging;
+        let d = c.data();
+        let len = if valid { d.len.min(CAP) } else { 0 };
+        // One walk in 8 compares every frame all the same: the walks that start at the frame
+        // always join there, so only the others tell whether the join moved.
+        let stable =
+            !staging && d.varying && d.same >= SAME_JOINS && !d.since_commit.is_multiple_of(8);
+        // Only above many record frames: comparing a few costs less than the joins that
+        // starting at the frame can miss (a recursion a level deeper or shallower).
+        let above = len.saturating_sub(d.joined + 1);
+        c.hint = (stable && d.joined < len && above >= SKIP_MIN).then_some(d.joined);
+        c.len = len;
         c
     }
 
@@ -247,34 +262,17 @@ impl Claim {
     /// frames (a recursion of varying depth: comparing finds the innermost frame to join).
     #[inline(always)]
     pub(crate) fn parts(&mut self) -> (&[Frame], Option<&mut [Frame; CAP]>, Option<usize>) {
-        let (len, joined) = self.plan();
-        let staging = self.staging;
+        let (len, staging, hint) = (self.len, self.staging, self.hint);
         let d = self.data();
-        (&d.frames[..len], staging.then_some(&mut d.stage), joined)
-    }
-
-    /// The record's length to this walk, and the record frame [`parts`](Self::parts) gives.
-    #[inline(always)]
-    fn plan(&mut self) -> (usize, Option<usize>) {
-        let (valid, staging) = (self.valid, self.staging);
-        let d = self.data();
-        let len = if valid { d.len.min(CAP) } else { 0 };
-        // One walk in 8 compares every frame all the same: the walks that start at the frame
-        // always join there, so only the others tell whether the join moved.
-        let stable = !staging && d.varying && d.same >= SAME_JOINS && !d.since_commit.is_multiple_of(8);
-        // Only above many record frames: comparing a few costs less than the joins that
-        // starting at the frame can miss (a recursion a level deeper or shallower).
-        let above = len.saturating_sub(d.joined + 1);
-        (len, (stable && d.joined < len && above >= SKIP_MIN).then_some(d.joined))
+        (&d.frames[..len], staging.then_some(&mut d.stage), hint)
     }
 
     /// Whether this walk compares no record frame before the one [`parts`](Self::parts) gives
     /// and stages nothing: its runs of compact frames may go through the fast walk's compact
     /// run.
     #[inline(always)]
-    pub(crate) fn runs(&mut self) -> bool {
-        let (len, joined) = self.plan();
-        !self.staging && (len == 0 || joined.is_some())
+    pub(crate) fn runs(&self) -> bool {
+        !self.staging && (self.len == 0 || self.hint.is_some())
     }
 
     /// The stage (see [`Claim::parts`]).
