@@ -10,7 +10,10 @@
 //! at start so that per-frame costs can be compared. `selftrace_capture_dwarf` is the default:
 //! a walk reuses the outer frames of the thread's previous walk once it checked the stack words
 //! they came from (`selftrace::unwind::set_walk_reuse`); `selftrace_capture_dwarf_no_reuse`
-//! steps every frame, the cost of a stack the thread has not walked before.
+//! steps every frame, the cost of a stack the thread has not walked before. Then the same three
+//! (with reuse, every frame stepped, libunwind) interleaved in rounds, printed as one line with
+//! the fastest and the median round of each (on a VM whose neighbours come and go, the median
+//! ratio is the one to quote: criterion's side-by-side times can drift apart by half).
 //!
 //! Further groups, selftrace and libunwind side by side:
 //! - `capture_shallow`: the capture in the bench closure itself (13-14 frames, the
@@ -891,6 +894,9 @@ fn bench(c: &mut Criterion) {
         eprintln!("libunwind.so.8 not found: install libunwind-dev (or libunwind8) to compare");
     }
     g.finish();
+    if let Some(f) = unw {
+        deep_interleaved(f);
+    }
     bench_shallow(c, unw);
     bench_beside_a_capturing_thread(c, unw);
     bench_sites(c, unw);
@@ -898,6 +904,58 @@ fn bench(c: &mut Criterion) {
     bench_qsort(c, unw);
     bench_handler_libcrypto(c);
     fp_mode();
+}
+
+/// The 30-frame capture again, interleaved: rounds of [`DEEP_CAPTURES`] captures by selftrace
+/// (walk reuse on), by selftrace stepping every frame (reuse off: a stack walked for the
+/// first time) and by libunwind take turns in a rotating order, so that a VM's slow and fast
+/// spells fall on all three alike. Prints the fastest and the median round of each, per
+/// capture, and selftrace's time over libunwind's (the same frames, the same place).
+fn deep_interleaved(unw: UnwBacktrace) {
+    const ROUNDS: usize = 300;
+    const DEEP_CAPTURES: usize = 1000;
+    let mut buf = [0usize; 256];
+    let mut ptrs = [std::ptr::null_mut::<c_void>(); 256];
+    let mut ns: [Vec<f64>; 3] = Default::default();
+    c00(&mut || {
+        for round in 0..ROUNDS {
+            for turn in 0..3 {
+                let which = (turn + round) % 3;
+                selftrace::unwind::set_walk_reuse(which != 1);
+                let t = Instant::now();
+                for _ in 0..DEEP_CAPTURES {
+                    if which == 2 {
+                        // SAFETY: ptrs is valid for 256 entries.
+                        black_box(unsafe { unw(ptrs.as_mut_ptr(), 256) });
+                    } else {
+                        black_box(selftrace::capture(&mut buf));
+                    }
+                }
+                ns[which].push(t.elapsed().as_nanos() as f64 / DEEP_CAPTURES as f64);
+            }
+        }
+    });
+    selftrace::unwind::set_walk_reuse(true);
+    for v in &mut ns {
+        v.sort_by(f64::total_cmp);
+    }
+    let (min, median) = (|v: &Vec<f64>| v[0], |v: &Vec<f64>| v[v.len() / 2]);
+    let [reuse, stepped, them] = &ns;
+    eprintln!(
+        "capture_20_deep interleaved, {ROUNDS} rounds of {DEEP_CAPTURES} captures, ns per capture \
+         (fastest round / median round): selftrace {:.1} / {:.1} ({:.2} / {:.2}x libunwind), \
+         every frame stepped {:.1} / {:.1} ({:.2} / {:.2}x), libunwind {:.1} / {:.1}",
+        min(reuse),
+        median(reuse),
+        min(reuse) / min(them),
+        median(reuse) / median(them),
+        min(stepped),
+        median(stepped),
+        min(stepped) / min(them),
+        median(stepped) / median(them),
+        min(them),
+        median(them),
+    );
 }
 
 /// `capture_shallow`: the capture right in the bench closure (the harness's frames only, 13-14):
