@@ -569,74 +569,90 @@ fn compact_run(
     const W: usize = core::mem::size_of::<usize>();
     const FP_LANE: u64 = 1 << arch::FP_LANE;
     const BP: usize = FP as usize;
-    let ok = |a: usize| readable_word(a, stack_start, words);
-    // SAFETY: (for every `load` below) `ok` held for the address: aligned and on this thread's
-    // own live stack, between the walk's stack pointer and the stack's high end.
+    // SAFETY: (for every `load` below) the address is aligned and on this thread's own live
+    // stack, between the walk's stack pointer and the highest word the caller allows (see the
+    // loop's bounds).
     let load = |a: usize| unsafe { core::ptr::read_volatile(a as *const usize) };
     let cache = &state.cache;
     let (mut start, mut code) = (*start_out, *code_out);
     let Run {
         mut pc,
         mut sp,
-        mut bp,
+        bp: bp_in,
         mut valid,
-        mut frames,
+        frames: frames_in,
         mut dropped,
     } = *run;
     // Every pc this loop looks up may have a compact rule (see `RuleCache::compact_below`): the
     // first was found in the table, each later one lies in the current object's code.
-    // And every frame's reads lie above `sp`, so at or above `stack_start` (see below).
-    if !compact_range(start, code) || sp < stack_start {
+    // The reads: a frame's CFA is its base (sp, or rbp at or above sp) plus at least one word,
+    // both aligned, so the return address's slot (CFA - 8) and rbp's (between the base and it:
+    // a compact rule's slot is within its frame, `Compact::fp_words` at most `cfa_words`) lie
+    // at or above sp, which only grows, from at or above `stack_start`; and the CFA is at most
+    // `max_cfa`, so that they lie at or below the highest word allowed. Two comparisons a
+    // frame, of values in registers.
+    let Some(max_cfa) = words
+        .checked_mul(W)
+        .and_then(|b| stack_start.checked_add(b))
+        .and_then(|hi| hi.checked_add(W))
+    else {
+        return;
+    };
+    if !compact_range(start, code) || sp < stack_start || !sp.is_multiple_of(W) {
         return;
     }
+    // rbp unknown is 0 here, which no base check lets through (sp is above it).
+    let mut bp = if valid & (1 << BP) != 0 { bp_in } else { 0 };
+    let mut out = buf.get_mut(frames_in..).unwrap_or_default().iter_mut();
+    let room = out.len();
     let mut predicted = 0usize;
     // The lanes the run's frames saved: their registers become unknown, once at the end (the
-    // loop reads only rbp's validity, which only a restore changes).
+    // loop reads only rbp, whose validity only a restore changes).
     let mut lost = 0u64;
     while let Some(c) = cache.compact_below(pc) {
         let cfa = if c.rbp_based() {
-            // rbp known and at or above sp, so that the frame below the CFA lies above sp.
-            if valid & (1 << BP) == 0 || bp < sp {
+            // rbp known (not 0), aligned and at or above sp.
+            if bp < sp || !bp.is_multiple_of(W) {
                 break;
             }
             bp.wrapping_add(c.cfa_words() * W)
         } else {
             predicted_cfa(sp, c, &mut predicted)
         };
-        let ra_at = cfa.wrapping_sub(W);
-        if cfa <= sp || !ok(ra_at) {
+        if cfa <= sp || cfa > max_cfa {
             break;
         }
-        // rbp's slot lies between the CFA's base (sp, or rbp at or above it) and the return
-        // address's slot (a compact rule's slot is within its frame: `Compact::fp_words` is at
-        // most `cfa_words`), all of it checked.
         let slots = c.slots();
-        let rbp_at = cfa.wrapping_sub(c.fp_words() * W);
-        let ra = arch::strip_ra(load(ra_at));
+        let ra = arch::strip_ra(load(cfa - W));
         // A return address in another object: one this walk may trust (as in the caller),
         // whose code may have compact rules too.
-        if ra.wrapping_sub(1).wrapping_sub(start) >= code
-            && (ra == 0
-                || !trusted_code(state, loaded, &mut start, &mut code, current, ra)
-                || !compact_range(start, code))
-        {
-            break;
+        if ra.wrapping_sub(1).wrapping_sub(start) >= code {
+            match enter_code(state, loaded, current, ra) {
+                Some(range) => (start, code) = range,
+                None => break,
+            }
         }
-        let Some(slot) = buf.get_mut(frames) else {
+        let Some(slot) = out.next() else {
             break;
         };
         *slot = ra;
-        frames += 1;
         if slots & FP_LANE != 0 {
-            bp = load(rbp_at);
-            valid |= 1 << BP;
+            bp = load(cfa.wrapping_sub(c.fp_words() * W));
         }
         lost |= slots;
         // Registers without a rule keep their values (see `cfi::eval_row`).
         pc = ra;
         sp = cfa;
     }
-    // The registers of the other lanes are unknown (`lane_regs` leaves rbp out).
+    let frames = frames_in + (room - out.len());
+    // rbp is known after a frame restored it; the registers of the other lanes are unknown
+    // (`lane_regs` leaves rbp out).
+    let bp = if lost & FP_LANE != 0 {
+        valid |= 1 << BP;
+        bp
+    } else {
+        bp_in
+    };
     dropped |= lost & !FP_LANE != 0;
     valid &= !arch::lane_regs(lost);
     (*start_out, *code_out) = (start, code);
@@ -648,6 +664,24 @@ fn compact_run(
         frames,
         dropped,
     };
+}
+
+/// The code range of the object of return address `ra` (not in the current object's code), if
+/// this walk may trust it ([`trusted_code`]) and its pcs may have compact rules; `current`
+/// becomes it. Out of [`compact_run`]'s loop, so that the loop's code range stays in registers.
+#[cold]
+#[inline(never)]
+fn enter_code(
+    state: &State,
+    loaded: &mut LoadedCheck,
+    current: &mut core::ops::Range<usize>,
+    ra: usize,
+) -> Option<(usize, usize)> {
+    let (mut start, mut code) = (0, 0);
+    (ra != 0
+        && trusted_code(state, loaded, &mut start, &mut code, current, ra)
+        && compact_range(start, code))
+    .then_some((start, code))
 }
 
 /// Whether `a` is an aligned address of a word that lies within `words` words above `start`
