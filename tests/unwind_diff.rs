@@ -12,7 +12,7 @@
 //! A sample agrees when both stacks are equal (frame 0 is the exact pc in both, later frames
 //! return addresses), or when selftrace's is longer, libunwind's is a prefix of it and
 //! selftrace ends at `_start`/`clone3`/`clone`. At least 99.9% of the samples of every phase,
-//! and overall, must agree; every phase must have sampled its leaf.
+//! and overall, must agree; at least 100 samples of every phase must lie in its leaf.
 
 #[path = "support/cfa.rs"]
 #[allow(dead_code)]
@@ -53,6 +53,9 @@ const TARGET_SAMPLES: usize = 1000;
 /// ...or this much CPU time of the worker: a bound for a hang only (the phases reach their
 /// samples in about 0.5 s of CPU; under qemu-user, slower).
 const PHASE_CPU: Duration = Duration::from_secs(30);
+/// Samples of a phase that must lie in its leaf (or below the phase's body in its code), to
+/// show that the phase ran the code it is about.
+const LEAF_MIN: usize = 100;
 /// Timer period: 2 kHz of real time. Not of the worker's CPU time: a CPU-time timer is checked
 /// at the kernel's ticks (HZ=100 to 1000), so a phase got 1.5 s x HZ samples at most (375 with
 /// HZ=250, 150 with HZ=100), and squeezed onto one CPU next to busy loops the kernel delivered
@@ -258,10 +261,35 @@ fn in_leaf(s: &Sample, leaf: &LeafFn, driver: (usize, usize)) -> bool {
         .any(leaf)
 }
 
+/// The functions that frame 0 of the samples outside the leaf lies in, most frequent first
+/// (at most 6), with their counts: where a phase spent its time when not in its leaf.
+fn elsewhere(samples: &[Sample], leaf: &LeafFn) -> String {
+    let mut by: HashMap<String, usize> = HashMap::new();
+    for s in samples {
+        let Some(&pc) = s.st.first() else {
+            *by.entry("(no frame)".into()).or_default() += 1;
+            continue;
+        };
+        if !leaf(pc) {
+            let (name, object) = name_of(pc);
+            *by.entry(format!("{name} ({object})")).or_default() += 1;
+        }
+    }
+    let mut v: Vec<_> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v.iter()
+        .take(6)
+        .map(|(f, n)| format!("{f} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 struct PhaseResult {
     name: &'static str,
     samples: Vec<Sample>,
     leaf_hits: usize,
+    /// Where frame 0 of the other samples was ([`elsewhere`]).
+    elsewhere: String,
     cpu: Duration,
 }
 
@@ -304,10 +332,12 @@ fn run_phase(
         .collect();
     let driver = fn_range(run_phase as *const () as usize);
     let leaf_hits = samples.iter().filter(|s| in_leaf(s, &leaf, driver)).count();
+    let elsewhere = elsewhere(&samples, &leaf);
     PhaseResult {
         name,
         samples,
         leaf_hits,
+        elsewhere,
         cpu,
     }
 }
@@ -762,6 +792,7 @@ fn worker(libs: &Libs) -> (Vec<PhaseResult>, Vec<(bool, bool)>, Vec<usize>) {
         name: "lazy PLT -> IFUNC resolver (in _dl_fixup)",
         samples,
         leaf_hits,
+        elsewhere: String::new(),
         cpu: Duration::ZERO,
     });
     (out, checks, handles)
@@ -942,10 +973,16 @@ fn selftrace_agrees_with_libunwind_on_real_code() {
         if n < 50 {
             failures.push(format!("{}: only {n} samples (need >= 50)", p.name));
         }
-        if p.leaf_hits < 50 || p.leaf_hits * 5 < n {
+        // An absolute count, not a share: the timer counts wall time, so on a loaded machine
+        // a signal that fell due while the thread was off the CPU is delivered where it was
+        // preempted, which is mostly where it last entered the kernel (its clock_gettime
+        // between bodies, a handler's sigreturn): 195 of 1,000 samples were in the stack-probe
+        // phase's leaf in one CI run (over 900 on an idle machine).
+        if p.leaf_hits < LEAF_MIN {
             failures.push(format!(
-                "{}: only {} of {n} samples in the phase's leaf: the phase did not run its code",
-                p.name, p.leaf_hits
+                "{}: only {} of {n} samples in the phase's leaf: the phase did not run its code \
+                 (frame 0 of the others: {})",
+                p.name, p.leaf_hits, p.elsewhere
             ));
         }
         if ok * 1000 < n * 999 {
