@@ -261,6 +261,15 @@ fn in_leaf(s: &Sample, leaf: &LeafFn, driver: (usize, usize)) -> bool {
         .any(leaf)
 }
 
+/// `f()` called `d` frames deeper than here, each frame of its own size on the stack.
+#[inline(never)]
+fn at_depth(d: usize, f: &mut dyn FnMut() -> usize) -> usize {
+    let pad = [d as u8; 48];
+    black_box(&pad);
+    let r = if d == 0 { f() } else { at_depth(d - 1, f) };
+    black_box(r)
+}
+
 /// The functions that frame 0 of the samples outside the leaf lies in, most frequent first
 /// (at most 6), with their counts: where a phase spent its time when not in its leaf.
 fn elsewhere(samples: &[Sample], leaf: &LeafFn) -> String {
@@ -719,8 +728,18 @@ fn worker(libs: &Libs) -> (Vec<PhaseResult>, Vec<(bool, bool)>, Vec<usize>) {
     }));
 
     if let Some((pac_outer, saved_lr)) = libs.pac {
-        // SAFETY: a C function of the fixture without arguments.
-        let raw = unsafe { saved_lr() } as usize;
+        // The saved return address as the fixture signed it at four stack depths (the stack
+        // pointer is the modifier): a pointer authentication code is a few bits (7 with 48-bit
+        // addresses and the top byte ignored), so one signing in 128 gives 0 with signing on.
+        let raws: Vec<usize> = (0..4)
+            // SAFETY: a C function of the fixture without arguments.
+            .map(|d| at_depth(d, &mut || unsafe { saved_lr() } as usize))
+            .collect();
+        let raw = raws
+            .iter()
+            .copied()
+            .find(|r| r & !VA_MASK != 0)
+            .unwrap_or(raws[0]);
         eprintln!(
             "{TEST}: a return address pointer authentication signed in a frame: {raw:#x} \
              (PAC bits {})",
