@@ -548,7 +548,7 @@ fn compact_range(start: usize, len: usize) -> bool {
 }
 
 /// Steps frames while each one's rule is in the compact table, its reads fall on this thread's
-/// stack (`stack_start`, `words`: see [`readable_word`]) and its return address lies in code
+/// stack (at or above the walk's sp, at most `words` words above `stack_start`) and its return address lies in code
 /// this walk may trust (the current object's, `start` and `code`, or another's, which then
 /// becomes the current one, as in [`trusted_code`]), writing each caller's pc into `buf`;
 /// stops at the first frame that is not such, or when `buf` is full, with `run` at that frame
