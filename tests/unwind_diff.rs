@@ -101,6 +101,31 @@ static PAC_HI: AtomicUsize = AtomicUsize::new(0);
 const PAC_PHASE: &str = "C -mbranch-protection=standard (signed return addresses)";
 /// Lazy-binding samples where libunwind's stack passes the check selftrace's must pass.
 static LU_LAZY_OK: AtomicUsize = AtomicUsize::new(0);
+/// Set in a timer phase: a signal taken where the last sample was (same pc and sp: the worker
+/// has not run since) records no sample. On a loaded machine the handler (two walks, and
+/// libunwind's sigprocmask calls) plus a preemption can outlast the period; the next SIGPROF is
+/// then pending at sigreturn and taken at the same pc, again and again, and a phase's samples
+/// pile up there instead of following its code (678 of 1,000 in one run beside 4 busy loops).
+static SKIP_REPEATS: AtomicBool = AtomicBool::new(false);
+/// pc and sp of the last sample recorded (see [`SKIP_REPEATS`]).
+static LAST_PC: AtomicUsize = AtomicUsize::new(0);
+static LAST_SP: AtomicUsize = AtomicUsize::new(0);
+
+/// The interrupted pc and sp in the kernel's ucontext_t `uc`.
+///
+/// # Safety
+/// `uc` is the ucontext_t the kernel passed to a signal handler.
+unsafe fn pc_sp(uc: *const c_void) -> (usize, usize) {
+    // SAFETY: per the contract.
+    let uc = unsafe { &*uc.cast::<libc::ucontext_t>() };
+    #[cfg(target_arch = "x86_64")]
+    return (
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize,
+        uc.uc_mcontext.gregs[libc::REG_RSP as usize] as usize,
+    );
+    #[cfg(target_arch = "aarch64")]
+    return (uc.uc_mcontext.pc as usize, uc.uc_mcontext.sp as usize);
+}
 
 extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     // SAFETY: errno is thread-local; the handler restores it before returning.
@@ -108,6 +133,8 @@ extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     // SAFETY: gettid has no preconditions.
     if ARMED.load(Ordering::Acquire)
         && unsafe { libc::gettid() } == TARGET_TID.load(Ordering::Relaxed)
+        // SAFETY: uc is the ucontext_t the kernel passed to this handler.
+        && !(SKIP_REPEATS.load(Ordering::Relaxed) && unsafe { repeat(uc) })
     {
         let i = NEXT.fetch_add(1, Ordering::AcqRel);
         if i < MAX_SAMPLES {
@@ -142,6 +169,23 @@ extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
+}
+
+/// Whether the signal was taken where the last sample was recorded; remembers this one's pc
+/// and sp otherwise. Only the worker's handler calls it (one at a time: SIGPROF is blocked in
+/// its own handler).
+///
+/// # Safety
+/// As [`pc_sp`].
+unsafe fn repeat(uc: *const c_void) -> bool {
+    // SAFETY: per the contract.
+    let (pc, sp) = unsafe { pc_sp(uc) };
+    if LAST_PC.load(Ordering::Relaxed) == pc && LAST_SP.load(Ordering::Relaxed) == sp {
+        return true;
+    }
+    LAST_PC.store(pc, Ordering::Relaxed);
+    LAST_SP.store(sp, Ordering::Relaxed);
+    false
 }
 
 /// A Rust hook the lazy-binding fixture's IFUNC resolvers call: a SIGPROF to this very thread,
@@ -312,6 +356,10 @@ fn run_phase(
     body: &mut dyn FnMut(),
 ) -> PhaseResult {
     NEXT.store(0, Ordering::SeqCst);
+    LAST_PC.store(0, Ordering::SeqCst);
+    LAST_SP.store(0, Ordering::SeqCst);
+    // A body that raises its own signals may raise two at one pc and sp: all are kept.
+    SKIP_REPEATS.store(timer.is_some(), Ordering::SeqCst);
     ARMED.store(true, Ordering::SeqCst);
     let start = thread_cpu();
     if let Some(t) = timer {
