@@ -627,9 +627,10 @@ fn compact_run(
         // A return address in another object: one this walk may trust (as in the caller),
         // whose code may have compact rules too.
         if ra.wrapping_sub(1).wrapping_sub(start) >= code {
-            match enter_code(state, loaded, current, ra) {
-                Some(range) => (start, code) = range,
-                None => break,
+            let go;
+            (go, start, code) = enter_code(state, loaded, current, (start, code), ra);
+            if !go {
+                break;
             }
         }
         let Some(slot) = out.next() else {
@@ -666,22 +667,24 @@ fn compact_run(
     };
 }
 
-/// The code range of the object of return address `ra` (not in the current object's code), if
-/// this walk may trust it ([`trusted_code`]) and its pcs may have compact rules; `current`
-/// becomes it. Out of [`compact_run`]'s loop, so that the loop's code range stays in registers.
+/// Enters the object of return address `ra` (not in the current object's code, `start` and
+/// `code`) if this walk may trust it ([`trusted_code`]): returns whether the run goes on there
+/// (its pcs may have compact rules too) and the code range, which moves with `current` (also
+/// when the run stops at the new object: then `start`, `code` and `current` are all its).
+/// Out of [`compact_run`]'s loop, so that the loop's code range stays in registers.
 #[cold]
 #[inline(never)]
 fn enter_code(
     state: &State,
     loaded: &mut LoadedCheck,
     current: &mut core::ops::Range<usize>,
+    (mut start, mut code): (usize, usize),
     ra: usize,
-) -> Option<(usize, usize)> {
-    let (mut start, mut code) = (0, 0);
-    (ra != 0
+) -> (bool, usize, usize) {
+    let go = ra != 0
         && trusted_code(state, loaded, &mut start, &mut code, current, ra)
-        && compact_range(start, code))
-    .then_some((start, code))
+        && compact_range(start, code);
+    (go, start, code)
 }
 
 /// Whether `a` is an aligned address of a word that lies within `words` words above `start`
