@@ -250,7 +250,7 @@ mod tests {
         assert_eq!(got.slots(), 0b01_0011, "rbx, rbp and r14");
         // The full rule is kept too.
         assert_eq!(c.get(key(pc, false)), Some(r));
-        // Another pc (other bits 0-2, 17-46, or any bit above; most of them in the same slot):
+        // Another pc (other bits 0-1, 17-46, or any bit above; most of them in the same slot):
         // no hit.
         for other in [
             pc | 1 << 47,
@@ -269,8 +269,8 @@ mod tests {
         let exact = 0x5555_0000_1000usize;
         c.put(key(exact, true), &r);
         assert_eq!(c.compact(exact), None);
-        // A second return address in the same 8 bytes of code replaces the word; the first is
-        // then only in the buckets.
+        // A second return address in the same 4 bytes of code replaces the word; the first is
+        // then only in the buckets; one 4 bytes on has a word of its own.
         let mut r2 = r;
         r2.cfa_off = 8;
         r2.saved = [SAME; arch::LANES];
@@ -281,6 +281,9 @@ mod tests {
             .map(|x| (x.cfa_words(), x.fp_words(), x.slots()));
         assert_eq!(got, Some((1, 0, 0)));
         assert_eq!(c.get(key(pc, false)), Some(r));
+        c.put(key(pc + 4, false), &r);
+        assert_eq!(c.compact(pc + 4).map(|x| x.cfa_words()), Some(7));
+        assert_eq!(c.compact(pc + 1).map(|x| x.cfa_words()), Some(1));
     }
 
     #[test]

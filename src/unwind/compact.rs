@@ -3,14 +3,20 @@
 //! Most return addresses have the simplest rule: CFA = rsp + 8n (or rbp + 8n in code built with
 //! frame pointers, as Rust's std and a distribution's libraries are), the return address at
 //! CFA - 8, rbp unchanged or saved just below. Such a rule, with the pc's bits that its index does
-//! not give, fits one word ([`Compact`]); those words sit in a table of [`ENTRIES`] (256 KiB)
-//! indexed by pc bits 3-17, so the return addresses of 64 bytes of code share a table line (and
+//! not give, fits one word ([`Compact`]); those words sit in a table of [`ENTRIES`] (512 KiB)
+//! indexed by pc bits 2-17, so the return addresses of 32 bytes of code share a table line (and
 //! return addresses 256 KiB apart share a word: the last one stored keeps it, the other is found in
-//! the buckets of [`super::cache`]). The fast walk looks here first: a hit is one load of one word,
-//! which a writer replaces whole (no sequence number needed); a miss goes on to the buckets. In the
-//! 2,048-site bench (160 KiB of code) every stepped frame hits it; against libunwind in the same
-//! process the walk went from 0.93-1.0x (buckets alone) to 0.76-0.82x (a table of half the size,
-//! where 12% of the frames missed) to 0.61-0.70x.
+//! the buckets of [`super::cache`]). Two return addresses share a word only if they lie within 4
+//! bytes of each other, which takes two calls of 2 or 3 bytes (through a register) in a row:
+//! with words of 8 bytes of code, as before, `call a; call b` (5 bytes each: 3 in 8 such pairs)
+//! and `call a; jmp` (7 bytes) shared one, and a walk through such sites found one in 8 of its
+//! frames in the buckets (the dense-site bench: 2.6 of 22 frames a capture).
+//!
+//! The fast walk looks here first: a hit is one load of one word, which a writer replaces whole
+//! (no sequence number needed); a miss goes on to the buckets. In the 2,048-site bench (160 KiB
+//! of code) every stepped frame hits it; against libunwind in the same process the walk went
+//! from 0.93-1.0x (buckets alone) to 0.76-0.82x (a table covering half that code, where 12% of
+//! the frames missed) to 0.61-0.70x.
 //!
 //! The form is x86-64's (`ENABLED`); on aarch64 the table holds nothing yet and every frame is
 //! found in the buckets.
@@ -22,8 +28,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 /// Whether this architecture has a compact form.
 const ENABLED: bool = cfg!(target_arch = "x86_64");
 
-/// Entries of the table (a power of two): one word each, 256 KiB; none without a compact form.
-const ENTRIES: usize = if ENABLED { 1 << 15 } else { 0 };
+/// Entries of the table (a power of two): one word each, 512 KiB; none without a compact form.
+const ENTRIES: usize = if ENABLED { 1 << 16 } else { 0 };
 
 /// The lowest pc with a compact rule: [`tag`] needs a pc bit outside the index set, so that an
 /// empty word (0) matches no pc.
@@ -34,12 +40,12 @@ pub(crate) const LOW: usize = 1 << 18;
 pub(crate) const HIGH: usize = 1 << 47;
 
 /// Bits of a compact word that must equal [`tag`] of the pc: the pc bits that the entry's index
-/// does not give (0-28 and 46-48).
-const TAG_MASK: u64 = ((1 << 29) - 1) | (7 << 46);
+/// does not give (0-28 and 46-47).
+const TAG_MASK: u64 = ((1 << 29) - 1) | (3 << 46);
 
 /// The tag of a return address in its compact word, pc rotated right by 18 (one instruction),
-/// of which [`TAG_MASK`] keeps pc bits 18-46 (bits 0-28) and 0-2 (bits 46-48). The entry's
-/// index gives pc bits 3-17; with the tag, the whole pc of a pc in [`LOW`]..[`HIGH`] (no compact
+/// of which [`TAG_MASK`] keeps pc bits 18-46 (bits 0-28) and 0-1 (bits 46-47). The entry's
+/// index gives pc bits 2-17; with the tag, the whole pc of a pc in [`LOW`]..[`HIGH`] (no compact
 /// rule is stored or looked up for any other).
 #[inline(always)]
 fn tag(pc: usize) -> u64 {
@@ -49,14 +55,14 @@ fn tag(pc: usize) -> u64 {
 /// The index of pc's word.
 #[inline(always)]
 fn index(pc: usize) -> usize {
-    (pc >> 3) % ENTRIES.max(1)
+    (pc >> 2) % ENTRIES.max(1)
 }
 
 /// The rule of a return address in one word, for the frame most code has: CFA = rsp (or, in
 /// code built with frame pointers, rbp) + a positive multiple of 8, the return address at
 /// CFA - 8, rbp unchanged or saved in one of the 63 words below the CFA and within the frame,
 /// every other callee-saved register unchanged or saved (the fast walk then forgets it). Bits:
-/// 0-28 and 46-48 the tag ([`tag`]); 29 the CFA is rbp-based; 30-35 which of [`arch::SAVED`]
+/// 0-28 and 46-47 the tag ([`tag`]); 29 the CFA is rbp-based; 30-35 which of [`arch::SAVED`]
 /// the frame saves (as in the packed rule); 36-41 rbp's save slot in words below the CFA (0:
 /// unchanged); 49-63 the CFA offset in words (one shift to read it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,7 +179,7 @@ impl CompactTable {
     }
 
     /// Stores the rule of return address `pc` if it has the compact form. It replaces the word
-    /// of another pc with the same index (one in the same 8 bytes of code or a multiple of
+    /// of another pc with the same index (one in the same 4 bytes of code or a multiple of
     /// 256 KiB away), which is then found in the buckets.
     ///
     /// # Async-signal safety
@@ -259,11 +265,11 @@ mod tests {
             t.put(pc, &r);
             let c = t.get(pc).expect("stored");
             assert_eq!((c.cfa_words(), c.fp_words(), c.rbp_based()), (3, 2, false));
-            // Every pc sharing its word (a multiple of 256 KiB away, or in the same 8 bytes),
+            // Every pc sharing its word (a multiple of 256 KiB away, or in the same 4 bytes),
             // one that differs in a single tag bit, and ones outside the range: none.
             let others = (0..47)
                 .map(|b| pc ^ 1 << b)
-                .chain([pc + (ENTRIES << 3), pc.wrapping_sub(ENTRIES << 3), pc | 1 << 47]);
+                .chain([pc + (ENTRIES << 2), pc.wrapping_sub(ENTRIES << 2), pc | 1 << 47]);
             for other in others.filter(|&o| o != pc) {
                 assert_eq!(t.get(other), None, "{other:#x} beside {pc:#x}");
             }
