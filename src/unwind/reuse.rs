@@ -163,6 +163,19 @@ const SAME_JOINS: u32 = 4;
 /// [`Claim::parts`]).
 const SKIP_MIN: usize = 8;
 
+/// Where walks join the record below frames of their own, one in this many stages its frames
+/// (see [`Claim::staging`])...
+const STAGE_EVERY: u32 = 64;
+/// ...and of the others one in this many compares every frame with the record instead of
+/// starting at the frame the last walks joined (see [`Claim::parts`]). Neither walk goes through
+/// the fast walk's compact runs, and they cost up to twice a run's time a frame: in 16 and 8,
+/// as before, walk reuse on made the dense-site bench's walks slower than stepping every frame
+/// (0.45-0.47x libunwind against 0.40-0.43x), and the 2,048-site bench's 0.42-0.43x (0.37-0.38x
+/// in 64 and 32). A stack that changes shape is recorded at once all the same (a walk that
+/// joins no record frame makes the next one stage), and a join that moves outwards is followed
+/// by the walks that start at the old one.
+const COMPARE_EVERY: u32 = 32;
+
 /// A record held by one walk; released on drop.
 pub(crate) struct Claim {
     rec: &'static Record,
@@ -233,10 +246,12 @@ impl Claim {
         let staging = c.staging;
         let d = c.data();
         let len = if valid { d.len.min(CAP) } else { 0 };
-        // One walk in 8 compares every frame all the same: the walks that start at the frame
-        // always join there, so only the others tell whether the join moved.
-        let stable =
-            !staging && d.varying && d.same >= SAME_JOINS && !d.since_commit.is_multiple_of(8);
+        // One walk in COMPARE_EVERY compares every frame all the same: the walks that start at
+        // the frame always join there, so only the others tell whether the join moved.
+        let stable = !staging
+            && d.varying
+            && d.same >= SAME_JOINS
+            && !d.since_commit.is_multiple_of(COMPARE_EVERY);
         // Only above many record frames: comparing a few costs less than the joins that
         // starting at the frame can miss (a recursion a level deeper or shallower).
         let above = len.saturating_sub(d.joined + 1);
@@ -286,12 +301,12 @@ impl Claim {
     /// loop, different leaves each time) the record's common part serves them all, and
     /// re-recording the varying frames each time costs more than it saves. So a walk that
     /// joined the record below frames that differed makes the next walks skip staging, except
-    /// one in 16, which records the current shape of the stack.
+    /// one in [`STAGE_EVERY`], which records the current shape of the stack.
     #[inline(always)]
     fn staging(&mut self) -> bool {
         let d = self.data();
         d.since_commit = d.since_commit.wrapping_add(1);
-        !d.varying || d.since_commit.is_multiple_of(16)
+        !d.varying || d.since_commit.is_multiple_of(STAGE_EVERY)
     }
 
     /// Notes how a complete walk went: it joined the record at record frame `joined` after
