@@ -183,11 +183,15 @@ impl Table {
                 }
             }
         }
+        let (syms, pages) = (syms.into_boxed_slice(), pages.into_boxed_slice());
+        // The entries and the directory of a large table in huge pages (see `huge_pages`).
+        crate::sys::huge_pages(syms.as_ptr() as usize, core::mem::size_of_val(&*syms));
+        crate::sys::huge_pages(pages.as_ptr() as usize, core::mem::size_of_val(&*pages));
         // Owned names: a store built from copies, never a file mapping.
         Table {
             base,
-            syms: syms.into_boxed_slice(),
-            pages: pages.into_boxed_slice(),
+            syms,
+            pages,
             shift,
             names: Some(names),
         }

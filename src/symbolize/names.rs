@@ -114,6 +114,9 @@ impl Names {
         let names = Names {
             data: data.into_boxed_slice(),
         };
+        // A large store in huge pages: a cold lookup then waits for fewer page walks (see
+        // `huge_pages`).
+        crate::sys::huge_pages(names.data.as_ptr() as usize, names.data.len());
         (names, ids)
     }
 
