@@ -30,6 +30,10 @@ pub(crate) const CAP: usize = 128;
 const RECORDS: usize = 64;
 /// The claimed bit of a record's owner word (stack high ends are page-aligned).
 const BUSY: usize = 1;
+/// The bit of a record's owner word that its owner sets each time it releases the record and
+/// another thread that would evict it clears: a record is evicted only when its owner did not
+/// walk since another thread last looked (a second chance, as in the clock algorithm).
+const RECENT: usize = 2;
 
 /// Bit 0 of [`Frame::reads`]: rbp was known at this frame.
 pub(crate) const BP_VALID: usize = 1;
@@ -107,9 +111,13 @@ struct Data {
     stage: [Frame; CAP],
 }
 
+/// Aligned to two cache lines (the adjacent-line prefetcher fetches pairs), so that no line
+/// holds the end of one record and the start of the next (records of 8,248 bytes put one's
+/// last fields, written on every walk, in the line of the next one's owner word).
+#[repr(align(128))]
 struct Record {
     /// The stack high end of the thread whose walk is recorded (0: none), or-ed with [`BUSY`]
-    /// while a walk holds the record.
+    /// while a walk holds the record and with [`RECENT`] after one released it.
     owner: AtomicUsize,
     /// Frames taken from the record instead of stepped, over the record's life.
     reused: AtomicU64,
@@ -126,7 +134,8 @@ const EMPTY: Frame = Frame {
     reads: 0,
 };
 
-static TABLE: [Record; RECORDS] = [const {
+/// A record no thread owns.
+const fn free_record() -> Record {
     Record {
         owner: AtomicUsize::new(0),
         reused: AtomicU64::new(0),
@@ -141,7 +150,9 @@ static TABLE: [Record; RECORDS] = [const {
             stage: [EMPTY; CAP],
         }),
     }
-}; RECORDS];
+}
+
+static TABLE: [Record; RECORDS] = [const { free_record() }; RECORDS];
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
@@ -198,32 +209,63 @@ impl Claim {
     /// Async-signal-safe, lock-free.
     #[inline]
     pub(crate) fn take(high: usize, generation: u64) -> Option<Claim> {
-        if high == 0 || high & BUSY != 0 || !ENABLED.load(Ordering::Relaxed) {
+        if !ENABLED.load(Ordering::Relaxed) {
+            return None;
+        }
+        Claim::take_in(&TABLE, high, generation)
+    }
+
+    /// [`take`](Self::take) in `table` (a power of two records).
+    #[inline(always)]
+    fn take_in(table: &'static [Record], high: usize, generation: u64) -> Option<Claim> {
+        if high == 0 || high & (BUSY | RECENT) != 0 || table.is_empty() {
             return None;
         }
         let h = (high >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15_u64 as usize) >> 58;
-        let first = &TABLE[h % RECORDS];
-        let second = &TABLE[(h + 1) % RECORDS];
-        let (a, b) = (
-            first.owner.load(Ordering::Relaxed),
-            second.owner.load(Ordering::Relaxed),
-        );
-        // This thread's record first, then an empty one, then one not held (evicted).
-        let (rec, expect) = if a == high {
-            (first, a)
-        } else if b == high {
-            (second, b)
-        } else if a == 0 || (a & BUSY == 0 && b != 0) {
-            (first, a)
-        } else if b & BUSY == 0 {
-            (second, b)
-        } else {
-            return None;
+        let first = &table[h % table.len()];
+        let second = &table[(h + 1) % table.len()];
+        let claim = |rec: &'static Record, expect: usize| {
+            rec.owner
+                .compare_exchange(expect, high | BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .ok()
+                .map(|_| Claim::new(rec, high, expect & !RECENT == high, generation))
         };
-        rec.owner
-            .compare_exchange(expect, high | BUSY, Ordering::Acquire, Ordering::Relaxed)
-            .ok()?;
-        Some(Claim::new(rec, high, expect == high, generation))
+        // This thread's record first. The second record's owner word is read only if the first
+        // is not this thread's: it may be another thread's record, whose owner word that
+        // thread writes on every walk.
+        let a = first.owner.load(Ordering::Relaxed);
+        if a & !RECENT == high {
+            return claim(first, a);
+        }
+        let b = second.owner.load(Ordering::Relaxed);
+        if b & !RECENT == high {
+            return claim(second, b);
+        }
+        // Then an empty one; then one that is not held and whose owner did not walk since a
+        // thread last looked here. A record whose owner walked meanwhile is only marked:
+        // two threads whose stacks share a first record (and whose second holds a thread's
+        // that exited) once evicted each other's on every walk, and their walks, each starting
+        // a record again, took twice as long as with reuse off.
+        if let Some((rec, w)) = [(first, a), (second, b)].into_iter().find(|&(_, w)| w == 0) {
+            return claim(rec, w);
+        }
+        for (rec, w) in [(first, a), (second, b)] {
+            if w & BUSY != 0 {
+                continue;
+            }
+            if w & RECENT == 0 {
+                return claim(rec, w);
+            }
+            // Failing is harmless: the owner walked (and set the bit again) or another thread
+            // cleared it.
+            let _ = rec.owner.compare_exchange(
+                w,
+                w & !RECENT,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        None
     }
 
     fn new(rec: &'static Record, high: usize, mine: bool, generation: u64) -> Claim {
@@ -361,6 +403,69 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.rec.owner.store(self.high, Ordering::Release);
+        self.rec.owner.store(self.high | RECENT, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page-aligned stack high end (none a real thread has) whose home in a table of
+    /// `len` records is `home`, the `skip`-th such one.
+    fn high_with_home(home: usize, len: usize, skip: usize) -> usize {
+        (1usize..)
+            .map(|k| 0x4000_0000 + k * 4096)
+            .filter(|&hi| ((hi >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15_u64 as usize) >> 58) % len == home)
+            .nth(skip)
+            .expect("a high end")
+    }
+
+    fn owner(r: &Record) -> usize {
+        r.owner.load(Ordering::Relaxed) & !RECENT
+    }
+
+    #[test]
+    fn two_threads_sharing_a_home_keep_a_record_each() {
+        static T: [Record; 4] = [const { free_record() }; 4];
+        let (a, b) = (high_with_home(1, 4, 0), high_with_home(1, 4, 1));
+        // A thread that walked once and exited, in the second record of that home.
+        let gone = high_with_home(2, 4, 0);
+        drop(Claim::take_in(&T, gone, 1).expect("empty record"));
+        assert_eq!(owner(&T[2]), gone);
+        drop(Claim::take_in(&T, a, 1).expect("empty record"));
+        assert_eq!(owner(&T[1]), a);
+        // b, then a, walk in turns: b must not take a's record (the first of both) while a
+        // keeps walking; it takes the exited thread's once that one was passed over once.
+        let mut b_took = Vec::new();
+        for _ in 0..6 {
+            if let Some(c) = Claim::take_in(&T, b, 1) {
+                b_took.push(c.rec as *const Record as usize);
+            }
+            let c = Claim::take_in(&T, a, 1).expect("a's own record");
+            assert!(core::ptr::eq(c.rec, &T[1]), "a lost its record");
+            drop(c);
+            assert_eq!(owner(&T[1]), a);
+        }
+        assert_eq!(owner(&T[2]), b, "b has the exited thread's record");
+        assert!(b_took.len() >= 5, "b walked with a record {} times of 6", b_took.len());
+        assert!(b_took.iter().all(|&r| r == &T[2] as *const Record as usize));
+        // A record held by a walk is never taken, and a third thread of that home, while a and
+        // b keep walking, finds both records in use: it walks without one and evicts neither.
+        let c = high_with_home(1, 4, 2);
+        let held = Claim::take_in(&T, a, 1).expect("a's own record");
+        assert!(Claim::take_in(&T, c, 1).is_none());
+        drop(held);
+        for _ in 0..4 {
+            drop(Claim::take_in(&T, b, 1).expect("b's own record"));
+            drop(Claim::take_in(&T, a, 1).expect("a's own record"));
+            assert!(Claim::take_in(&T, c, 1).is_none());
+        }
+        assert_eq!((owner(&T[1]), owner(&T[2])), (a, b));
+        // Once b stops walking, c takes b's record (a's stays a's).
+        drop(Claim::take_in(&T, a, 1).expect("a's own record"));
+        let took = Claim::take_in(&T, c, 1).map(|x| x.rec as *const Record as usize);
+        assert_eq!(took, Some(&T[2] as *const Record as usize));
+        assert_eq!((owner(&T[1]), owner(&T[2])), (a, c));
     }
 }
