@@ -215,11 +215,8 @@ impl Claim {
         Claim::take_in(&TABLE, high, generation)
     }
 
-    /// [`take`](Self::take) in `table` (a power of two records). Kept out of the walk's entry,
-    /// which walks with reuse off run without calling it (inlined, the dense bench's walks with
-    /// every frame stepped measured 0.44-0.46x libunwind in two alternations, 0.40-0.42x
-    /// without: within this VM's spread, but in every round).
-    #[inline(never)]
+    /// [`take`](Self::take) in `table` (a power of two records).
+    #[inline(always)]
     fn take_in(table: &'static [Record], high: usize, generation: u64) -> Option<Claim> {
         if high == 0 || high & (BUSY | RECENT) != 0 || table.is_empty() {
             return None;
@@ -227,37 +224,57 @@ impl Claim {
         let h = (high >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15_u64 as usize) >> 58;
         let first = &table[h % table.len()];
         let second = &table[(h + 1) % table.len()];
-        let claim = |rec: &'static Record, expect: usize| {
-            rec.owner
-                .compare_exchange(expect, high | BUSY, Ordering::Acquire, Ordering::Relaxed)
-                .ok()
-                .map(|_| Claim::new(rec, high, expect & !RECENT == high, generation))
-        };
         // This thread's record first. The second record's owner word is read only if the first
         // is not this thread's: it may be another thread's record, whose owner word that
         // thread writes on every walk.
         let a = first.owner.load(Ordering::Relaxed);
         if a & !RECENT == high {
-            return claim(first, a);
+            return Claim::hold(first, a, high, generation);
         }
         let b = second.owner.load(Ordering::Relaxed);
         if b & !RECENT == high {
-            return claim(second, b);
+            return Claim::hold(second, b, high, generation);
         }
-        // Then an empty one; then one that is not held and whose owner did not walk since a
-        // thread last looked here. A record whose owner walked meanwhile is only marked:
-        // two threads whose stacks share a first record (and whose second holds a thread's
-        // that exited) once evicted each other's on every walk, and their walks, each starting
-        // a record again, took twice as long as with reuse off.
-        if let Some((rec, w)) = [(first, a), (second, b)].into_iter().find(|&(_, w)| w == 0) {
-            return claim(rec, w);
+        Claim::take_other([(first, a), (second, b)], high, generation)
+    }
+
+    /// Takes `rec`, whose owner word was `expect`, for the thread whose stack ends at `high`.
+    #[inline(always)]
+    fn hold(
+        rec: &'static Record,
+        expect: usize,
+        high: usize,
+        generation: u64,
+    ) -> Option<Claim> {
+        rec.owner
+            .compare_exchange(expect, high | BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| Claim::new(rec, high, expect & !RECENT == high, generation))
+    }
+
+    /// Neither candidate is this thread's: an empty one; else one that is not held and whose
+    /// owner did not walk since a thread last looked here. A record whose owner walked
+    /// meanwhile is only marked: two threads whose stacks share a first record (and whose
+    /// second holds a thread's that exited) once evicted each other's on every walk, and their
+    /// walks, each starting a record again, took twice as long as with reuse off. Out of the
+    /// walk's entry (inlined, the eviction rule made walks with reuse off slower, though they
+    /// never run it).
+    #[cold]
+    #[inline(never)]
+    fn take_other(
+        candidates: [(&'static Record, usize); 2],
+        high: usize,
+        generation: u64,
+    ) -> Option<Claim> {
+        if let Some(&(rec, w)) = candidates.iter().find(|&&(_, w)| w == 0) {
+            return Claim::hold(rec, w, high, generation);
         }
-        for (rec, w) in [(first, a), (second, b)] {
+        for (rec, w) in candidates {
             if w & BUSY != 0 {
                 continue;
             }
             if w & RECENT == 0 {
-                return claim(rec, w);
+                return Claim::hold(rec, w, high, generation);
             }
             // Failing is harmless: the owner walked (and set the bit again) or another thread
             // cleared it.
