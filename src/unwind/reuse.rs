@@ -256,7 +256,7 @@ impl Claim {
     /// owner did not walk since a thread last looked here. A record whose owner walked
     /// meanwhile is only marked: two threads whose stacks share a first record (and whose
     /// second holds a thread's that exited) once evicted each other's on every walk, and their
-    /// walks, each starting a record again, took twice as long as with reuse off. Out of the
+    /// walks, each starting a record again, took longer than with reuse off. Out of the
     /// walk's entry (inlined, the eviction rule made walks with reuse off slower, though they
     /// never run it).
     #[cold]
