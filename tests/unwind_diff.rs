@@ -111,22 +111,6 @@ static SKIP_REPEATS: AtomicBool = AtomicBool::new(false);
 static LAST_PC: AtomicUsize = AtomicUsize::new(0);
 static LAST_SP: AtomicUsize = AtomicUsize::new(0);
 
-/// The interrupted pc and sp in the kernel's ucontext_t `uc`.
-///
-/// # Safety
-/// `uc` is the ucontext_t the kernel passed to a signal handler.
-unsafe fn pc_sp(uc: *const c_void) -> (usize, usize) {
-    // SAFETY: per the contract.
-    let uc = unsafe { &*uc.cast::<libc::ucontext_t>() };
-    #[cfg(target_arch = "x86_64")]
-    return (
-        uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize,
-        uc.uc_mcontext.gregs[libc::REG_RSP as usize] as usize,
-    );
-    #[cfg(target_arch = "aarch64")]
-    return (uc.uc_mcontext.pc as usize, uc.uc_mcontext.sp as usize);
-}
-
 extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     // SAFETY: errno is thread-local; the handler restores it before returning.
     let errno = unsafe { *libc::__errno_location() };
@@ -176,10 +160,10 @@ extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
 /// its own handler).
 ///
 /// # Safety
-/// As [`pc_sp`].
+/// As [`target::interrupted_pc_sp`].
 unsafe fn repeat(uc: *const c_void) -> bool {
     // SAFETY: per the contract.
-    let (pc, sp) = unsafe { pc_sp(uc) };
+    let (pc, sp) = unsafe { target::interrupted_pc_sp(uc) };
     if LAST_PC.load(Ordering::Relaxed) == pc && LAST_SP.load(Ordering::Relaxed) == sp {
         return true;
     }

@@ -127,15 +127,10 @@ static PROF_N: AtomicUsize = AtomicUsize::new(0);
 extern "C" fn on_prof(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     let i = PROF_N.fetch_add(1, Ordering::AcqRel);
     if i < DEPTH {
-        // SAFETY: uc is the kernel's ucontext_t; slot i was claimed by this call alone.
-        unsafe {
-            let uc = &*(uc as *const libc::ucontext_t);
-            #[cfg(target_arch = "x86_64")]
-            let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
-            #[cfg(target_arch = "aarch64")]
-            let pc = uc.uc_mcontext.pc as usize;
-            (*PROF_PCS.0.get())[i] = pc;
-        }
+        // SAFETY: uc is the ucontext_t the kernel passed to this handler.
+        let (pc, _) = unsafe { target::interrupted_pc_sp(uc) };
+        // SAFETY: slot i was claimed by this call alone.
+        unsafe { (*PROF_PCS.0.get())[i] = pc };
     }
 }
 

@@ -42,3 +42,21 @@ pub fn binutil(name: &str) -> String {
 pub fn under_qemu() -> bool {
     std::fs::read_to_string("/proc/thread-self/maps").is_ok_and(|m| m.contains("/qemu-"))
 }
+
+/// The interrupted pc and stack pointer in the `ucontext_t` the kernel passed to a signal
+/// handler.
+///
+/// # Safety
+/// `uc` points to a live `ucontext_t` (a `SA_SIGINFO` handler's third argument).
+#[allow(dead_code)]
+pub unsafe fn interrupted_pc_sp(uc: *const std::ffi::c_void) -> (usize, usize) {
+    // SAFETY: per the contract.
+    let uc = unsafe { &*uc.cast::<libc::ucontext_t>() };
+    #[cfg(target_arch = "x86_64")]
+    return (
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize,
+        uc.uc_mcontext.gregs[libc::REG_RSP as usize] as usize,
+    );
+    #[cfg(target_arch = "aarch64")]
+    return (uc.uc_mcontext.pc as usize, uc.uc_mcontext.sp as usize);
+}
