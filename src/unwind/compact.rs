@@ -69,6 +69,16 @@ fn index(pc: usize) -> usize {
 pub(crate) struct Compact(u64);
 
 impl Compact {
+    /// No rule: the neutral element of [`or`](Self::or) (saves no lane).
+    pub(crate) const NONE: Compact = Compact(0);
+
+    /// The bitwise union of two words: its [`slots`](Self::slots) are the lanes either saves
+    /// (its other fields mean nothing).
+    #[inline(always)]
+    pub(crate) fn or(self, other: Compact) -> Compact {
+        Compact(self.0 | other.0)
+    }
+
     /// The compact word of the rule of return address `pc`, if the rule has the compact form.
     fn encode(pc: usize, rule: &Rule) -> Option<Compact> {
         if !ENABLED
@@ -126,6 +136,13 @@ impl Compact {
     #[inline(always)]
     pub(crate) fn fp_words(self) -> usize {
         (self.0 >> 36) as usize & 0x3f
+    }
+
+    /// Whether the frame saves the frame pointer (then [`fp_words`](Self::fp_words) is its
+    /// slot): its lane's bit of [`slots`](Self::slots).
+    #[inline(always)]
+    pub(crate) fn saves_fp(self) -> bool {
+        self.0 & 1 << (30 + arch::FP_LANE) != 0
     }
 
     /// Which lanes the frame saves, one bit per lane, as in the packed rule.
