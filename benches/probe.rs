@@ -2,12 +2,15 @@
 //! selftrace's `probe!`, `probe_lazy!` and `probe_enabled!`, the `probe` crate's `probe!`, the
 //! `usdt` crate's probes, and a C loop with SystemTap's `DTRACE_PROBE1` (built with gcc at
 //! start-up into a shared library, skipped when gcc or sys/sdt.h is missing). Nobody traces.
+//! The `usdt` crate's probes are x86-64 assembly on Linux: on other targets that peer is left
+//! out.
 
 use criterion::{criterion_group, Criterion};
 use std::hint::black_box;
 
 const N: u64 = 1000;
 
+#[cfg(target_arch = "x86_64")]
 #[usdt::provider]
 mod peer {
     fn tick(i: u64) {}
@@ -66,6 +69,7 @@ fn probe_crate(n: u64) -> u64 {
     acc
 }
 
+#[cfg(target_arch = "x86_64")]
 #[inline(never)]
 fn usdt_crate(n: u64) -> u64 {
     let mut acc = 0u64;
@@ -144,6 +148,7 @@ fn c_loops() -> Option<(CLoop, CLoop)> {
 }
 
 fn bench(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
     usdt::register_probes().expect("usdt::register_probes");
     let mut g = c.benchmark_group("disabled probe, loop of 1000");
     g.bench_function("no probe", |b| b.iter(|| baseline(black_box(N))));
@@ -159,6 +164,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("probe crate probe!", |b| {
         b.iter(|| probe_crate(black_box(N)))
     });
+    #[cfg(target_arch = "x86_64")]
     g.bench_function("usdt crate", |b| b.iter(|| usdt_crate(black_box(N))));
     if let Some((c_base, c_probe)) = c_loops() {
         g.bench_function("C no probe", |b| b.iter(|| c_base(black_box(N))));
@@ -186,8 +192,9 @@ fn fastest_batches() {
         ("selftrace probe_lazy!", Box::new(selftrace_probe_lazy)),
         ("selftrace probe_enabled!", Box::new(selftrace_enabled)),
         ("probe crate probe!", Box::new(probe_crate)),
-        ("usdt crate", Box::new(usdt_crate)),
     ];
+    #[cfg(target_arch = "x86_64")]
+    variants.push(("usdt crate", Box::new(usdt_crate)));
     if let Some((c_base, c_probe)) = c_loops() {
         variants.push(("C no probe", Box::new(move |n| c_base(n))));
         variants.push(("C sys/sdt.h DTRACE_PROBE1", Box::new(move |n| c_probe(n))));

@@ -595,8 +595,11 @@ extern "C" fn on_usr2(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     // SAFETY: only this handler, on the worker thread, one signal at a time, uses the buffer.
     let buf = unsafe { &mut *SIG_BUF.0.get() };
     // SAFETY: uc is the ucontext_t of this signal.
-    let pc = unsafe { (*(uc as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] }
-        as usize;
+    let mc = unsafe { &(*(uc as *const libc::ucontext_t)).uc_mcontext };
+    #[cfg(target_arch = "x86_64")]
+    let pc = mc.gregs[libc::REG_RIP as usize] as usize;
+    #[cfg(target_arch = "aarch64")]
+    let pc = mc.pc as usize;
     let t0 = mono_ns();
     let n = match SIG_MODE.load(Ordering::Relaxed) {
         // SAFETY: as above.

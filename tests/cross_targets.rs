@@ -5,7 +5,8 @@
 //!   std) and run under qemu-user (`qemu-aarch64` as cargo's runner; binfmt_misc registered for
 //!   the tests that run themselves again as a child). Tests that need a kernel facility
 //!   qemu-user lacks (tracefs, uprobes, perf, ptrace) are not in the list, or say in their
-//!   output which part they leave out there.
+//!   output which part they leave out there. The benches and examples are checked to build for
+//!   aarch64 (they run natively only).
 //! - armv7, i686, powerpc64le (Debian's std for them, or, where their architecture's packages
 //!   are not installed, `-Zbuild-std` from Debian's `rust-web-src`) and riscv64gc (always
 //!   `-Zbuild-std`): `cargo check` of the library and the `selftrace` CLI, with every
@@ -206,6 +207,22 @@ fn aarch64_tests_pass_under_qemu_user() {
     assert!(
         status.success(),
         "the aarch64 tests failed under qemu-user: {status}"
+    );
+    // The benches and examples build for aarch64 too (checked only: they are run natively).
+    let mut c = debian_cargo(&target_dir("aarch64-qemu"));
+    c.args([
+        "check",
+        "--target",
+        TRIPLE,
+        "--all-features",
+        "--benches",
+        "--examples",
+    ]);
+    eprintln!("{TEST}: {c:?}");
+    let status = c.status().expect("run Debian's cargo");
+    assert!(
+        status.success(),
+        "the benches or examples do not build for aarch64: {status}"
     );
 }
 
