@@ -38,6 +38,8 @@
 //! `-C force-frame-pointers=yes` in release and run from here, prints the frame-pointer capture and a naive
 //! unchecked frame-pointer loop over the same chain, ns per frame and the ratio.
 
+#[path = "../tests/support/target.rs"]
+mod target;
 #[path = "../tests/support/libunwind.rs"]
 mod unw_local;
 
@@ -595,11 +597,7 @@ extern "C" fn on_usr2(_sig: i32, _info: *mut libc::siginfo_t, uc: *mut c_void) {
     // SAFETY: only this handler, on the worker thread, one signal at a time, uses the buffer.
     let buf = unsafe { &mut *SIG_BUF.0.get() };
     // SAFETY: uc is the ucontext_t of this signal.
-    let mc = unsafe { &(*(uc as *const libc::ucontext_t)).uc_mcontext };
-    #[cfg(target_arch = "x86_64")]
-    let pc = mc.gregs[libc::REG_RIP as usize] as usize;
-    #[cfg(target_arch = "aarch64")]
-    let pc = mc.pc as usize;
+    let (pc, _) = unsafe { target::interrupted_pc_sp(uc) };
     let t0 = mono_ns();
     let n = match SIG_MODE.load(Ordering::Relaxed) {
         // SAFETY: as above.

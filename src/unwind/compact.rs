@@ -142,7 +142,7 @@ impl Compact {
     /// slot): its lane's bit of [`slots`](Self::slots).
     #[inline(always)]
     pub(crate) fn saves_fp(self) -> bool {
-        self.0 & 1 << (30 + arch::FP_LANE) != 0
+        self.slots() & 1 << arch::FP_LANE != 0
     }
 
     /// Which lanes the frame saves, one bit per lane, as in the packed rule.
