@@ -432,21 +432,20 @@ fn run(scenario: &str) -> Run {
         .join(format!("minidump-{scenario}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let child = Command::new(std::env::current_exe().unwrap())
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child
         .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("MINIDUMP_SCENARIO", scenario)
         .env("MINIDUMP_DIR", &dir)
         .env("MINIDUMP_ENV_MARK", "environ-is-in-the-dump")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
     let deadline = Duration::from_secs(if cfg!(target_arch = "x86_64") {
         60
     } else {
         600
     });
-    let (status, _out, stderr) = child_support::wait_with_deadline(child, deadline, scenario);
+    let (status, _out, stderr) = child_support::run_test_child(&mut child, deadline, scenario);
     let tids = stderr
         .lines()
         .filter_map(|l| {

@@ -10,6 +10,8 @@
 mod example_build;
 
 mod child_support;
+#[path = "support/target.rs"]
+mod target;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

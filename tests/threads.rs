@@ -1008,16 +1008,15 @@ struct Outcome {
 /// Runs scenario `name` in a child; kills it after 120 s (a hang is a failure, not a stuck
 /// test run).
 fn run(name: &str) -> Outcome {
-    let child = Command::new(std::env::current_exe().unwrap())
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child
         .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("THREADS_SCENARIO", name)
         .env("RUST_BACKTRACE", "0")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run child");
-    let (status, stdout, stderr) = child_support::wait_with_deadline(
-        child,
+        .stderr(Stdio::piped());
+    let (status, stdout, stderr) = child_support::run_test_child(
+        &mut child,
         Duration::from_secs(120),
         &format!("scenario {name}"),
     );

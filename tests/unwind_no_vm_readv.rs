@@ -12,6 +12,8 @@
 
 #[path = "child_support/mod.rs"]
 mod child_support;
+#[path = "support/target.rs"]
+mod target;
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,6 +5,8 @@
 #![cfg(all(feature = "threads", feature = "trace", feature = "tracefs"))]
 
 mod child_support;
+#[path = "support/target.rs"]
+mod target;
 
 use selftrace::watchdog::{self, Action};
 use std::hint::black_box;

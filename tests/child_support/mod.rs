@@ -1,23 +1,85 @@
-//! Waits for a test's child process with a deadline, reading its output meanwhile.
+//! Waits for a test's child process with a deadline, reading its output meanwhile. The test
+//! crate has `support/target.rs` as its module `target` too.
 #![allow(dead_code)]
 
-use std::io::Read;
-use std::process::{Child, ExitStatus};
+use std::io::{Read, Write};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Waits for `child` (spawned with piped stdout and stderr), reading both pipes on threads so
 /// that a full pipe cannot stall it. Returns its status and output; after `deadline` kills it
-/// and fails the test with `what`, "hung", and its output so far.
+/// and fails the test with `what`, "hung", its state then (see [`describe`]) and its output so
+/// far.
 pub fn wait_with_deadline(
-    mut child: Child,
+    child: Child,
     deadline: Duration,
     what: &str,
 ) -> (ExitStatus, String, String) {
+    match wait(child, deadline, None, what) {
+        Ok(done) => done,
+        Err(_) => unreachable!("no start-up deadline"),
+    }
+}
+
+/// Runs `cmd`, a test binary running one of its own tests as a child (`--exact child_entry
+/// --nocapture`: libtest prints "running 1 test" before any code of the test runs), with
+/// piped stdout and stderr, and waits for it as [`wait_with_deadline`] does.
+///
+/// Under qemu-user only: a child that has written nothing at all after half the deadline (at
+/// most 120 s; it takes seconds) is stuck before its test harness started, in the emulator's
+/// start-up or its emulation of the parent's fork, before any code of this crate ran in it.
+/// That happened once in CI (an empty stdout and stderr after 600 s, one in some hundreds of
+/// children). Its state is written to this process's stderr (not captured by libtest, so that
+/// the log keeps it), it is killed, and it is run once more; a second such hang fails the test.
+pub fn run_test_child(
+    cmd: &mut Command,
+    deadline: Duration,
+    what: &str,
+) -> (ExitStatus, String, String) {
+    let start_up =
+        crate::target::under_qemu().then(|| (deadline / 2).min(Duration::from_secs(120)));
+    for attempt in 0.. {
+        let child = cmd.spawn().expect("run the child");
+        let start_up = if attempt == 0 { start_up } else { None };
+        match wait(child, deadline, start_up, what) {
+            Ok(done) => return done,
+            Err(state) => {
+                let start_up = start_up.unwrap_or_default();
+                let _ = std::io::stderr().write_all(
+                    format!(
+                        "{what}: the child wrote nothing in {start_up:?} under qemu-user (stuck \
+                         before its test harness started); killed it and running it again. Its \
+                         state:\n{state}\n"
+                    )
+                    .as_bytes(),
+                );
+            }
+        }
+    }
+    unreachable!()
+}
+
+/// Waits for `child`; `Err` with its state if `start_up` is given and it wrote nothing in it
+/// (then it is killed).
+fn wait(
+    mut child: Child,
+    deadline: Duration,
+    start_up: Option<Duration>,
+    what: &str,
+) -> Result<(ExitStatus, String, String), String> {
+    let written = Arc::new(AtomicUsize::new(0));
     let reader = |mut pipe: Box<dyn Read + Send>| {
+        let written = written.clone();
         std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = pipe.read_to_string(&mut s);
-            s
+            let mut all = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                all.extend_from_slice(&buf[..n]);
+                written.fetch_add(n, Ordering::Relaxed);
+            }
+            String::from_utf8_lossy(&all).into_owned()
         })
     };
     let out = reader(Box::new(child.stdout.take().expect("piped stdout")));
@@ -26,6 +88,14 @@ pub fn wait_with_deadline(
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for the child") {
             break status;
+        }
+        if start_up.is_some_and(|s| start.elapsed() > s) && written.load(Ordering::Relaxed) == 0 {
+            let state = describe(child.id());
+            let _ = child.kill();
+            let _ = child.wait();
+            // The readers are left to end on their own (a grandchild may hold the pipes).
+            drop((out, err));
+            return Err(state);
         }
         if start.elapsed() > deadline {
             let state = describe(child.id());
@@ -40,11 +110,11 @@ pub fn wait_with_deadline(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    (
+    Ok((
         status,
         out.join().unwrap_or_default(),
         err.join().unwrap_or_default(),
-    )
+    ))
 }
 
 /// What a hung process was doing, for the failure message: its command line as the kernel sees
