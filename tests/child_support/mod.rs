@@ -75,9 +75,16 @@ fn wait(
         std::thread::spawn(move || {
             let mut all = Vec::new();
             let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = pipe.read(&mut buf) {
-                all.extend_from_slice(&buf[..n]);
-                written.fetch_add(n, Ordering::Relaxed);
+            loop {
+                match pipe.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        all.extend_from_slice(&buf[..n]);
+                        written.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
             }
             String::from_utf8_lossy(&all).into_owned()
         })
