@@ -258,60 +258,121 @@ fn step_large(rng: &mut Rng, path: &mut Vec<u8>, depth: usize, f: &mut dyn FnMut
     black_box(pad);
 }
 
+/// `captures` captures on this thread, each from a new random path of the step functions, each
+/// checked against the path (the step functions on the stack, innermost first). Returns the
+/// frames reused by the process meanwhile.
+fn random_captures(o: &Oracle, seed: u64, captures: usize) -> u64 {
+    let mut rng = Rng(seed);
+    let mut names: HashMap<usize, &'static str> = HashMap::new();
+    let before = reused();
+    for _ in 0..captures {
+        let depth = 1 + (rng.next() % 24) as usize;
+        let mut path = Vec::new();
+        let path_seed = rng.next() | 1;
+        descend(&mut Rng(path_seed), &mut path, depth, &mut |want| {
+            let frames = capture_vec();
+            let got: Vec<u8> = frames
+                .iter()
+                .filter_map(|&pc| {
+                    let n = *names.entry(pc).or_insert_with(|| {
+                        o.name(pc - 1).map_or("?", |n| match leaf(n) {
+                            "step_small" => "s",
+                            "step_medium" => "m",
+                            "step_large" => "l",
+                            _ => "-",
+                        })
+                    });
+                    match n {
+                        "s" => Some(0),
+                        "m" => Some(1),
+                        "l" => Some(2),
+                        _ => None,
+                    }
+                })
+                .collect();
+            let mut want = want.to_vec();
+            want.reverse();
+            assert_eq!(
+                got,
+                want,
+                "path seed {path_seed:#x}: {:#?}",
+                o.names(&frames, false)
+            );
+        });
+    }
+    reused() - before
+}
+
 #[test]
 fn random_stacks_on_four_threads_always_give_the_functions_on_the_stack() {
     let _s = serial();
     let o = oracle();
-    const CAPTURES: usize = 3000;
-    let results: Vec<(u64, usize)> = std::thread::scope(|s| {
+    let results: Vec<u64> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..4u64)
             .map(|t| {
                 s.spawn(move || {
-                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t + 1) * 0x1234_5678_9abc));
-                    let mut names: HashMap<usize, &'static str> = HashMap::new();
-                    let mut checked = 0;
-                    let before = reused();
-                    for _ in 0..CAPTURES {
-                        let depth = 1 + (rng.next() % 24) as usize;
-                        let mut path = Vec::new();
-                        let mut seed = Rng(rng.next() | 1);
-                        descend(&mut seed, &mut path, depth, &mut |want| {
-                            let frames = capture_vec();
-                            // The step functions on the stack, innermost first.
-                            let got: Vec<u8> = frames
-                                .iter()
-                                .filter_map(|&pc| {
-                                    let n = *names.entry(pc).or_insert_with(|| {
-                                        o.name(pc - 1).map_or("?", |n| match leaf(n) {
-                                            "step_small" => "s",
-                                            "step_medium" => "m",
-                                            "step_large" => "l",
-                                            _ => "-",
-                                        })
-                                    });
-                                    match n {
-                                        "s" => Some(0),
-                                        "m" => Some(1),
-                                        "l" => Some(2),
-                                        _ => None,
-                                    }
-                                })
-                                .collect();
-                            let mut want = want.to_vec();
-                            want.reverse();
-                            assert_eq!(got, want, "thread {t}: {:#?}", o.names(&frames, false));
-                            checked += 1;
-                        });
-                    }
-                    (reused() - before, checked)
+                    random_captures(
+                        o,
+                        0x9e37_79b9_7f4a_7c15 ^ ((t + 1) * 0x1234_5678_9abc),
+                        3000,
+                    )
                 })
             })
             .collect();
         workers.into_iter().map(|w| w.join().unwrap()).collect()
     });
-    for (t, (reused, checked)) in results.iter().enumerate() {
-        assert_eq!(*checked, CAPTURES, "thread {t}");
+    for (t, reused) in results.iter().enumerate() {
         // Random paths share their outer frames often enough that reuse happened.
         assert!(*reused > 0, "thread {t}: no frame reused");
     }
+}
+
+/// More threads at once than the table has records of walks (64), so that threads find both
+/// their records held or owned by others and evict or walk without one; in waves, so that new
+/// threads start on the stacks of exited ones (the C library keeps thread stacks for reuse) and
+/// so at the same stack end as a record of a thread that no longer exists. Every capture still
+/// gives the functions on the stack.
+#[test]
+fn more_threads_than_records_and_new_threads_on_old_stacks_give_the_functions_on_the_stack() {
+    let _s = serial();
+    let o = oracle();
+    const THREADS: usize = 96;
+    const CAPTURES: usize = 150;
+    let mut stacks = std::collections::HashSet::new();
+    let mut threads = 0;
+    for wave in 0..3u64 {
+        let start = std::sync::Barrier::new(THREADS);
+        let ends: Vec<usize> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..THREADS as u64)
+                .map(|t| {
+                    let start = &start;
+                    // Small stacks, so that the C library's cache of stacks (40 MiB) keeps
+                    // all of them for the next wave.
+                    std::thread::Builder::new()
+                        .stack_size(384 << 10)
+                        .spawn_scoped(s, move || {
+                            // All of the wave's threads are alive before any captures.
+                            start.wait();
+                            let seed = (wave << 32 | t).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                            random_captures(o, seed, CAPTURES);
+                            // The same address for threads on the same stack.
+                            let here = 0u8;
+                            black_box(&here) as *const u8 as usize
+                        })
+                        .unwrap()
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        threads += ends.len();
+        stacks.extend(ends);
+    }
+    eprintln!(
+        "{threads} threads in 3 waves of {THREADS} ran on {} distinct stacks",
+        stacks.len()
+    );
+    assert!(
+        stacks.len() < threads,
+        "no thread started on an exited thread's stack: the test checks less than it says"
+    );
 }
