@@ -1,12 +1,17 @@
 //! The crash handler, one child process per scenario: the report's text and the signal the
 //! child dies by are checked.
 
+#[path = "child_support/mod.rs"]
+mod child_support;
 #[path = "support/crash_scenarios.rs"]
 #[allow(dead_code)]
 mod scenarios;
 
+/// `child_support` finds it here.
+use scenarios::target;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 #[global_allocator]
 static GLOBAL: scenarios::LockingAllocator = scenarios::LockingAllocator;
@@ -101,10 +106,17 @@ fn run(name: &str) -> Outcome {
             Ok(())
         });
     }
-    let out = cmd.output().expect("run child");
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let deadline = Duration::from_secs(if cfg!(target_arch = "x86_64") {
+        120
+    } else {
+        600
+    });
+    let child_support::Finished { status, stderr, .. } =
+        child_support::run_test_child(&mut cmd, deadline, name);
     Outcome {
-        report: String::from_utf8_lossy(&out.stderr).into_owned(),
-        signal: out.status.signal(),
+        report: stderr,
+        signal: status.signal(),
     }
 }
 

@@ -11,12 +11,17 @@
     feature = "tracefs"
 ))]
 
+#[path = "child_support/mod.rs"]
+mod child_support;
+#[path = "support/target.rs"]
+mod target;
+
 use selftrace::profile::{self, Line, Location, Mapping, Mode, Profile, Sample, Threads};
 use selftrace::symbolize::{self, FixedBuf, FrameKind, KernelOptions, SymbolsOptions};
 use selftrace::unwind::{StopReason, Truncation};
 use selftrace::{Regs, UnwindMode};
 use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -431,19 +436,27 @@ fn child_entry() {
 fn hostile_values_never_crash_the_program() {
     let mut failed = Vec::new();
     for (name, _) in CASES {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
             .env("SELFTRACE_HOSTILE", name)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let deadline = Duration::from_secs(if cfg!(target_arch = "x86_64") {
+            120
+        } else {
+            600
+        });
+        let child_support::Finished {
+            status,
+            stdout,
+            stderr,
+            ..
+        } = child_support::run_test_child(&mut cmd, deadline, name);
         let done = stdout.contains(&format!("case {name} done"));
-        if !out.status.success() || !done {
+        if !status.success() || !done {
             failed.push(format!(
-                "{name}: {:?} (signal {:?})\n{stdout}\n{}",
-                out.status,
-                out.status.signal(),
-                String::from_utf8_lossy(&out.stderr)
+                "{name}: {status:?} (signal {:?})\n{stdout}\n{stderr}",
+                status.signal(),
             ));
         }
     }

@@ -445,7 +445,8 @@ fn run(scenario: &str) -> Run {
     } else {
         600
     });
-    let (status, _out, stderr) = child_support::run_test_child(&mut child, deadline, scenario);
+    let child_support::Finished { status, stderr, .. } =
+        child_support::run_test_child(&mut child, deadline, scenario);
     let tids = stderr
         .lines()
         .filter_map(|l| {

@@ -1015,7 +1015,12 @@ fn run(name: &str) -> Outcome {
         .env("RUST_BACKTRACE", "0")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let (status, stdout, stderr) = child_support::run_test_child(
+    let child_support::Finished {
+        status,
+        stdout,
+        stderr,
+        ..
+    } = child_support::run_test_child(
         &mut child,
         Duration::from_secs(120),
         &format!("scenario {name}"),

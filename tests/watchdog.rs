@@ -225,10 +225,13 @@ fn run(name: &str) -> Outcome {
     let _ = std::fs::remove_dir_all(&dumps);
     std::fs::create_dir_all(&dumps).unwrap();
     cmd.env("WATCHDOG_MINIDUMP_DIR", &dumps);
-    let child = cmd.spawn().expect("run child");
-    let pid = child.id();
-    let (status, stdout, stderr) = child_support::wait_with_deadline(
-        child,
+    let child_support::Finished {
+        pid,
+        status,
+        stdout,
+        stderr,
+    } = child_support::run_test_child(
+        &mut cmd,
         Duration::from_secs(120),
         &format!("scenario {name}"),
     );

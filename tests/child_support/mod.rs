@@ -23,6 +23,18 @@ pub fn wait_with_deadline(
     }
 }
 
+/// A child that ran to its end.
+pub struct Finished {
+    /// Its process id (of the run that finished, if it ran twice).
+    pub pid: u32,
+    /// How it ended.
+    pub status: ExitStatus,
+    /// Everything it wrote to stdout.
+    pub stdout: String,
+    /// Everything it wrote to stderr.
+    pub stderr: String,
+}
+
 /// Runs `cmd`, a test binary running one of its own tests as a child (`--exact child_entry
 /// --nocapture`: libtest prints "running 1 test" before any code of the test runs), with
 /// piped stdout and stderr, and waits for it as [`wait_with_deadline`] does.
@@ -33,18 +45,22 @@ pub fn wait_with_deadline(
 /// That happened once in CI (an empty stdout and stderr after 600 s, one in some hundreds of
 /// children). Its state is written to this process's stderr (not captured by libtest, so that
 /// the log keeps it), it is killed, and it is run once more; a second such hang fails the test.
-pub fn run_test_child(
-    cmd: &mut Command,
-    deadline: Duration,
-    what: &str,
-) -> (ExitStatus, String, String) {
+pub fn run_test_child(cmd: &mut Command, deadline: Duration, what: &str) -> Finished {
     let start_up =
         crate::target::under_qemu().then(|| (deadline / 2).min(Duration::from_secs(120)));
     for attempt in 0.. {
         let child = cmd.spawn().expect("run the child");
+        let pid = child.id();
         let start_up = if attempt == 0 { start_up } else { None };
         match wait(child, deadline, start_up, what) {
-            Ok(done) => return done,
+            Ok((status, stdout, stderr)) => {
+                return Finished {
+                    pid,
+                    status,
+                    stdout,
+                    stderr,
+                }
+            }
             Err(state) => {
                 let start_up = start_up.unwrap_or_default();
                 let _ = std::io::stderr().write_all(

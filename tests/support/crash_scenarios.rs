@@ -5,7 +5,7 @@
 #[path = "clib.rs"]
 mod clib;
 #[path = "target.rs"]
-mod target;
+pub(crate) mod target;
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
