@@ -126,22 +126,26 @@ fn trace(report: &str) -> Vec<&str> {
         .lines()
         .skip_while(|l| *l != "Call Trace:")
         .skip(1)
-        .take_while(|l| l.starts_with(" #") || l.starts_with(" frames"))
+        .take_while(|l| {
+            l.starts_with(" #") || l.starts_with(" frames") || l.starts_with("    inlined: ")
+        })
         .collect()
 }
 
-/// Asserts the report names `crash_fn` in the trace and `caller` right after it.
+/// Asserts the report names `crash_fn` in the trace and `caller` right after it: as the next
+/// frame's function, or (in a release build) as a function inlined into it.
 fn assert_names(o: &Outcome, crash_fn: &str, caller: &str) {
     let t = trace(&o.report);
     let at = t
         .iter()
         .position(|l| l.contains(&format!("{crash_fn}+")))
         .unwrap_or_else(|| panic!("{crash_fn} not in the trace:\n{}", o.report));
+    let names_caller = |l: &&str| {
+        l.contains(&format!("{caller}+"))
+            || (l.starts_with("    inlined: ") && l.contains(&format!("::{caller} at ")))
+    };
     assert!(
-        t[at + 1..]
-            .iter()
-            .take(3)
-            .any(|l| l.contains(&format!("{caller}+"))),
+        t[at + 1..].iter().take(3).any(names_caller),
         "{caller} does not follow {crash_fn}:\n{}",
         o.report
     );
