@@ -4,8 +4,7 @@
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Waits for `child` (spawned with piped stdout and stderr), reading both pipes on threads so
@@ -85,39 +84,18 @@ fn wait(
     start_up: Option<Duration>,
     what: &str,
 ) -> Result<(ExitStatus, String, String), String> {
-    let written = Arc::new(AtomicUsize::new(0));
-    let reader = |mut pipe: Box<dyn Read + Send>| {
-        let written = written.clone();
-        std::thread::spawn(move || {
-            let mut all = Vec::new();
-            let mut buf = [0u8; 4096];
-            loop {
-                match pipe.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        all.extend_from_slice(&buf[..n]);
-                        written.fetch_add(n, Ordering::Relaxed);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-            String::from_utf8_lossy(&all).into_owned()
-        })
-    };
-    let out = reader(Box::new(child.stdout.take().expect("piped stdout")));
-    let err = reader(Box::new(child.stderr.take().expect("piped stderr")));
+    let out = Reader::start(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = Reader::start(Box::new(child.stderr.take().expect("piped stderr")));
     let start = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for the child") {
             break status;
         }
-        if start_up.is_some_and(|s| start.elapsed() > s) && written.load(Ordering::Relaxed) == 0 {
+        if start_up.is_some_and(|s| start.elapsed() > s) && out.is_empty() && err.is_empty() {
             let state = describe(child.id());
             let _ = child.kill();
             let _ = child.wait();
             // The readers are left to end on their own (a grandchild may hold the pipes).
-            drop((out, err));
             return Err(state);
         }
         if start.elapsed() > deadline {
@@ -127,17 +105,64 @@ fn wait(
             panic!(
                 "hang: {what} did not exit within {deadline:?} (killed it); its state then:\n{state}\n\
                  stdout:\n{}\nstderr:\n{}",
-                out.join().unwrap_or_default(),
-                err.join().unwrap_or_default()
+                out.finish_within(Duration::from_secs(10)),
+                err.finish_within(Duration::from_secs(10))
             );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    Ok((
-        status,
-        out.join().unwrap_or_default(),
-        err.join().unwrap_or_default(),
-    ))
+    Ok((status, out.finish(), err.finish()))
+}
+
+/// A thread reading one of a child's pipes to its end, so that a full pipe cannot stall the
+/// child; what it read so far can be looked at any time.
+struct Reader {
+    thread: std::thread::JoinHandle<()>,
+    read: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Reader {
+    fn start(mut pipe: Box<dyn Read + Send>) -> Reader {
+        let read = Arc::new(Mutex::new(Vec::new()));
+        let to = read.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                match pipe.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => to.lock().unwrap().extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        });
+        Reader { thread, read }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.read.lock().unwrap().is_empty()
+    }
+
+    /// Everything read, once the pipe is at its end.
+    fn finish(self) -> String {
+        let _ = self.thread.join();
+        String::from_utf8_lossy(&self.read.lock().unwrap()).into_owned()
+    }
+
+    /// [`Reader::finish`], but after `limit` what was read until then: the pipe stays open as
+    /// long as a process that inherited it lives (a killed child's own child).
+    fn finish_within(self, limit: Duration) -> String {
+        let start = Instant::now();
+        while !self.thread.is_finished() {
+            if start.elapsed() > limit {
+                let mut s = String::from_utf8_lossy(&self.read.lock().unwrap()).into_owned();
+                s.push_str("\n(not read to its end: another process holds the pipe open)");
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.finish()
+    }
 }
 
 /// What a hung process was doing, for the failure message: its command line as the kernel sees
@@ -188,7 +213,12 @@ fn describe(pid: u32) -> String {
         .output()
     {
         Ok(o) => {
-            let _ = writeln!(s, "gdb:\n{}", String::from_utf8_lossy(&o.stdout));
+            let _ = writeln!(
+                s,
+                "gdb:\n{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         Err(e) => {
             let _ = writeln!(s, "gdb: {e}");
