@@ -10,8 +10,6 @@ mod scenarios;
 /// `child_support` finds it here.
 use scenarios::target;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 #[global_allocator]
 static GLOBAL: scenarios::LockingAllocator = scenarios::LockingAllocator;
@@ -91,10 +89,8 @@ struct Outcome {
 }
 
 fn run(name: &str) -> Outcome {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env("CRASH_SCENARIO", name)
-        .env("RUST_BACKTRACE", "0");
+    let mut cmd = child_support::test_child();
+    cmd.env("CRASH_SCENARIO", name).env("RUST_BACKTRACE", "0");
     // SAFETY: setrlimit is async-signal-safe; no core files from the test children.
     unsafe {
         cmd.pre_exec(|| {
@@ -106,14 +102,8 @@ fn run(name: &str) -> Outcome {
             Ok(())
         });
     }
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let deadline = Duration::from_secs(if cfg!(target_arch = "x86_64") {
-        120
-    } else {
-        600
-    });
     let child_support::Finished { status, stderr, .. } =
-        child_support::run_test_child(&mut cmd, deadline, name);
+        child_support::run_test_child(&mut cmd, child_support::deadline(120), name);
     Outcome {
         report: stderr,
         signal: status.signal(),
@@ -132,20 +122,30 @@ fn trace(report: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Asserts the report names `crash_fn` in the trace and `caller` right after it: as the next
-/// frame's function, or (in a release build) as a function inlined into it.
+/// Asserts the report names `crash_fn` in the trace and `caller` in one of the three frames
+/// after its own: as the frame's function, or (in a release build) as a function inlined into
+/// it (the `inlined:` lines under a frame belong to that frame).
 fn assert_names(o: &Outcome, crash_fn: &str, caller: &str) {
-    let t = trace(&o.report);
-    let at = t
+    let mut frames: Vec<Vec<&str>> = Vec::new();
+    for l in trace(&o.report) {
+        match frames.last_mut() {
+            Some(f) if l.starts_with("    inlined: ") => f.push(l),
+            _ => frames.push(vec![l]),
+        }
+    }
+    let at = frames
         .iter()
-        .position(|l| l.contains(&format!("{crash_fn}+")))
+        .position(|f| f[0].contains(&format!("{crash_fn}+")))
         .unwrap_or_else(|| panic!("{crash_fn} not in the trace:\n{}", o.report));
     let names_caller = |l: &&str| {
         l.contains(&format!("{caller}+"))
             || (l.starts_with("    inlined: ") && l.contains(&format!("::{caller} at ")))
     };
     assert!(
-        t[at + 1..].iter().take(3).any(names_caller),
+        frames[at + 1..]
+            .iter()
+            .take(3)
+            .any(|f| f.iter().any(names_caller)),
         "{caller} does not follow {crash_fn}:\n{}",
         o.report
     );

@@ -21,7 +21,6 @@ use selftrace::symbolize::{self, FixedBuf, FrameKind, KernelOptions, SymbolsOpti
 use selftrace::unwind::{StopReason, Truncation};
 use selftrace::{Regs, UnwindMode};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -436,22 +435,14 @@ fn child_entry() {
 fn hostile_values_never_crash_the_program() {
     let mut failed = Vec::new();
     for (name, _) in CASES {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env("SELFTRACE_HOSTILE", name)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let deadline = Duration::from_secs(if cfg!(target_arch = "x86_64") {
-            120
-        } else {
-            600
-        });
+        let mut cmd = child_support::test_child();
+        cmd.env("SELFTRACE_HOSTILE", name);
         let child_support::Finished {
             status,
             stdout,
             stderr,
             ..
-        } = child_support::run_test_child(&mut cmd, deadline, name);
+        } = child_support::run_test_child(&mut cmd, child_support::deadline(120), name);
         let done = stdout.contains(&format!("case {name} done"));
         if !status.success() || !done {
             failed.push(format!(

@@ -25,7 +25,6 @@ use minidump::{
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -434,21 +433,13 @@ fn run(scenario: &str) -> Run {
         .join(format!("minidump-{scenario}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap());
+    let mut child = child_support::test_child();
     child
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("MINIDUMP_SCENARIO", scenario)
         .env("MINIDUMP_DIR", &dir)
-        .env("MINIDUMP_ENV_MARK", "environ-is-in-the-dump")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let deadline = Duration::from_secs(if cfg!(target_arch = "x86_64") {
-        60
-    } else {
-        600
-    });
+        .env("MINIDUMP_ENV_MARK", "environ-is-in-the-dump");
     let child_support::Finished { status, stderr, .. } =
-        child_support::run_test_child(&mut child, deadline, scenario);
+        child_support::run_test_child(&mut child, child_support::deadline(60), scenario);
     let tids = stderr
         .lines()
         .filter_map(|l| {

@@ -97,6 +97,13 @@ fn known_chain_has_names_lines_and_inlined_frames() {
         })
         .unwrap_or_else(|| panic!("frame 2 is this test's: {f2:?}"));
     assert_eq!(this.line, Some(test_line));
+    if cfg!(debug_assertions) {
+        assert_eq!(
+            f2.name(),
+            Some("symbolize::known_chain_has_names_lines_and_inlined_frames"),
+            "its own frame in a debug build"
+        );
+    }
     // The short form hides Backtrace::capture and the start-up frames; the full one shows all.
     assert!(!text.contains("Backtrace::capture"), "{text}");
     assert!(

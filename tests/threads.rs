@@ -18,7 +18,6 @@ use std::hint::black_box;
 use std::io::Read;
 use std::os::fd::FromRawFd;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
@@ -1008,13 +1007,10 @@ struct Outcome {
 /// Runs scenario `name` in a child; kills it after 120 s (a hang is a failure, not a stuck
 /// test run).
 fn run(name: &str) -> Outcome {
-    let mut child = Command::new(std::env::current_exe().unwrap());
+    let mut child = child_support::test_child();
     child
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("THREADS_SCENARIO", name)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env("RUST_BACKTRACE", "0");
     let child_support::Finished {
         status,
         stdout,

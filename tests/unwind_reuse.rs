@@ -338,31 +338,45 @@ fn more_threads_than_records_and_new_threads_on_old_stacks_give_the_functions_on
     let o = oracle();
     const THREADS: usize = 96;
     const CAPTURES: usize = 150;
+    let before = reused();
     let mut stacks = std::collections::HashSet::new();
     let mut threads = 0;
     for wave in 0..3u64 {
-        let start = std::sync::Barrier::new(THREADS);
+        // Held for writing until every thread of the wave is spawned, so that all are alive
+        // before any captures; `false` if a spawn failed (the others then end at once rather
+        // than wait forever).
+        let gate = std::sync::RwLock::new(false);
+        let mut open = gate.write().unwrap();
         let ends: Vec<usize> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..THREADS as u64)
+            let spawned: Vec<_> = (0..THREADS as u64)
                 .map(|t| {
-                    let start = &start;
+                    let gate = &gate;
                     // Small stacks, so that the C library's cache of stacks (40 MiB) keeps
                     // all of them for the next wave.
                     std::thread::Builder::new()
                         .stack_size(384 << 10)
                         .spawn_scoped(s, move || {
-                            // All of the wave's threads are alive before any captures.
-                            start.wait();
+                            if !*gate.read().unwrap() {
+                                return None;
+                            }
                             let seed = (wave << 32 | t).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
                             random_captures(o, seed, CAPTURES);
                             // The same address for threads on the same stack.
                             let here = 0u8;
-                            black_box(&here) as *const u8 as usize
+                            Some(black_box(&here) as *const u8 as usize)
                         })
-                        .unwrap()
                 })
                 .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).collect()
+            let all = spawned.iter().all(|w| w.is_ok());
+            *open = all;
+            drop(open);
+            let ends: Vec<_> = spawned
+                .into_iter()
+                .flatten()
+                .map(|w| w.join().unwrap())
+                .collect();
+            assert!(all, "could not start {THREADS} threads");
+            ends.into_iter().flatten().collect()
         });
         threads += ends.len();
         stacks.extend(ends);
@@ -371,8 +385,13 @@ fn more_threads_than_records_and_new_threads_on_old_stacks_give_the_functions_on
         "{threads} threads in 3 waves of {THREADS} ran on {} distinct stacks",
         stacks.len()
     );
+    // The premises: threads of the later waves ran on the first wave's stacks, and walks reused
+    // records at all.
     assert!(
-        stacks.len() < threads,
-        "no thread started on an exited thread's stack: the test checks less than it says"
+        stacks.len() <= 2 * THREADS,
+        "{} distinct stacks: few threads started on an exited thread's stack, the test checks \
+         less than it says",
+        stacks.len()
     );
+    assert!(reused() > before, "no walk reused a record");
 }

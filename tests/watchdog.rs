@@ -11,7 +11,6 @@ mod target;
 use selftrace::watchdog::{self, Action};
 use std::hint::black_box;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -212,12 +211,9 @@ fn marker_instance() -> Option<selftrace::tracefs::Instance> {
 /// 120 s.
 fn run(name: &str) -> Outcome {
     let instance = marker_instance();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env("WATCHDOG_SCENARIO", name)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = child_support::test_child();
+    cmd.env("WATCHDOG_SCENARIO", name)
+        .env("RUST_BACKTRACE", "0");
     if let Some(i) = &instance {
         cmd.env("MARKER_FILE", i.marker_path());
     }

@@ -1216,11 +1216,13 @@ mod tests {
 
     #[test]
     fn page_directory_agrees_with_a_plain_binary_search() {
-        // Symbols spread over many pages, some pages empty, some crowded.
+        // Symbols spread over many pages, some pages empty, some crowded; up to LONGEST bytes
+        // long, so some overlap the next.
+        const LONGEST: u32 = 40;
         let mut v = Vec::new();
         let mut at = 0u32;
         for i in 0..3000u32 {
-            v.push((at, 1 + i % 40));
+            v.push((at, 1 + i % LONGEST));
             at += match i % 7 {
                 0 => 5000,
                 1 => 1,
@@ -1231,13 +1233,12 @@ mod tests {
         assert!(tab.pages.len() <= tab.syms.len());
         for probe in (0..at as u64 + 9000).step_by(7) {
             let rel = probe as u32;
-            // The symbols are sorted by start; none is longer than 40 bytes, so only those
-            // starting less than 40 bytes below the probe can contain it: the last of them
-            // that does.
+            // The symbols are sorted by start; only those starting less than LONGEST bytes
+            // below the probe can contain it: the last of them that does.
             let want = v[..v.partition_point(|&(s, _)| s <= rel)]
                 .iter()
                 .rev()
-                .take_while(|&&(s, _)| rel - s < 40)
+                .take_while(|&&(s, _)| rel - s < LONGEST)
                 .find(|&&(s, size)| rel - s < size)
                 .map(|&(s, _)| u64::from(s) + 0x1000);
             let got = tab.lookup(0x1000 + probe, true).map(|f| f.start);

@@ -3,13 +3,13 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Waits for `child` (spawned with piped stdout and stderr), reading both pipes on threads so
 /// that a full pipe cannot stall it. Returns its status and output; after `deadline` kills it
-/// and fails the test with `what`, "hung", its state then (see [`describe`]) and its output so
+/// and fails the test with `what`, "hang:", its state then (see [`describe`]) and its output so
 /// far.
 pub fn wait_with_deadline(
     child: Child,
@@ -34,19 +34,53 @@ pub struct Finished {
     pub stderr: String,
 }
 
-/// Runs `cmd`, a test binary running one of its own tests as a child (`--exact child_entry
-/// --nocapture`: libtest prints "running 1 test" before any code of the test runs), with
-/// piped stdout and stderr, and waits for it as [`wait_with_deadline`] does.
+/// This test binary running its test `child_entry` alone in a child process (`--exact
+/// child_entry --nocapture --test-threads=1`), stdin empty, stdout and stderr piped, for
+/// [`run_test_child`]; the caller adds the environment that tells the child what to do.
+pub fn test_child() -> Command {
+    let mut cmd = Command::new(std::env::current_exe().expect("this test binary"));
+    cmd.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// A child's deadline: `native` seconds on x86-64, 600 s elsewhere (under qemu-user, where the
+/// tests of other architectures run, a child runs tens of times slower).
+pub fn deadline(native: u64) -> Duration {
+    Duration::from_secs(if cfg!(target_arch = "x86_64") {
+        native
+    } else {
+        600
+    })
+}
+
+/// Runs `cmd` (made by [`test_child`]: libtest prints "running 1 test" before the test's code
+/// runs) and waits for it as [`wait_with_deadline`] does.
 ///
-/// Under qemu-user only: a child that has written nothing at all after half the deadline (at
-/// most 120 s; it takes seconds) is stuck before its test harness started, in the emulator's
-/// start-up or its emulation of the parent's fork, before any code of this crate ran in it.
-/// That happened once in CI (an empty stdout and stderr after 600 s, one in some hundreds of
-/// children). Its state is written to this process's stderr (not captured by libtest, so that
-/// the log keeps it), it is killed, and it is run once more; a second such hang fails the test.
+/// Under qemu-user only, one case is run again: a child that has written nothing at all after
+/// half the deadline (at most 120 s; such children start in 1-3 s) **and** whose command line
+/// is not yet its own (the parent's, so it has not reached `execve`): stuck in qemu's emulation
+/// of the parent's `posix_spawn` (qemu turns the vfork into a real fork of the emulator), before
+/// any code of the new program, this crate's constructors included, ran in it. A child that
+/// hung once in CI with empty output is why. Its state is written to this process's stderr (not
+/// captured by libtest, so the log keeps it), it is killed and run once more with the whole
+/// deadline again; a second hang fails the test. A child stuck after its `execve` (the
+/// emulator's start-up, the loader, the crate's constructors, the runtime) is not run again: it
+/// fails at the deadline with its state.
 pub fn run_test_child(cmd: &mut Command, deadline: Duration, what: &str) -> Finished {
-    let start_up =
-        crate::target::under_qemu().then(|| (deadline / 2).min(Duration::from_secs(120)));
+    let own_args = cmd
+        .get_args()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let start_up = crate::target::under_qemu().then(|| {
+        (
+            (deadline / 2).min(Duration::from_secs(120)),
+            own_args.as_str(),
+        )
+    });
     for attempt in 0.. {
         let child = cmd.spawn().expect("run the child");
         let pid = child.id();
@@ -61,12 +95,12 @@ pub fn run_test_child(cmd: &mut Command, deadline: Duration, what: &str) -> Fini
                 }
             }
             Err(state) => {
-                let start_up = start_up.unwrap_or_default();
                 let _ = std::io::stderr().write_all(
                     format!(
-                        "{what}: the child wrote nothing in {start_up:?} under qemu-user (stuck \
-                         before its test harness started); killed it and running it again. Its \
-                         state:\n{state}\n"
+                        "{what}: the child wrote nothing in {:?} under qemu-user and has not \
+                         reached execve (still the parent's command line); killed it and \
+                         running it again. Its state:\n{state}\n",
+                        start_up.map(|s| s.0).unwrap_or_default()
                     )
                     .as_bytes(),
                 );
@@ -76,27 +110,37 @@ pub fn run_test_child(cmd: &mut Command, deadline: Duration, what: &str) -> Fini
     unreachable!()
 }
 
-/// Waits for `child`; `Err` with its state if `start_up` is given and it wrote nothing in it
-/// (then it is killed).
+/// Waits for `child`; `Err` with its state (then it is killed) if `start_up` is given, the child
+/// wrote nothing in its time and its command line does not contain its arguments.
 fn wait(
     mut child: Child,
     deadline: Duration,
-    start_up: Option<Duration>,
+    start_up: Option<(Duration, &str)>,
     what: &str,
 ) -> Result<(ExitStatus, String, String), String> {
     let out = Reader::start(Box::new(child.stdout.take().expect("piped stdout")));
     let err = Reader::start(Box::new(child.stderr.take().expect("piped stderr")));
     let start = Instant::now();
+    let mut start_up = start_up;
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for the child") {
             break status;
         }
-        if start_up.is_some_and(|s| start.elapsed() > s) && out.is_empty() && err.is_empty() {
-            let state = describe(child.id());
-            let _ = child.kill();
-            let _ = child.wait();
-            // The readers are left to end on their own (a grandchild may hold the pipes).
-            return Err(state);
+        if let Some((after, own_args)) = start_up {
+            if start.elapsed() > after {
+                // Looked at once.
+                start_up = None;
+                let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id()))
+                    .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                    .unwrap_or_default();
+                if out.is_empty() && err.is_empty() && !cmdline.contains(own_args) {
+                    let state = describe(child.id());
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    // The readers are left to end on their own.
+                    return Err(state);
+                }
+            }
         }
         if start.elapsed() > deadline {
             let state = describe(child.id());
@@ -111,7 +155,12 @@ fn wait(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    Ok((status, out.finish(), err.finish()))
+    // A process that inherited the pipes (the child's own child) may hold them after the child
+    // ended: up to what is left of the deadline, and at least 10 s.
+    let left = deadline
+        .saturating_sub(start.elapsed())
+        .max(Duration::from_secs(10));
+    Ok((status, out.finish_within(left), err.finish_within(left)))
 }
 
 /// A thread reading one of a child's pipes to its end, so that a full pipe cannot stall the
@@ -143,25 +192,23 @@ impl Reader {
         self.read.lock().unwrap().is_empty()
     }
 
-    /// Everything read, once the pipe is at its end.
-    fn finish(self) -> String {
-        let _ = self.thread.join();
+    /// What was read so far.
+    fn text(&self) -> String {
         String::from_utf8_lossy(&self.read.lock().unwrap()).into_owned()
     }
 
-    /// [`Reader::finish`], but after `limit` what was read until then: the pipe stays open as
-    /// long as a process that inherited it lives (a killed child's own child).
+    /// Everything read once the pipe is at its end; after `limit`, what was read until then
+    /// (the pipe stays open as long as a process that inherited it lives: a child's own child).
     fn finish_within(self, limit: Duration) -> String {
         let start = Instant::now();
         while !self.thread.is_finished() {
             if start.elapsed() > limit {
-                let mut s = String::from_utf8_lossy(&self.read.lock().unwrap()).into_owned();
-                s.push_str("\n(not read to its end: another process holds the pipe open)");
-                return s;
+                return self.text()
+                    + "\n(not read to its end: another process holds the pipe open)";
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.finish()
+        self.text()
     }
 }
 
