@@ -1005,7 +1005,7 @@ struct Outcome {
 }
 
 /// Runs scenario `name` in a child; kills it after 120 s (a hang is a failure, not a stuck
-/// test run).
+/// test run; see `child_support::run_test_child` for the one case run a second time).
 fn run(name: &str) -> Outcome {
     let mut child = child_support::test_child();
     child

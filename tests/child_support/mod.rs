@@ -81,10 +81,10 @@ pub fn run_test_child(cmd: &mut Command, deadline: Duration, what: &str) -> Fini
             own_args.as_str(),
         )
     });
-    for attempt in 0.. {
+    // The second run has no start-up check: it ends or fails.
+    for start_up in [start_up, None] {
         let child = cmd.spawn().expect("run the child");
         let pid = child.id();
-        let start_up = if attempt == 0 { start_up } else { None };
         match wait(child, deadline, start_up, what) {
             Ok((status, stdout, stderr)) => {
                 return Finished {
@@ -107,7 +107,7 @@ pub fn run_test_child(cmd: &mut Command, deadline: Duration, what: &str) -> Fini
             }
         }
     }
-    unreachable!()
+    unreachable!("a run without a start-up check ends or fails")
 }
 
 /// Waits for `child`; `Err` with its state (then it is killed) if `start_up` is given, the child
@@ -115,13 +115,12 @@ pub fn run_test_child(cmd: &mut Command, deadline: Duration, what: &str) -> Fini
 fn wait(
     mut child: Child,
     deadline: Duration,
-    start_up: Option<(Duration, &str)>,
+    mut start_up: Option<(Duration, &str)>,
     what: &str,
 ) -> Result<(ExitStatus, String, String), String> {
     let out = Reader::start(Box::new(child.stdout.take().expect("piped stdout")));
     let err = Reader::start(Box::new(child.stderr.take().expect("piped stderr")));
     let start = Instant::now();
-    let mut start_up = start_up;
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for the child") {
             break status;
