@@ -101,6 +101,8 @@ pub(crate) fn fp_chain(
     }
     let base = stack.start;
     let max_rotated = span / W;
+    // The highest address of a frame record, divided by 8 (`base + span` cannot wrap).
+    let top_rotated = (base + span) / W;
     /// Why the inner loop stopped.
     enum Exit {
         /// fp is off the stack, misaligned or below sp (or zero).
@@ -110,46 +112,58 @@ pub(crate) fn fp_chain(
         Other(usize, usize),
         /// The buffer is full; the frame of `ra` (caller fp `next`) was not stored.
         Full(usize, usize),
+        /// The caller's frame record is not known to be on the stack below the loop's bound:
+        /// the check before the loop decides.
+        Again,
     }
     let end = loop {
         let exit = if !readable_word(fp, base, max_rotated) || fp < sp {
             Exit::Bounds
         } else {
-            // The hot loop: nothing but the checks, two loads and a store, so that its state
-            // (fp and the output position) stays in registers; the rarer cases are handled
-            // outside it, then it resumes. fp was checked before it was taken. The output is an
-            // iterator: its position and end are two registers, where an index, the buffer and
-            // its length were three (one of them spilled).
-            let total = buf.len();
-            let mut out = buf.get_mut(frames..).unwrap_or_default().iter_mut();
-            let exit = loop {
-                // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack,
-                // between the walk's stack pointer and the stack's high end.
-                let (next, ra) = unsafe {
-                    (
-                        core::ptr::read_volatile(fp as *const usize),
-                        arch::strip_ra(core::ptr::read_volatile((fp + W) as *const usize)),
-                    )
-                };
+            // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack, between
+            // the walk's stack pointer and the stack's high end (checked just above, and for
+            // every later fp in the loop below before it is taken).
+            let record = |fp: usize| unsafe {
+                (
+                    core::ptr::read_volatile(fp as *const usize),
+                    arch::strip_ra(core::ptr::read_volatile((fp + W) as *const usize)),
+                )
+            };
+            let room = buf.len().saturating_sub(frames);
+            if room == 0 {
+                let (next, ra) = record(fp);
                 // A zero return address wraps to the top and fails the range test too.
                 if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
-                    break Exit::Other(next, ra);
+                    Exit::Other(next, ra)
+                } else {
+                    Exit::Full(next, ra)
                 }
-                let Some(slot) = out.next() else {
-                    break Exit::Full(next, ra);
-                };
-                *slot = ra;
-                // The caller's frame record: on the stack, aligned, and above this one
-                // (at or above this frame's end, fp + 16, the caller's stack pointer).
-                if !readable_word(next, base, max_rotated) || next <= fp + W {
-                    sp = fp + 2 * W;
+            } else {
+                // The hot loop: nothing but the checks, two loads and a store, so that its
+                // state (fp and the output position) stays in registers; the rarer cases are
+                // handled outside it, then it resumes. It never counts the room left: each
+                // record lies at least 16 bytes above the one before, so a loop that takes
+                // no fp above `fp + 16 * room - 8` stores at most `room` return addresses (it
+                // stops at that bound, and the check above starts it again where the stack
+                // goes on).
+                let last = fp
+                    .saturating_add(room.saturating_mul(2 * W))
+                    .saturating_sub(W);
+                let top = top_rotated.min(last / W);
+                let (last_fp, end) =
+                    fp_run(fp, buf[frames..].as_mut_ptr(), text_start, text_len, top);
+                frames = ((end & !OTHER) - buf.as_ptr() as usize) / W;
+                // The record it stopped at (read again: two registers come back).
+                let (next, ra) = record(last_fp);
+                if end & OTHER != 0 {
+                    fp = last_fp;
+                    Exit::Other(next, ra)
+                } else {
+                    sp = last_fp + 2 * W;
                     fp = next;
-                    break Exit::Bounds;
+                    Exit::Again
                 }
-                fp = next;
-            };
-            frames = total - out.len();
-            exit
+            }
         };
         // The pc is the last return address stored (kept out of the loop: one register less).
         if frames != *n {
@@ -173,6 +187,7 @@ pub(crate) fn fp_chain(
                 break Fast::Full;
             }
             Exit::Other(next, ra) => (next, ra),
+            Exit::Again => continue,
         };
         if ra == 0 {
             break Fast::End;
@@ -278,5 +293,58 @@ fn fp_other_object(state: &State, loaded: &mut LoadedCheck, ra: usize) -> Other 
             Ok(None) => Other::Stop,
             _ => Other::Slow,
         },
+    }
+}
+
+
+/// The bit of [`fp_run`]'s second result that says it stopped at a return address outside the
+/// code range (the rest is an aligned address).
+const OTHER: usize = 1;
+
+/// The hot loop of [`fp_chain`], alone in its function so that its values stay in registers
+/// (inlined, the function's other values pushed one of them to memory): from frame record `fp`
+/// (aligned, on this thread's own stack), stores the return addresses at `out` while they are
+/// in `text_start..text_start + text_len` (`ra - 1` is) and the caller's record lies above the
+/// current one's end, aligned and at most at `top` * 8 (on the same stack). Returns the record
+/// it stopped at and the end of what it stored, with [`OTHER`] set when it stopped because that
+/// record's return address is outside the range (not stored).
+///
+/// Stores at most `(top * 8 - fp) / 16 + 1` return addresses: each record lies at least 16
+/// bytes above the one before.
+#[inline(never)]
+fn fp_run(
+    mut fp: usize,
+    mut out: *mut usize,
+    text_start: usize,
+    text_len: usize,
+    top: usize,
+) -> (usize, usize) {
+    const W: usize = core::mem::size_of::<usize>();
+    loop {
+        // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack (the caller
+        // checked the first fp, the loop every later one).
+        let (next, ra) = unsafe {
+            (
+                core::ptr::read_volatile(fp as *const usize),
+                arch::strip_ra(core::ptr::read_volatile((fp + W) as *const usize)),
+            )
+        };
+        // A zero return address wraps to the top and fails the range test too.
+        if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
+            return (fp, out as usize | OTHER);
+        }
+        // SAFETY: the caller's `top` leaves room in its buffer for every store (see above).
+        unsafe {
+            out.write(ra);
+            out = out.add(1);
+        }
+        // The caller's frame record: above this one (at or above this frame's end, fp + 16,
+        // the caller's stack pointer), aligned and at most at `top` * 8, in one comparison for
+        // the last two (`next` rotated right by 3 is at most `top` exactly when it is aligned
+        // and at most `top` * 8).
+        if next <= fp + W || next.rotate_right(W.trailing_zeros()) > top {
+            return (fp, out as usize);
+        }
+        fp = next;
     }
 }
