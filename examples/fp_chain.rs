@@ -68,56 +68,44 @@ const TINY: usize = 17;
 
 // `fp_tiny_chain` calls the next of TINY - 1 functions that do nothing but save the frame
 // pointer, call the next and return; the last calls `tiny_leaf`. No locals: each frame record
-// lies 16 bytes above the one before.
+// lies 16 bytes above the one before. The arguments: the instructions that save the frame
+// record, set the frame pointer, call, and restore the record.
+macro_rules! tiny_chain {
+    ($save:literal, $frame:literal, $call:literal, $restore:literal) => {
+        std::arch::global_asm!(
+            ".pushsection .text.fp_tiny_chain,\"ax\",@progbits",
+            ".p2align 4",
+            ".globl fp_tiny_chain",
+            "fp_tiny_chain:",
+            ".rept {n}",
+            $save,
+            $frame,
+            concat!($call, " 1f"),
+            $restore,
+            "ret",
+            "1:",
+            ".endr",
+            $save,
+            $frame,
+            concat!($call, " {leaf}"),
+            $restore,
+            "ret",
+            ".globl fp_tiny_chain_end",
+            "fp_tiny_chain_end:",
+            ".popsection",
+            n = const TINY - 1,
+            leaf = sym tiny_leaf,
+        );
+    };
+}
 #[cfg(target_arch = "x86_64")]
-std::arch::global_asm!(
-    ".pushsection .text.fp_tiny_chain,\"ax\",@progbits",
-    ".p2align 4",
-    ".globl fp_tiny_chain",
-    "fp_tiny_chain:",
-    ".rept {n}",
-    "push rbp",
-    "mov rbp, rsp",
-    "call 1f",
-    "pop rbp",
-    "ret",
-    "1:",
-    ".endr",
-    "push rbp",
-    "mov rbp, rsp",
-    "call {leaf}",
-    "pop rbp",
-    "ret",
-    ".globl fp_tiny_chain_end",
-    "fp_tiny_chain_end:",
-    ".popsection",
-    n = const TINY - 1,
-    leaf = sym tiny_leaf,
-);
+tiny_chain!("push rbp", "mov rbp, rsp", "call", "pop rbp");
 #[cfg(target_arch = "aarch64")]
-std::arch::global_asm!(
-    ".pushsection .text.fp_tiny_chain,\"ax\",@progbits",
-    ".p2align 4",
-    ".globl fp_tiny_chain",
-    "fp_tiny_chain:",
-    ".rept {n}",
+tiny_chain!(
     "stp x29, x30, [sp, #-16]!",
     "mov x29, sp",
-    "bl 1f",
-    "ldp x29, x30, [sp], #16",
-    "ret",
-    "1:",
-    ".endr",
-    "stp x29, x30, [sp, #-16]!",
-    "mov x29, sp",
-    "bl {leaf}",
-    "ldp x29, x30, [sp], #16",
-    "ret",
-    ".globl fp_tiny_chain_end",
-    "fp_tiny_chain_end:",
-    ".popsection",
-    n = const TINY - 1,
-    leaf = sym tiny_leaf,
+    "bl",
+    "ldp x29, x30, [sp], #16"
 );
 
 unsafe extern "C" {
