@@ -120,18 +120,11 @@ pub(crate) fn fp_chain(
         let exit = if !readable_word(fp, base, max_rotated) || fp < sp {
             Exit::Bounds
         } else {
-            // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack, between
-            // the walk's stack pointer and the stack's high end (checked just above, and for
-            // every later fp in the loop below before it is taken).
-            let record = |fp: usize| unsafe {
-                (
-                    core::ptr::read_volatile(fp as *const usize),
-                    arch::strip_ra(core::ptr::read_volatile((fp + W) as *const usize)),
-                )
-            };
             let room = buf.len().saturating_sub(frames);
             if room == 0 {
-                let (next, ra) = record(fp);
+                // SAFETY: fp was checked just above: aligned, at or above the walk's stack
+                // pointer and at most 16 bytes below the stack's high end.
+                let (next, ra) = unsafe { read_record(fp) };
                 // A zero return address wraps to the top and fails the range test too.
                 if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
                     Exit::Other(next, ra)
@@ -150,11 +143,18 @@ pub(crate) fn fp_chain(
                     .saturating_add(room.saturating_mul(2 * W))
                     .saturating_sub(W);
                 let top = top_rotated.min(last / W);
-                let (last_fp, end) =
-                    fp_run(fp, buf[frames..].as_mut_ptr(), text_start, text_len, top);
+                // SAFETY: fp was checked just above (aligned, at or above the walk's stack
+                // pointer, at most 16 bytes below the stack's high end); `top` * 8 is at most
+                // that last record's address (`top_rotated`) and at most `last`, so fp_run
+                // stores at most (last - fp) / 16 + 1 = room addresses, and `buf[frames..]`
+                // has room words.
+                let (last_fp, end) = unsafe {
+                    fp_run(fp, buf[frames..].as_mut_ptr(), text_start, text_len, top)
+                };
                 frames = ((end & !OTHER) - buf.as_ptr() as usize) / W;
                 // The record it stopped at (read again: two registers come back).
-                let (next, ra) = record(last_fp);
+                // SAFETY: the record fp_run stopped at is one it read (see its safety).
+                let (next, ra) = unsafe { read_record(last_fp) };
                 if end & OTHER != 0 {
                     fp = last_fp;
                     Exit::Other(next, ra)
@@ -296,6 +296,23 @@ fn fp_other_object(state: &State, loaded: &mut LoadedCheck, ra: usize) -> Other 
     }
 }
 
+/// The frame record at `fp`: the caller's frame pointer and the return address (its
+/// pointer-authentication bits stripped).
+///
+/// # Safety
+/// `fp` and `fp + 8` are readable: `fp` aligned, on this thread's own live stack, at or above
+/// the walk's stack pointer and at least 16 bytes below the stack's high end.
+#[inline(always)]
+unsafe fn read_record(fp: usize) -> (usize, usize) {
+    const W: usize = core::mem::size_of::<usize>();
+    // SAFETY: the caller guarantees that both words are readable (see above).
+    unsafe {
+        (
+            core::ptr::read_volatile(fp as *const usize),
+            arch::strip_ra(core::ptr::read_volatile((fp + W) as *const usize)),
+        )
+    }
+}
 
 /// The bit of [`fp_run`]'s second result that says it stopped at a return address outside the
 /// code range (the rest is an aligned address).
@@ -311,8 +328,14 @@ const OTHER: usize = 1;
 ///
 /// Stores at most `(top * 8 - fp) / 16 + 1` return addresses: each record lies at least 16
 /// bytes above the one before.
+///
+/// # Safety
+/// `fp` is aligned, on this thread's own live stack, at or above the walk's stack pointer;
+/// `top * 8` is at least `fp` and at most the address of the stack's last frame record (16
+/// bytes below its high end); `out` is valid for `(top * 8 - fp) / 16 + 1` writes, which
+/// nothing else reads or writes while this runs.
 #[inline(never)]
-fn fp_run(
+unsafe fn fp_run(
     mut fp: usize,
     mut out: *mut usize,
     text_start: usize,
@@ -321,19 +344,18 @@ fn fp_run(
 ) -> (usize, usize) {
     const W: usize = core::mem::size_of::<usize>();
     loop {
-        // SAFETY: fp and fp + 8 are aligned and on this thread's own live stack (the caller
-        // checked the first fp, the loop every later one).
-        let (next, ra) = unsafe {
-            (
-                core::ptr::read_volatile(fp as *const usize),
-                arch::strip_ra(core::ptr::read_volatile((fp + W) as *const usize)),
-            )
-        };
+        // SAFETY: the first fp is the caller's (see the safety section); every later one was
+        // checked below to be aligned, above the one before (so above the walk's stack
+        // pointer) and at most `top` * 8, which the caller keeps at or below the stack's last
+        // record.
+        let (next, ra) = unsafe { read_record(fp) };
         // A zero return address wraps to the top and fails the range test too.
         if ra.wrapping_sub(1).wrapping_sub(text_start) >= text_len {
             return (fp, out as usize | OTHER);
         }
-        // SAFETY: the caller's `top` leaves room in its buffer for every store (see above).
+        // SAFETY: this is at most the ((top * 8 - fp0) / 16 + 1)-th store since the call (each
+        // fp taken is at least 16 bytes above the one before and at most `top` * 8), and the
+        // caller made `out` valid for that many.
         unsafe {
             out.write(ra);
             out = out.add(1);
