@@ -10,6 +10,9 @@ use super::step::is_trampoline_at;
 use super::types::StopReason;
 use crate::sys;
 
+/// The size of a word, and of each half of a frame record.
+const W: usize = core::mem::size_of::<usize>();
+
 /// The registers frame-pointer mode walks with: the frame's stack pointer, frame pointer and pc.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FpRegs {
@@ -69,7 +72,6 @@ pub(crate) fn fp_chain(
     n: &mut usize,
     limit: usize,
 ) -> Fast {
-    const W: usize = core::mem::size_of::<usize>();
     let Some(span) = stack
         .end
         .checked_sub(stack.start)
@@ -304,7 +306,6 @@ fn fp_other_object(state: &State, loaded: &mut LoadedCheck, ra: usize) -> Other 
 /// the walk's stack pointer and at least 16 bytes below the stack's high end.
 #[inline(always)]
 unsafe fn read_record(fp: usize) -> (usize, usize) {
-    const W: usize = core::mem::size_of::<usize>();
     // SAFETY: the caller guarantees that both words are readable (see above).
     unsafe {
         (
@@ -342,7 +343,6 @@ unsafe fn fp_run(
     text_len: usize,
     top: usize,
 ) -> (usize, usize) {
-    const W: usize = core::mem::size_of::<usize>();
     loop {
         // SAFETY: the first fp is the caller's (see the safety section); every later one was
         // checked below to be aligned, above the one before (so above the walk's stack
