@@ -1,6 +1,8 @@
 //! Symbolization: a known chain with file:line and inlined frames, glibc's `backtrace_symbols`
 //! byte for byte, binutils' `addr2line`, and bad input.
 
+#[path = "support/addr2line.rs"]
+mod addr2line;
 #[path = "support/target.rs"]
 mod target;
 use selftrace::symbolize::{
@@ -358,28 +360,6 @@ fn backtrace_symbols_matches_glibc_byte_for_byte() {
 
 // ---- binutils differential ------------------------------------------------------------------
 
-/// Parses `addr2line -a -f -C -i` output: per address, (function, file, line) innermost first.
-fn parse_addr2line(out: &str) -> Vec<Vec<(String, String, Option<u32>)>> {
-    let mut groups: Vec<Vec<(String, String, Option<u32>)>> = Vec::new();
-    let mut lines = out.lines().peekable();
-    while let Some(l) = lines.next() {
-        if l.starts_with("0x") {
-            groups.push(Vec::new());
-            continue;
-        }
-        let func = l.to_string();
-        let loc = lines.next().unwrap_or("??:0");
-        let loc = loc.split(" (discriminator").next().unwrap();
-        let (file, line) = loc.rsplit_once(':').unwrap_or((loc, "0"));
-        let line = line.parse::<u32>().ok().filter(|&l| l != 0);
-        groups
-            .last_mut()
-            .expect("address line first")
-            .push((func, file.to_string(), line));
-    }
-    groups
-}
-
 #[test]
 fn names_and_lines_match_binutils_addr2line() {
     if Command::new(target::binutil("addr2line"))
@@ -413,14 +393,8 @@ fn names_and_lines_match_binutils_addr2line() {
         .filter(|&a| main.is_code(a))
         .collect();
     assert!(addrs.len() >= 100, "{}", addrs.len());
-    let out = Command::new(target::binutil("addr2line"))
-        .args(["-a", "-f", "-C", "-i", "-e"])
-        .arg(&exe)
-        .args(addrs.iter().map(|a| format!("{:#x}", a - main.bias)))
-        .output()
-        .unwrap();
-    let theirs = parse_addr2line(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!(theirs.len(), addrs.len());
+    let svmas: Vec<u64> = addrs.iter().map(|a| (a - main.bias) as u64).collect();
+    let theirs = addr2line::run(&target::binutil("addr2line"), &exe, &svmas);
     let (mut name_ok, mut line_ok, mut frames) = (0, 0, 0);
     let mut mismatches = Vec::new();
     for (a, t) in addrs.iter().zip(&theirs) {
@@ -432,9 +406,7 @@ fn names_and_lines_match_binutils_addr2line() {
                 // binutils prints `??:0` or the unit's name without a line: no line info.
                 None => o.line.is_none(),
                 Some(_) => {
-                    o.line == *tline
-                        && o.file
-                            .is_some_and(|f| f.ends_with(tfile.rsplit('/').next().unwrap()))
+                    o.line == *tline && o.file.is_some_and(|f| addr2line::same_file(f, tfile))
                 }
             };
             if same_line {

@@ -2,8 +2,12 @@
 //! nothing fault (in a signal handler or outside one); a forged debug file (no build-id, or a
 //! `.gnu_debuglink` target with the wrong CRC) is not used; PLT stubs are named `name@plt` as
 //! objdump names them; glibc's signal trampoline is `__restore_rt`; symbol versions are not
-//! printed.
+//! printed; compressed debug sections (Debian's `libc6-dbg`, `objcopy
+//! --compress-debug-sections=zlib|zstd`) give the file:line binutils' `addr2line` gives, and a
+//! corrupt or unknown compression is said on the frame.
 
+#[path = "support/addr2line.rs"]
+mod addr2line;
 #[path = "support/sysroot.rs"]
 mod sysroot;
 #[path = "support/target.rs"]
@@ -612,4 +616,344 @@ fn every_text_symbol_is_named_as_nm_names_it() {
     }
     assert_eq!(checked.len(), 1 + usize::from(llvm.is_some()));
     assert!(checked.iter().all(|&n| n > 1000), "{checked:?}");
+}
+
+// ---- compressed debug sections ---------------------------------------------------------------
+
+/// The `SHF_COMPRESSED` `.debug_*` sections of an ELF file, by name.
+fn compressed_debug_sections(file: &Path) -> Vec<String> {
+    use object::{Object as _, ObjectSection as _, SectionFlags};
+    let data = std::fs::read(file).unwrap();
+    let f = object::File::parse(&*data).unwrap();
+    f.sections()
+        .filter(|s| s.name().is_ok_and(|n| n.starts_with(".debug_")))
+        .filter(|s| {
+            matches!(s.flags(), SectionFlags::Elf { sh_flags, .. }
+                if sh_flags.0 & object::elf::SHF_COMPRESSED.0 != 0)
+        })
+        .map(|s| s.name().unwrap().to_string())
+        .collect()
+}
+
+/// Link-time addresses of `file`'s functions: `per_function` spread over each function of
+/// 16 bytes or more (every byte when `per_function` is 0), at most `max` in all, spread over
+/// the whole table.
+fn function_addresses(file: &Path, per_function: usize, max: usize) -> Vec<u64> {
+    use object::{Object as _, ObjectSymbol as _, SymbolKind};
+    let data = std::fs::read(file).unwrap();
+    let f = object::File::parse(&*data).unwrap();
+    let mut funcs: Vec<(u64, u64)> = f
+        .symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.size() >= 16 && s.address() != 0)
+        .map(|s| (s.address(), s.size()))
+        .collect();
+    funcs.sort();
+    funcs.dedup_by_key(|e| e.0);
+    let mut out = Vec::new();
+    for (start, size) in funcs {
+        if per_function == 0 {
+            out.extend(start..start + size);
+        } else {
+            let step = (size / per_function as u64).max(1);
+            out.extend(
+                (0..per_function as u64)
+                    .map(|k| start + k * step)
+                    .filter(|a| *a < start + size),
+            );
+        }
+    }
+    if out.len() > max {
+        let step = out.len().div_ceil(max);
+        out = out.into_iter().step_by(step).collect();
+    }
+    out
+}
+
+/// Resolves `svmas` of the loaded object `obj` with selftrace and compares every function's
+/// file:line with `tool` (an addr2line) run on `oracle` (the same code, its DWARF uncompressed or read
+/// by binutils). Returns (addresses whose functions all match, addresses binutils gives a line
+/// for, addresses we give a line for) and prints the first mismatches.
+fn compare_lines(
+    obj: &selftrace::modules::Object,
+    tool: &str,
+    oracle: &Path,
+    svmas: &[u64],
+) -> (usize, usize, usize) {
+    let theirs = addr2line::run(tool, oracle, svmas);
+    let (mut same, mut they_line, mut we_line) = (0, 0, 0);
+    let mut shown = 0;
+    for (&svma, t) in svmas.iter().zip(&theirs) {
+        let ours = selftrace::symbolize::BacktraceFrame::resolve(
+            obj.bias + svma as usize,
+            FrameKind::Exact,
+        );
+        let o = ours.symbols();
+        they_line += usize::from(t.first().is_some_and(|f| f.2.is_some()));
+        we_line += usize::from(o.first().is_some_and(|s| s.line.is_some()));
+        let ok = o.len() == t.len()
+            && o.iter().zip(t).all(|(o, (_, tfile, tline))| match tline {
+                None => o.line.is_none(),
+                Some(_) => {
+                    o.line == *tline && o.file.is_some_and(|f| addr2line::same_file(f, tfile))
+                }
+            });
+        if ok {
+            same += 1;
+        } else if shown < 10 {
+            shown += 1;
+            println!(
+                "{svma:#x}: ours {o:?} no_line {:?}\n  binutils {t:?}",
+                ours.no_line
+            );
+        }
+    }
+    (same, they_line, we_line)
+}
+
+/// Debian ships `libc6-dbg`'s debug files (`/usr/lib/debug/.build-id/xx/yyyy.debug`) with
+/// their `.debug_*` sections compressed (`SHF_COMPRESSED`, zlib): libc's, libm's and ld.so's
+/// file:line must be the ones elfutils' `eu-addr2line` reads from the same files. (Not
+/// binutils' here: binutils 2.40 names the CU's primary file for lines of an included file
+/// of glibc's DWARF 5, e.g. `bsearch.c:22` where gdb and elfutils say
+/// `bits/stdlib-bsearch.h:22`.)
+#[test]
+fn debian_compressed_debug_files_give_the_lines_elfutils_gives() {
+    let eu = Command::new("eu-addr2line")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !eu {
+        assert!(
+            std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
+            "eu-addr2line (elfutils) is required"
+        );
+        println!("SKIP: eu-addr2line (elfutils) not installed");
+        return;
+    }
+    // libm is not linked into every program: load it, and let the symbolizer see it.
+    // SAFETY: a NUL-terminated name; libm has no constructor with preconditions.
+    let h = unsafe { libc::dlopen(c"libm.so.6".as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null(), "dlopen libm.so.6");
+    selftrace::refresh();
+    symbolize::prepare().expect("prepare");
+    let snap = selftrace::modules::snapshot();
+    let mut checked = 0;
+    for prefix in ["libc.so", "libm.so", "ld-linux"] {
+        let obj = snap
+            .objects()
+            .iter()
+            .find(|o| selftrace::modules::short_name(&o.path).starts_with(prefix))
+            .unwrap_or_else(|| panic!("{prefix} is loaded"));
+        let id = obj
+            .build_id
+            .as_ref()
+            .expect("Debian's libraries carry a build-id");
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let debug = PathBuf::from(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &hex[..2],
+            &hex[2..]
+        ));
+        if !debug.exists() {
+            assert!(
+                std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none(),
+                "{debug:?} ({}'s debug file) is missing: install libc6-dbg",
+                obj.path
+            );
+            println!("SKIP: no debug file for {} (install libc6-dbg)", obj.path);
+            continue;
+        }
+        let compressed = compressed_debug_sections(&debug);
+        assert!(
+            compressed.iter().any(|s| s == ".debug_info")
+                && compressed.iter().any(|s| s == ".debug_line"),
+            "{debug:?} no longer has compressed .debug_info and .debug_line ({compressed:?}): \
+             this test would not test compression"
+        );
+        let svmas = function_addresses(&debug, 3, 1500);
+        assert!(svmas.len() >= 500, "{prefix}: {} addresses", svmas.len());
+        let (same, they, we) = compare_lines(obj, "eu-addr2line", &debug, &svmas);
+        println!(
+            "{prefix}: {same} of {} addresses match elfutils; lines: elfutils {they}, selftrace {we}",
+            svmas.len()
+        );
+        assert!(
+            same * 1000 >= svmas.len() * 995,
+            "{prefix}: {same} of {} addresses match elfutils' file:line",
+            svmas.len()
+        );
+        assert!(
+            we * 100 >= they * 99,
+            "{prefix}: lines {we} vs binutils' {they}"
+        );
+        checked += 1;
+    }
+    if std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_some() {
+        assert_eq!(checked, 3);
+    }
+}
+
+/// Builds tests/fixtures/stfix.c as `dir/name`, optimized (st_hidden is inlined), with DWARF.
+fn build_stfix(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stfix.c");
+    let st = Command::new(target::cc())
+        .args(["-shared", "-fPIC", "-O2", "-g", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("gcc (needed to build the test fixture)");
+    assert!(st.success(), "gcc failed");
+    out
+}
+
+/// Loads `path` and returns its object as the symbolizer sees it.
+fn load(path: &Path) -> selftrace::modules::Object {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; the fixture has no constructors. Never closed.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null(), "dlopen {path:?}");
+    selftrace::refresh();
+    let canon = std::fs::canonicalize(path).unwrap();
+    selftrace::modules::snapshot()
+        .objects()
+        .iter()
+        .find(|o| Path::new(&o.path) == canon || Path::new(&o.path) == path)
+        .cloned()
+        .unwrap_or_else(|| panic!("{path:?} in the snapshot"))
+}
+
+/// Overwrites `bytes.len()` bytes of `file` at `offset`.
+fn patch(file: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt as _;
+    let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+/// (file offset of the section header's data, compressed data's offset) of `section`.
+fn section_offsets(file: &Path, section: &str) -> (u64, u64) {
+    use object::{Object as _, ObjectSection as _};
+    let data = std::fs::read(file).unwrap();
+    let f = object::File::parse(&*data).unwrap();
+    let s = f.section_by_name(section).unwrap();
+    let (start, _) = s.file_range().unwrap();
+    (start, s.compressed_file_range().unwrap().offset)
+}
+
+/// `objcopy --compress-debug-sections=zlib` and `=zstd` of a library: every file:line is the
+/// one binutils reads from the uncompressed original. A copy whose `.debug_line` data is
+/// corrupt, and one whose compression type is unknown, give no line and say why on the frame.
+#[test]
+fn objcopy_compressed_sections_are_read_and_bad_ones_are_said() {
+    if !have("objcopy") || !have("addr2line") {
+        return;
+    }
+    let dir = work_dir("compressed");
+    let plain = build_stfix(&dir, "libstplain.so");
+    let svmas = function_addresses(&plain, 0, 4000);
+    assert!(svmas.len() >= 100, "{} addresses", svmas.len());
+    let zstd_ok = Command::new(target::binutil("objcopy"))
+        .args(["--compress-debug-sections=zstd", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut formats = vec!["zlib"];
+    if zstd_ok {
+        formats.push("zstd");
+    } else {
+        println!("this objcopy cannot write zstd sections: zlib only");
+    }
+    for format in formats {
+        let name = format!("libst{format}.so");
+        run(
+            "objcopy",
+            &dir,
+            &[
+                &format!("--compress-debug-sections={format}"),
+                "libstplain.so",
+                &name,
+            ],
+        );
+        let lib = dir.join(&name);
+        let compressed = compressed_debug_sections(&lib);
+        assert!(
+            compressed.iter().any(|s| s == ".debug_line"),
+            "{format}: {compressed:?}"
+        );
+        let obj = load(&lib);
+        let (same, they, we) = compare_lines(&obj, &target::binutil("addr2line"), &plain, &svmas);
+        println!(
+            "{format}: {same} of {} match; lines binutils {they}, ours {we}",
+            svmas.len()
+        );
+        assert_eq!(
+            same,
+            svmas.len(),
+            "{format}: every address as binutils gives it"
+        );
+        assert!(they > svmas.len() / 2, "the fixture has lines");
+    }
+
+    // Corrupt compressed data: the frame has no line and says which section.
+    run(
+        "objcopy",
+        &dir,
+        &[
+            "--compress-debug-sections=zlib",
+            "libstplain.so",
+            "libstcorrupt.so",
+        ],
+    );
+    let corrupt = dir.join("libstcorrupt.so");
+    let (_, data) = section_offsets(&corrupt, ".debug_line");
+    patch(&corrupt, data + 2, &[0xff; 24]);
+    // An unknown compression type (ELF gABI types are 1 zlib, 2 zstd).
+    run(
+        "objcopy",
+        &dir,
+        &[
+            "--compress-debug-sections=zlib",
+            "libstplain.so",
+            "libstunknown.so",
+        ],
+    );
+    let unknown = dir.join("libstunknown.so");
+    let (header, _) = section_offsets(&unknown, ".debug_info");
+    patch(&unknown, header, &0x7ff0u32.to_le_bytes());
+    for (lib, want) in [
+        (
+            &corrupt,
+            symbolize::NoLine::Unreadable {
+                section: ".debug_line",
+            },
+        ),
+        (
+            &unknown,
+            symbolize::NoLine::UnsupportedCompression {
+                section: ".debug_info",
+            },
+        ),
+    ] {
+        let obj = load(lib);
+        let frame = symbolize::BacktraceFrame::resolve(
+            obj.bias + svmas[svmas.len() / 2] as usize,
+            FrameKind::Exact,
+        );
+        assert!(
+            frame.symbols().iter().all(|s| s.line.is_none()),
+            "{lib:?}: {frame:?}"
+        );
+        assert!(
+            frame.name().is_some_and(|n| n.starts_with("st_")),
+            "{lib:?}: {frame:?}"
+        );
+        assert_eq!(frame.no_line, Some(want), "{lib:?}");
+        let shown = format!(
+            "{:#}",
+            selftrace::Backtrace::from_addresses(&[frame.addr], true)
+        );
+        assert!(
+            shown.contains(&format!("(no file:line: {want})")),
+            "{shown}"
+        );
+    }
 }

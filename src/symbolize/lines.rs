@@ -22,8 +22,64 @@ use std::sync::{Arc, Mutex};
 type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 type Context = addr2line::Context<Reader>;
 
-/// Parsed DWARF per object (keyed by the address of its never-freed `ObjectSymbols`).
-static CONTEXTS: Mutex<Vec<(usize, Option<Box<Context>>)>> = Mutex::new(Vec::new());
+/// Parsed DWARF per object (keyed by the address of its never-freed `ObjectSymbols`), or why
+/// there is none.
+static CONTEXTS: Mutex<Vec<(usize, Result<Box<Context>, NoLine>)>> = Mutex::new(Vec::new());
+
+/// Why a frame has no file:line although its object is known: said by `Display`, crash
+/// reports and profiles instead of leaving the line out silently.
+///
+/// An object whose DWARF was read but has no line for the address (a PLT stub, assembly
+/// without line info) is not one of these: its frames simply have no line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NoLine {
+    /// Neither the object nor a debug file found for it has DWARF (`.debug_info`): it was
+    /// built without debug info (for a Rust program: `debug = "line-tables-only"` or more in
+    /// the profile, see docs/crash.md), or its debug package (Debian's `-dbg`, Fedora's
+    /// `-debuginfo`) is not installed.
+    NoDebugInfo,
+    /// The file chosen for the object's DWARF when it was indexed could not be opened again,
+    /// or is no longer the same file (its build-id or CRC changed: replaced on disk).
+    DebugFileChanged,
+    /// A debug section is compressed in a format this build cannot decompress.
+    UnsupportedCompression {
+        /// The section (`.debug_info`, ...).
+        section: &'static str,
+    },
+    /// A debug section could not be read: past the end of the file, or its compressed data
+    /// is corrupt (does not decompress to the size its header gives).
+    Unreadable {
+        /// The section (`.debug_info`, ...).
+        section: &'static str,
+    },
+    /// The DWARF sections were read but could not be parsed.
+    BadDwarf,
+}
+
+impl fmt::Display for NoLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoLine::NoDebugInfo => f.write_str(
+                "no debug info in this object (Rust: debug = \"line-tables-only\" in the \
+                 profile; system libraries: install their debug package)",
+            ),
+            NoLine::DebugFileChanged => {
+                f.write_str("its debug file was replaced or removed since it was indexed")
+            }
+            NoLine::UnsupportedCompression { section } => {
+                write!(
+                    f,
+                    "{section} is compressed in a format this build cannot read"
+                )
+            }
+            NoLine::Unreadable { section } => {
+                write!(f, "{section} cannot be read (truncated or corrupt)")
+            }
+            NoLine::BadDwarf => f.write_str("its DWARF cannot be parsed"),
+        }
+    }
+}
 
 /// Writes `name` demangled (Rust or C++) into `out`. Allocates (C++); normal context only.
 pub(crate) fn demangle_any_to(name: &[u8], out: &mut FixedBuf<'_>) {
@@ -33,17 +89,19 @@ pub(crate) fn demangle_any_to(name: &[u8], out: &mut FixedBuf<'_>) {
     }
 }
 
-fn load_context(src: &super::index::DwarfFile) -> Option<Context> {
+/// Reads and parses an object's DWARF. Any section that cannot be read (or decompressed)
+/// fails the whole object: half its DWARF could give wrong lines, which is worse than none.
+fn load_context(src: &super::index::DwarfFile) -> Result<Context, NoLine> {
     use object::{Object as _, ObjectSection as _};
     // Read with pread into memory that is never freed (not mapped: a file truncated on disk
     // must not make a later lookup fault), and only if it is still the file the index chose.
-    let (file, data) = src.open()?;
+    let (file, data) = src.open().ok_or(NoLine::DebugFileChanged)?;
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
         gimli::RunTimeEndian::Big
     };
-    let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
+    let load = |id: gimli::SectionId| -> Result<Reader, NoLine> {
         // Sections addr2line never reads (locations, macros, name indexes, type units):
         // skipping them saves decompressing megabytes of a compressed debug file.
         use gimli::SectionId as S;
@@ -59,53 +117,83 @@ fn load_context(src: &super::index::DwarfFile) -> Option<Context> {
         ) {
             return Ok(gimli::EndianSlice::new(&[], endian));
         }
+        let section = id.name();
+        let Some(sec) = file.section_by_name(section) else {
+            return Ok(gimli::EndianSlice::new(&[], endian));
+        };
+        // `SHF_COMPRESSED` (zlib, zstd) or GNU `.zdebug_*`: where the bytes are, and how.
+        let range = sec.compressed_file_range().map_err(|_| {
+            if unknown_compression(&file, &sec) {
+                NoLine::UnsupportedCompression { section }
+            } else {
+                NoLine::Unreadable { section }
+            }
+        })?;
+        if range.compressed_size == 0 || sec.kind() == object::SectionKind::UninitializedData {
+            return Ok(gimli::EndianSlice::new(&[], endian));
+        }
         // Read with one pread into a calloc'd buffer (not through the header cache, which
         // zero-fills byte by byte), decompressed if need be, kept with the cached context.
-        let range = file
-            .section_by_name(id.name())
-            .and_then(|s| s.compressed_file_range().ok());
-        let bytes: &'static [u8] = match range {
-            Some(r) if r.compressed_size > 0 => {
-                match super::index::read_range(&data, r.offset, r.compressed_size) {
-                    Some(raw) if r.format == object::CompressionFormat::None => {
-                        Box::leak(raw.into_boxed_slice())
-                    }
-                    Some(raw) => {
-                        let c = object::read::CompressedData {
-                            format: r.format,
-                            data: &raw,
-                            uncompressed_size: r.uncompressed_size,
-                        };
-                        match c.decompress() {
-                            Ok(Cow::Owned(v)) => Box::leak(v.into_boxed_slice()),
-                            Ok(Cow::Borrowed(b)) => Box::leak(b.to_vec().into_boxed_slice()),
-                            Err(_) => &[],
-                        }
-                    }
-                    None => &[],
+        let raw = super::index::read_range(&data, range.offset, range.compressed_size)
+            .ok_or(NoLine::Unreadable { section })?;
+        let bytes: &'static [u8] = match range.format {
+            object::CompressionFormat::None => Box::leak(raw.into_boxed_slice()),
+            object::CompressionFormat::Zlib | object::CompressionFormat::Zstandard => {
+                let c = object::read::CompressedData {
+                    format: range.format,
+                    data: &raw,
+                    uncompressed_size: range.uncompressed_size,
+                };
+                match c.decompress() {
+                    Ok(v) => Box::leak(v.into_owned().into_boxed_slice()),
+                    Err(_) => return Err(NoLine::Unreadable { section }),
                 }
             }
-            _ => &[],
+            _ => return Err(NoLine::UnsupportedCompression { section }),
         };
         Ok(gimli::EndianSlice::new(bytes, endian))
     };
-    let dwarf = gimli::Dwarf::load(load).ok()?;
-    Context::from_dwarf(dwarf).ok()
+    let dwarf = gimli::Dwarf::load(load)?;
+    Context::from_dwarf(dwarf).map_err(|_| NoLine::BadDwarf)
+}
+
+/// Whether `sec` is `SHF_COMPRESSED` with a compression type other than zlib and zstd.
+fn unknown_compression<'d, R: object::ReadRef<'d>>(
+    file: &super::index::Elf<'d, R>,
+    sec: &object::read::elf::ElfSection64<'d, '_, object::Endianness, R>,
+) -> bool {
+    use object::elf::{ELFCOMPRESS_ZLIB, ELFCOMPRESS_ZSTD};
+    use object::read::elf::{CompressionHeader as _, SectionHeader as _};
+    let endian = file.endian();
+    match sec.elf_section_header().compression(endian, file.data()) {
+        Ok(Some((h, _, _))) => !matches!(h.ch_type(endian), ELFCOMPRESS_ZLIB | ELFCOMPRESS_ZSTD),
+        _ => false,
+    }
 }
 
 /// Runs `f` with the cached DWARF context of `obj` (parsed on first use).
-fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Option<&Context>) -> R) -> R {
+fn with_context<R>(
+    obj: &'static ObjectSymbols,
+    f: impl FnOnce(Result<&Context, NoLine>) -> R,
+) -> R {
     let key = obj as *const ObjectSymbols as usize;
     let mut cache = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
     let pos = match cache.iter().position(|(k, _)| *k == key) {
         Some(p) => p,
         None => {
-            let ctx = obj.dwarf.as_ref().and_then(load_context).map(Box::new);
+            let ctx = match &obj.dwarf {
+                Some(src) => load_context(src).map(Box::new),
+                None => Err(NoLine::NoDebugInfo),
+            };
             cache.push((key, ctx));
             cache.len() - 1
         }
     };
-    f(cache.get(pos).and_then(|(_, c)| c.as_deref()))
+    match cache.get(pos) {
+        Some((_, Ok(c))) => f(Ok(c)),
+        Some((_, Err(e))) => f(Err(*e)),
+        None => f(Err(NoLine::NoDebugInfo)),
+    }
 }
 
 /// One function at a frame: the physical function, or one inlined into it.
@@ -152,12 +240,15 @@ pub struct BacktraceFrame {
     /// Functions at this frame, innermost (most deeply inlined) first; the last one is the
     /// physical function. Empty when nothing is known. Shared with the per-address cache.
     pub symbols: Arc<[BacktraceSymbol]>,
+    /// Why the physical function has no file:line, where its object's DWARF is missing or
+    /// could not be used (`None` when it has a line, or the DWARF has none for this address).
+    pub no_line: Option<NoLine>,
 }
 
 /// Resolved frames by (object, link-time address): a warm `Backtrace` of a stack seen before
 /// costs a hash lookup per frame.
 struct FrameCache {
-    map: HashMap<(usize, u64), Arc<[BacktraceSymbol]>, BuildHasherDefault<AddrHasher>>,
+    map: HashMap<(usize, u64), Resolved, BuildHasherDefault<AddrHasher>>,
 }
 
 /// Entries kept before the frame cache starts over.
@@ -186,19 +277,32 @@ impl Hasher for AddrHasher {
     }
 }
 
+/// What one link-time address of an object resolves to: its functions (DWARF, and the symbol
+/// table's name), and why it has no file:line where its object's DWARF could not be used.
+#[derive(Clone)]
+struct Resolved {
+    symbols: Arc<[BacktraceSymbol]>,
+    no_line: Option<NoLine>,
+}
+
 /// DWARF (and symbol table) view of one link-time address of an object.
-fn resolve_symbols(
-    obj: &'static ObjectSymbols,
-    svma: u64,
-    sym: Option<SymbolName>,
-) -> Arc<[BacktraceSymbol]> {
+fn resolve_symbols(obj: &'static ObjectSymbols, svma: u64, sym: Option<SymbolName>) -> Resolved {
     let mut out: Vec<BacktraceSymbol> = Vec::new();
-    with_context(obj, |ctx| {
-        let Some(ctx) = ctx else { return };
-        let Ok(mut it) = ctx.find_frames(svma).skip_all_loads() else {
-            return;
+    let mut no_line = with_context(obj, |ctx| {
+        let ctx = match ctx {
+            Ok(c) => c,
+            Err(e) => return Some(e),
         };
-        while let Ok(Some(f)) = it.next() {
+        let Ok(mut it) = ctx.find_frames(svma).skip_all_loads() else {
+            return Some(NoLine::BadDwarf);
+        };
+        loop {
+            let f = match it.next() {
+                Ok(Some(f)) => f,
+                Ok(None) => return None,
+                // Frames found before the error stay (each is right as far as it goes).
+                Err(_) => return Some(NoLine::BadDwarf),
+            };
             let raw_name = f
                 .function
                 .as_ref()
@@ -244,7 +348,14 @@ fn resolve_symbols(
     for s in &mut out {
         s.name = s.raw_name.as_deref().map(demangle_owned);
     }
-    out.into()
+    // A reason is kept only where it explains a missing line.
+    if out.last().is_some_and(|s| s.line.is_some()) {
+        no_line = None;
+    }
+    Resolved {
+        symbols: out.into(),
+        no_line,
+    }
 }
 
 impl BacktraceFrame {
@@ -258,6 +369,7 @@ impl BacktraceFrame {
             object: sym.map(|s| s.path),
             object_offset: sym.map_or(0, |s| addr.wrapping_sub(s.bias)),
             symbols: Arc::from(Vec::new()),
+            no_line: None,
         };
         let Some(sym) = sym else { return frame };
         let Some((obj, bias)) = super::object_for(probe) else {
@@ -271,10 +383,11 @@ impl BacktraceFrame {
         let cache = || FRAME_CACHE.lock().unwrap_or_else(|p| p.into_inner());
         let hit = cache().as_ref().and_then(|c| c.map.get(&key).cloned());
         if let Some(hit) = hit {
-            frame.symbols = hit;
+            frame.symbols = hit.symbols;
+            frame.no_line = hit.no_line;
             return frame;
         }
-        let symbols = resolve_symbols(obj, svma, sym.name);
+        let resolved = resolve_symbols(obj, svma, sym.name);
         let mut cache = cache();
         let cache = cache.get_or_insert_with(|| FrameCache {
             map: HashMap::default(),
@@ -282,8 +395,9 @@ impl BacktraceFrame {
         if cache.map.len() >= FRAME_CACHE_MAX {
             cache.map.clear();
         }
-        cache.map.insert(key, symbols.clone());
-        frame.symbols = symbols;
+        cache.map.insert(key, resolved.clone());
+        frame.symbols = resolved.symbols;
+        frame.no_line = resolved.no_line;
         frame
     }
 
@@ -523,6 +637,8 @@ impl fmt::Display for Backtrace {
                         }
                     }
                     writeln!(f)?;
+                } else if let (Some(why), true) = (fr.no_line, j + 1 == fr.symbols.len()) {
+                    writeln!(f, "             (no file:line: {why})")?;
                 }
             }
         }

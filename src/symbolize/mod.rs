@@ -68,7 +68,7 @@ pub use format::{
     KernelOptions, SymbolsOptions, RAW_NAME_MAX,
 };
 pub use index::SymbolSource;
-pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol};
+pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol, NoLine};
 pub use names::SymbolName;
 
 use crate::published::Published;
