@@ -1,8 +1,11 @@
 //! The crash handler, one child process per scenario: the report's text and the signal the
 //! child dies by are checked.
 
+#[path = "support/addr2line.rs"]
+mod addr2line;
 #[path = "child_support/mod.rs"]
 mod child_support;
+mod example_build;
 #[path = "support/crash_scenarios.rs"]
 #[allow(dead_code)]
 mod scenarios;
@@ -116,30 +119,37 @@ fn trace(report: &str) -> Vec<&str> {
         .lines()
         .skip_while(|l| *l != "Call Trace:")
         .skip(1)
-        .take_while(|l| {
-            l.starts_with(" #") || l.starts_with(" frames") || l.starts_with("    inlined: ")
-        })
+        .take_while(|l| l.starts_with(" #") || l.starts_with(" frames"))
         .collect()
+}
+
+/// The trace's frames: each the lines of the functions inlined into it (` #k [inlined] ...`,
+/// innermost first), then its physical line (` #k 0x... : ...`).
+fn trace_frames(report: &str) -> Vec<Vec<&str>> {
+    let mut frames: Vec<Vec<&str>> = Vec::new();
+    let mut open = false;
+    for l in trace(report) {
+        if !open {
+            frames.push(Vec::new());
+        }
+        frames.last_mut().unwrap().push(l);
+        open = l.contains(" [inlined] ");
+    }
+    frames
 }
 
 /// Asserts the report names `crash_fn` in the trace and `caller` in one of the three frames
 /// after its own: as the frame's function, or (in a release build) as a function inlined into
-/// it (the `inlined:` lines under a frame belong to that frame).
+/// it.
 fn assert_names(o: &Outcome, crash_fn: &str, caller: &str) {
-    let mut frames: Vec<Vec<&str>> = Vec::new();
-    for l in trace(&o.report) {
-        match frames.last_mut() {
-            Some(f) if l.starts_with("    inlined: ") => f.push(l),
-            _ => frames.push(vec![l]),
-        }
-    }
+    let frames = trace_frames(&o.report);
     let at = frames
         .iter()
-        .position(|f| f[0].contains(&format!("{crash_fn}+")))
+        .position(|f| f.last().unwrap().contains(&format!("{crash_fn}+")))
         .unwrap_or_else(|| panic!("{crash_fn} not in the trace:\n{}", o.report));
     let names_caller = |l: &&str| {
         l.contains(&format!("{caller}+"))
-            || (l.starts_with("    inlined: ") && l.contains(&format!("::{caller} at ")))
+            || (l.contains(" [inlined] ") && l.contains(&format!("::{caller} at ")))
     };
     assert!(
         frames[at + 1..]
@@ -151,6 +161,148 @@ fn assert_names(o: &Outcome, crash_fn: &str, caller: &str) {
     );
     assert!(o.report.contains("---[ end of report ]---"), "{}", o.report);
     assert!(o.report.contains("Objects:"), "{}", o.report);
+}
+
+/// A function's last path segment (`a::b::c` -> `c`), generics and closures aside.
+fn last_segment(name: &str) -> &str {
+    let name = name.split('<').next().unwrap_or(name);
+    name.trim_end_matches("::{{closure}}")
+        .rsplit("::")
+        .next()
+        .unwrap_or(name)
+}
+
+/// The function named by a report line: after `[inlined] ` up to ` at `, or after ` : ` up to
+/// `+0x`.
+fn line_function(l: &str) -> &str {
+    match l.split_once(" [inlined] ") {
+        Some((_, rest)) => rest.split(" at ").next().unwrap(),
+        None => {
+            let rest = l.split_once(" : ").map_or(l, |(_, r)| r);
+            rest.split("+0x").next().unwrap()
+        }
+    }
+}
+
+/// `file:line` at the end of a report line (` at file:line:col`), if any.
+fn line_location(l: &str) -> Option<(String, u32)> {
+    let loc = l.rsplit_once(" at ")?.1;
+    let mut parts = loc.rsplitn(3, ':');
+    let _col = parts.next()?;
+    let line = parts.next()?.parse().ok()?;
+    Some((parts.next()?.to_string(), line))
+}
+
+/// Checks the report of the `inlined` scenario written by `exe`: the frame of
+/// `crash_inlined` lists `inlined_leaf` and `inlined_mid` innermost first, then itself, in the
+/// order of the crate's own `Backtrace` printed by the child at the same call site; the frame
+/// of the pc lists its functions in the order and with the file:line that binutils'
+/// `addr2line -i` gives for its address; and the pc line names the innermost of them.
+fn check_inlined_report(report: &str, exe: &std::path::Path) {
+    let frames = trace_frames(report);
+    let names = |f: &Vec<&str>| -> Vec<String> {
+        f.iter()
+            .map(|l| last_segment(line_function(l)).to_string())
+            .collect()
+    };
+    // The crate's own Backtrace, innermost first.
+    let bt: Vec<String> = report
+        .lines()
+        .find_map(|l| l.strip_prefix("inlined-backtrace: "))
+        .unwrap_or_else(|| panic!("no inlined-backtrace line:\n{report}"))
+        .split(" | ")
+        .map(|n| last_segment(n).to_string())
+        .collect();
+    assert_eq!(
+        bt,
+        ["inlined_leaf", "inlined_mid", "crash_inlined"],
+        "{report}"
+    );
+    let own = frames
+        .iter()
+        .find(|f| f.last().unwrap().contains("crash_inlined+"))
+        .unwrap_or_else(|| panic!("no crash_inlined frame:\n{report}"));
+    let own_names = names(own);
+    // In a release build, read_volatile is inlined into inlined_leaf too: the report's frame
+    // goes one function deeper than the Backtrace's call site.
+    assert!(
+        own_names.ends_with(&bt),
+        "{own_names:?} vs {bt:?}:\n{report}"
+    );
+    // Frame 0: every function at the pc, as addr2line -i gives them for its address.
+    let pc_frame = &frames[0];
+    let physical = pc_frame.last().unwrap();
+    let offset = physical
+        .rsplit_once("+0x")
+        .and_then(|(_, r)| r.split(']').next())
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .unwrap_or_else(|| panic!("no [object+offset] on {physical}"));
+    let theirs = &addr2line::run(&target::binutil("addr2line"), exe, &[offset])[0];
+    let ours = names(pc_frame);
+    let their_names: Vec<String> = theirs
+        .iter()
+        .map(|t| last_segment(&t.0).to_string())
+        .collect();
+    assert_eq!(ours, their_names, "frame 0 against addr2line -i:\n{report}");
+    for (l, (_, file, line)) in pc_frame.iter().zip(theirs) {
+        let ours = line_location(l);
+        match line {
+            Some(line) => assert!(
+                ours.as_ref()
+                    .is_some_and(|(f, n)| n == line && addr2line::same_file(f, file)),
+                "{l} vs addr2line's {file}:{line}"
+            ),
+            None => assert!(ours.is_none(), "{l}: addr2line has no line"),
+        }
+    }
+    // The pc line names the innermost function first.
+    let pc_line = report
+        .lines()
+        .find(|l| l.starts_with("RIP: ") || l.starts_with("pc : "))
+        .unwrap_or_else(|| panic!("no pc line:\n{report}"));
+    let innermost = pc_line.split(" : ").nth(1).unwrap_or("");
+    assert_eq!(
+        last_segment(innermost.split([',', '+']).next().unwrap()),
+        their_names[0],
+        "{pc_line}"
+    );
+    if pc_frame.len() > 1 {
+        assert!(pc_line.contains(", inlined into "), "{pc_line}");
+    }
+}
+
+/// A crash inside inlined functions (debug test build: `#[inline(always)]`).
+#[test]
+fn inlined_frames_are_listed_innermost_first() {
+    let o = run("inlined");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}", o.report);
+    check_inlined_report(&o.report, &std::env::current_exe().unwrap());
+}
+
+/// The same crash in a release build of `examples/crash.rs` (debuginfo on, as the crate's
+/// release profile has it): `read_volatile` is inlined as well, and the pc line names it.
+#[test]
+fn release_build_crash_lists_inlined_frames_innermost_first() {
+    let dir = example_build::build(
+        example_build::FIXTURES,
+        &["--release", "--example", "crash"],
+    );
+    let exe = dir.join("release").join("examples").join("crash");
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("inlined")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child_support::Finished { status, stderr, .. } =
+        child_support::run_test_child(&mut cmd, child_support::deadline(120), "release inlined");
+    assert_eq!(status.signal(), Some(libc::SIGSEGV), "{stderr}");
+    check_inlined_report(&stderr, &exe);
+    let rip = stderr
+        .lines()
+        .find(|l| l.starts_with("RIP: ") || l.starts_with("pc : "))
+        .unwrap();
+    assert!(rip.contains(" : core::ptr::read_volatile"), "{stderr}");
 }
 
 #[test]

@@ -295,6 +295,15 @@ fn a_busy_thread_is_a_soft_lockup_reported_once_then_recovers() {
     assert!(e.contains("thread \"cruncher\" tid "), "{e}");
     let frames = report_frames(e);
     assert!(frames.contains(&"watchdog::busy_stall"), "{e}");
+    // Resolved in normal context: file:line (and inlined functions) as a crash report has them.
+    let stalled = e
+        .lines()
+        .find(|l| l.contains(" : watchdog::busy_stall+"))
+        .unwrap();
+    assert!(
+        stalled.contains(" at ") && stalled.contains("tests/watchdog.rs:"),
+        "{e}"
+    );
     assert_eq!(e.matches("watchdog: thread cruncher:").count(), 1, "{e}");
     assert!(recovered_after(e) >= 1.0, "{e}");
     // The callback ran once, with the stack.

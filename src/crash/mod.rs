@@ -610,10 +610,8 @@ fn write_report(c: &Crash) {
             });
         }
     }
-    if !c.uc.is_null() {
-        // SAFETY: uc is the kernel's ucontext for this signal.
-        unsafe { report::registers(out, c.uc) };
-    }
+    // The walk and its file:line first: the pc line names the innermost function inlined
+    // at the pc.
     // SAFETY: the frames buffer is used by one report at a time (report lock held).
     let frames = unsafe { &mut *CRASH_FRAMES.0.get() };
     let walk = if c.uc.is_null() {
@@ -640,6 +638,11 @@ fn write_report(c: &Crash) {
         indices: &indices[..answered],
         spans: &spans[..answered],
     };
+    if !c.uc.is_null() {
+        let innermost = report::innermost_inlined(&lines, 0);
+        // SAFETY: uc is the kernel's ucontext for this signal.
+        unsafe { report::registers(out, c.uc, innermost) };
+    }
     report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), walk.end, lines);
     report::objects(out, &frames[..n]);
     #[cfg(feature = "threads")]
@@ -896,14 +899,7 @@ fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
         None => 0,
     };
     let frames = &frames[skip..];
-    let mut text = Vec::new();
-    let mut spans = Vec::new();
-    for f in &resolved[skip..] {
-        let t = symbolizer::describe(f);
-        spans.push((text.len() as u32, t.len() as u32));
-        text.extend_from_slice(t.as_bytes());
-    }
-    let indices: Vec<usize> = (0..frames.len()).collect();
+    let lines = report::OwnedLines::new(&resolved[skip..]);
     let msg = info
         .payload()
         .downcast_ref::<&str>()
@@ -928,12 +924,7 @@ fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
         }
     });
     report::who(out);
-    let lines = report::Lines {
-        text: &text,
-        indices: &indices,
-        spans: &spans,
-    };
-    report::call_trace_with_lines(out, frames, false, walk.end, lines);
+    report::call_trace_with_lines(out, frames, false, walk.end, lines.lines());
     report::objects(out, frames);
     out.line(|w| w.push_bytes(b"---[ end of report ]---"));
 }

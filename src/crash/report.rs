@@ -9,8 +9,9 @@
 //! RSP: 0x00007ffd5a3e1f00 RBP: 0x00007ffd5a3e1f40 EFLAGS: 0x0000000000010246
 //! ...
 //! Call Trace:
-//!  #0 0x55d0c0a3d1f0 : crash::null_deref+0x1d/0x40 [crash+0x1d1f0]
-//!  #1 0x55d0c0a3d2a1 : crash::main+0x51/0x90 [crash+0x1d2a1]
+//!  #0 0x55d0c0a3d1f0 : crash::null_deref+0x1d/0x40 [crash+0x1d1f0] at src/main.rs:12:5
+//!  #1 [inlined] crash::run at src/main.rs:20:5
+//!  #1 0x55d0c0a3d2a1 : crash::main+0x51/0x90 [crash+0x1d2a1] at src/main.rs:25:5
 //! Objects:
 //!  crash /path/to/crash build-id 3f1c...
 //! ---[ end of report ]---
@@ -66,6 +67,24 @@ pub(crate) const FRAME_OPTS: KernelOptions = KernelOptions {
     build_id: false,
 };
 
+/// Writes the interrupted pc as a kernel frame line, naming first the innermost function
+/// inlined there when there is one: `0x... : inner, inlined into outer+0x1d/0x40 [obj+0x...]`.
+pub(crate) fn pc_frame(w: &mut FixedBuf<'_>, pc: usize, innermost: &[u8]) {
+    let mut buf = [0u8; 900];
+    let n = symbolize::write_kernel_frame(&mut buf, pc, FrameKind::Exact, FRAME_OPTS);
+    let line = buf.get(..n).unwrap_or(&[]);
+    let sep = line.windows(3).position(|x| x == b" : ");
+    match sep {
+        Some(at) if !innermost.is_empty() => {
+            w.push_bytes(&line[..at + 3]);
+            w.push_bytes(innermost);
+            w.push_bytes(b", inlined into ");
+            w.push_bytes(&line[at + 3..]);
+        }
+        _ => w.push_bytes(line),
+    }
+}
+
 /// Writes `#i <kernel frame line>`.
 fn frame_line(w: &mut FixedBuf<'_>, i: usize, addr: usize, kind: FrameKind) {
     w.push_bytes(b" #");
@@ -117,14 +136,60 @@ pub(crate) struct Lines<'a> {
     pub(crate) spans: &'a [(u32, u32)],
 }
 
-impl Lines<'_> {
-    const NONE: Lines<'static> = Lines {
+/// [`Lines`] resolved in this process, in normal context (allocates): for the panic report
+/// and the watchdog's, which do not run in a signal handler.
+pub(crate) struct OwnedLines {
+    text: Vec<u8>,
+    indices: Vec<usize>,
+    spans: Vec<(u32, u32)>,
+}
+
+impl OwnedLines {
+    /// Resolves every frame of `frames` (file:line, inlined functions). Normal context only.
+    pub(crate) fn resolve(frames: &[usize], first_exact: bool) -> OwnedLines {
+        let resolved: Vec<_> = (0..frames.len())
+            .map(|i| {
+                let kind = symbolize::frame_kind(frames, i, first_exact);
+                symbolize::BacktraceFrame::resolve(frames[i], kind)
+            })
+            .collect();
+        OwnedLines::new(&resolved)
+    }
+
+    /// The texts of frames resolved already, frame `i` of a trace being `resolved[i]`.
+    pub(crate) fn new(resolved: &[symbolize::BacktraceFrame]) -> OwnedLines {
+        let mut text = Vec::new();
+        let mut spans = Vec::new();
+        for f in resolved {
+            let t = super::symbolizer::describe(f);
+            spans.push((text.len() as u32, t.len() as u32));
+            text.extend_from_slice(t.as_bytes());
+        }
+        OwnedLines {
+            text,
+            indices: (0..resolved.len()).collect(),
+            spans,
+        }
+    }
+
+    /// As [`Lines`] for the report writers.
+    pub(crate) fn lines(&self) -> Lines<'_> {
+        Lines {
+            text: &self.text,
+            indices: &self.indices,
+            spans: &self.spans,
+        }
+    }
+}
+
+impl<'a> Lines<'a> {
+    pub(crate) const NONE: Lines<'static> = Lines {
         text: &[],
         indices: &[],
         spans: &[],
     };
 
-    fn get(&self, frame: usize) -> &[u8] {
+    fn get(&self, frame: usize) -> &'a [u8] {
         let Some(j) = self.indices.iter().position(|&i| i == frame) else {
             return &[];
         };
@@ -137,22 +202,42 @@ impl Lines<'_> {
     }
 }
 
-/// Prints frame `k` and, if known, its file:line (and inlined frames on their own lines).
+/// Prints frame `k`: first the functions inlined into it, innermost first, each on its own
+/// line (` #k [inlined] name at file:line:col`), then the physical function with the frame's
+/// address and its own file:line, as std's backtraces, gdb and minidump-stackwalk order them.
 fn frame_with_lines(out: Out, frames: &[usize], k: usize, first_exact: bool, lines: Lines<'_>) {
     let kind = symbolize::frame_kind(frames, k, first_exact);
     let text = lines.get(k);
     let mut parts = text.split(|&b| b == b'\n');
-    let first = parts.next().unwrap_or(&[]);
+    let physical = parts.next().unwrap_or(&[]);
+    for inlined in parts {
+        out.line(|w| {
+            w.push_bytes(b" #");
+            w.push_dec(k as u64);
+            w.push_bytes(b" [inlined] ");
+            for (i, piece) in inlined.split(|&b| b == b'\t').enumerate() {
+                if i > 0 {
+                    w.push_bytes(b" ");
+                }
+                w.push_bytes(piece);
+            }
+        });
+    }
     out.line(|w| {
         frame_line(w, k, frames[k], kind);
-        if !first.is_empty() {
+        if !physical.is_empty() {
             w.push_bytes(b" ");
-            w.push_bytes(first);
+            w.push_bytes(physical);
         }
     });
-    for more in parts {
-        out.line(|w| w.push_bytes(more));
-    }
+}
+
+/// The innermost function inlined at frame `k`, from the symbolizer's text: its name, or
+/// nothing when no function is inlined there (or the frame was not answered).
+pub(crate) fn innermost_inlined<'t>(lines: &Lines<'t>, k: usize) -> &'t [u8] {
+    let text = lines.get(k);
+    let inlined = text.split(|&b| b == b'\n').nth(1).unwrap_or(&[]);
+    inlined.split(|&b| b == b'\t').next().unwrap_or(&[])
 }
 
 /// Prints a call trace, compressing recursion: `frames 12-4000 repeat: f -> g`.

@@ -124,7 +124,11 @@ fn child_main(req: i32, resp: i32) {
     }
 }
 
-/// `at file:line:col` of the physical function, then one line per inlined function.
+/// A frame's text, as [`report`](super::report) reads it: the first line is the physical
+/// function's `at file:line:col` (or `(no file:line: why)`, or empty); then one line per
+/// function inlined into it, innermost first, as `name` TAB `at file:line:col` (the location
+/// left out where unknown). The physical function comes first so that a text cut short loses
+/// inlined lines, never the physical one.
 pub(crate) fn describe(f: &BacktraceFrame) -> String {
     use std::fmt::Write;
     let loc = |s: &crate::symbolize::BacktraceSymbol| match (&s.file, s.line) {
@@ -139,18 +143,25 @@ pub(crate) fn describe(f: &BacktraceFrame) -> String {
     };
     let mut out = String::new();
     if let Some(phys) = f.symbols.last() {
-        if let Some(l) = loc(phys) {
-            let _ = write!(out, "at {l}");
+        match (loc(phys), f.no_line) {
+            (Some(l), _) => {
+                let _ = write!(out, "at {l}");
+            }
+            (None, Some(why)) => {
+                let _ = write!(out, "(no file:line: {why})");
+            }
+            (None, None) => {}
         }
     }
     for s in f.symbols.iter().filter(|s| s.inlined) {
-        let name = s.name.as_deref().unwrap_or("??");
+        // Names and paths never hold a newline or a tab that would split the record.
+        let name = s.name.as_deref().unwrap_or("??").replace(['\n', '\t'], " ");
         match loc(s) {
             Some(l) => {
-                let _ = write!(out, "\n    inlined: {name} at {l}");
+                let _ = write!(out, "\n{name}\tat {}", l.replace(['\n', '\t'], " "));
             }
             None => {
-                let _ = write!(out, "\n    inlined: {name}");
+                let _ = write!(out, "\n{name}");
             }
         }
     }

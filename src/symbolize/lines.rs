@@ -24,7 +24,10 @@ type Context = addr2line::Context<Reader>;
 
 /// Parsed DWARF per object (keyed by the address of its never-freed `ObjectSymbols`), or why
 /// there is none.
-static CONTEXTS: Mutex<Vec<(usize, Result<Box<Context>, NoLine>)>> = Mutex::new(Vec::new());
+static CONTEXTS: Mutex<Vec<(usize, ObjectDwarf)>> = Mutex::new(Vec::new());
+
+/// An object's parsed DWARF, or why there is none.
+type ObjectDwarf = Result<Box<Context>, NoLine>;
 
 /// Why a frame has no file:line although its object is known: said by `Display`, crash
 /// reports and profiles instead of leaving the line out silently.

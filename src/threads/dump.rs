@@ -24,8 +24,9 @@
 use super::proc::{self, ThreadInfo};
 use super::request::{self, Answer, Ticket};
 pub(crate) use crate::crash::lock::OutputLock;
+use crate::crash::report::{call_trace_with_lines, Lines};
 pub(crate) use crate::crash::report::{object_line, Out};
-use crate::symbolize::{self, FixedBuf, KernelOptions};
+use crate::symbolize::{self, FixedBuf};
 use crate::sys;
 
 /// The most threads one dump lists (the rest are counted).
@@ -48,12 +49,6 @@ pub struct DumpSummary {
     /// Threads not listed because there were more than the dump holds (4096).
     pub not_listed: usize,
 }
-
-const FRAME_OPTS: KernelOptions = KernelOptions {
-    demangle: true,
-    object_offset: true,
-    build_id: false,
-};
 
 /// The objects met in a dump, each listed once at its end.
 pub(crate) struct Objects {
@@ -131,46 +126,22 @@ pub(crate) fn push_seconds(w: &mut FixedBuf<'_>, ns: u64) {
     w.push_bytes(b"s");
 }
 
-/// A call trace in `dump_stack()`'s frame format.
-pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, end: crate::WalkEnd) {
-    out.line(|w| w.push_bytes(b"Call Trace:"));
-    for i in 0..frames.len() {
-        let kind = symbolize::frame_kind(frames, i, first_exact);
-        out.line(|w| {
-            w.push_bytes(b" #");
-            w.push_dec(i as u64);
-            w.push_bytes(b" ");
-            let mut buf = [0u8; 900];
-            let n = symbolize::write_kernel_frame(&mut buf, frames[i], kind, FRAME_OPTS);
-            w.push_bytes(buf.get(..n).unwrap_or(&[]));
-            if symbolize::is_signal_trampoline(frames[i]) {
-                w.push_bytes(b" <signal handler called>");
-            }
-        });
-    }
-    match end {
-        crate::WalkEnd::Complete => {}
-        crate::WalkEnd::BufferFull => out.line(|w| {
-            w.push_bytes(b" (trace cut at ");
-            w.push_dec(frames.len() as u64);
-            w.push_bytes(b" frames)");
-        }),
-        crate::WalkEnd::Truncated(t) => out.line(|w| symbolize::write_truncation(w, &t)),
-    }
-}
-
 /// One thread's answer: its stack, or why there is none.
+///
+/// `lines`: file:line and inlined functions of the frames, where the caller could resolve them
+/// (normal context); a dump from a signal handler has none.
 pub(crate) fn thread_body(
     out: Out,
     answer: Answer,
     frames: &[usize],
     first_exact: bool,
     objects: &mut Objects,
+    lines: Lines<'_>,
 ) {
     match answer {
         Answer::Frames(n, end) => {
             let f = &frames[..n.min(frames.len())];
-            call_trace(out, f, first_exact, end);
+            call_trace_with_lines(out, f, first_exact, end, lines);
             objects.add(f);
         }
         Answer::Timeout => out.line(|w| w.push_bytes(b" no stack (timeout)")),
@@ -283,7 +254,7 @@ pub(crate) fn threads_section(
         window[k] = Pending::Empty;
         out.line(|_| {});
         thread_header(out, tids[printed], infos[k].as_ref());
-        thread_body(out, answer, &frames, first_exact, objects);
+        thread_body(out, answer, &frames, first_exact, objects, Lines::NONE);
         summary.threads += 1;
         match answer {
             Answer::Frames(..) => summary.stacks += 1,

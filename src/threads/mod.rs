@@ -554,10 +554,8 @@ pub(crate) fn write_other_threads(fd: i32, skip: i32) {
     objects.write(out);
 }
 
-/// Writes one thread's header and stack (or why there is none), for the watchdog's reports.
-///
-/// # Async-signal safety
-/// Async-signal-safe.
+/// Writes one thread's header and stack (or why there is none), with file:line and inlined
+/// functions, for the watchdog's reports. Normal context only: resolving allocates.
 pub(crate) fn write_thread(
     fd: i32,
     tid: i32,
@@ -567,18 +565,24 @@ pub(crate) fn write_thread(
     let out = dump::Out { fd };
     dump::thread_header(out, tid, info);
     let mut objects = dump::Objects::new();
+    let none = crate::crash::report::Lines::NONE;
     match stack {
-        Ok((frames, end)) => dump::thread_body(
-            out,
-            request::Answer::Frames(frames.len(), end),
-            frames,
-            true,
-            &mut objects,
-        ),
-        Err(Error::ThreadGone) => {
-            dump::thread_body(out, request::Answer::Gone, &[], true, &mut objects)
+        Ok((frames, end)) => {
+            // Normal context: file:line and inlined functions, resolved here.
+            let lines = crate::crash::report::OwnedLines::resolve(frames, true);
+            dump::thread_body(
+                out,
+                request::Answer::Frames(frames.len(), end),
+                frames,
+                true,
+                &mut objects,
+                lines.lines(),
+            )
         }
-        Err(_) => dump::thread_body(out, request::Answer::Timeout, &[], true, &mut objects),
+        Err(Error::ThreadGone) => {
+            dump::thread_body(out, request::Answer::Gone, &[], true, &mut objects, none)
+        }
+        Err(_) => dump::thread_body(out, request::Answer::Timeout, &[], true, &mut objects, none),
     }
     objects.write(out);
 }

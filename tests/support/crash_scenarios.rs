@@ -25,6 +25,7 @@ pub const ALL: &[&str] = &[
     "chained",
     "panic",
     "crash-in-handler",
+    "inlined",
 ];
 
 /// A global allocator with its own lock that crashes, lock held, when asked to.
@@ -332,6 +333,48 @@ pub fn run(name: &str, dir: &std::path::Path) {
         "two-threads" => caller_two_threads(),
         "pending-at-crash" => caller_signal_pending_at_crash(),
         "during-dlopen" => caller_during_dlopen(dir),
+        "inlined" => caller_inlined(),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// The fault inside `inlined_leaf`, inlined into `inlined_mid`, inlined into `crash_inlined`
+/// (`#[inline(always)]`: inlined in debug builds too). Just before the fault, the crate's own
+/// `Backtrace` of the same call site prints its functions innermost first, on one line:
+/// `inlined-backtrace: f | g | h`.
+#[inline(always)]
+fn inlined_leaf(p: usize) -> u64 {
+    let bt = selftrace::Backtrace::capture();
+    if let Some(f) = bt.frames().iter().find(|f| {
+        f.symbols().iter().any(|s| {
+            s.name
+                .as_deref()
+                .is_some_and(|n| n.ends_with("crash_inlined"))
+        })
+    }) {
+        let names: Vec<&str> = f
+            .symbols()
+            .iter()
+            .map(|s| s.name.as_deref().unwrap_or("??"))
+            .collect();
+        eprintln!("inlined-backtrace: {}", names.join(" | "));
+    }
+    // SAFETY: deliberately invalid.
+    unsafe { std::ptr::read_volatile(black_box(p) as *const u64) }
+}
+
+#[inline(always)]
+fn inlined_mid(p: usize) -> u64 {
+    inlined_leaf(p).wrapping_add(1)
+}
+
+#[inline(never)]
+pub fn crash_inlined() {
+    black_box(inlined_mid(black_box(0)));
+}
+
+#[inline(never)]
+pub fn caller_inlined() {
+    crash_inlined();
+    black_box(());
 }

@@ -2,17 +2,18 @@
 //! exception syndrome (ESR) when the kernel saved one, as the arm64 kernel's oops prints them.
 #![allow(unsafe_code)]
 
-use super::super::report::{push_hex16, Out, FRAME_OPTS};
+use super::super::report::{pc_frame, push_hex16, Out, FRAME_OPTS};
 use crate::symbolize::{self, FixedBuf, FrameKind};
 
-/// Registers of the interrupted context.
+/// Registers of the interrupted context; `innermost` names the function inlined at the pc
+/// (innermost), if any, for the pc line.
 ///
 /// # Safety
 /// `uc` is the kernel's `ucontext_t` for the signal being handled.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
-pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t) {
+pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t, innermost: &[u8]) {
     // SAFETY: uc is the kernel's ucontext for the signal being handled.
     let m = unsafe { &(*uc).uc_mcontext };
     let sym = |w: &mut FixedBuf<'_>, addr: usize, kind: FrameKind| {
@@ -22,7 +23,7 @@ pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t) {
     };
     out.line(|w| {
         w.push_bytes(b"pc : ");
-        sym(w, m.pc as usize, FrameKind::Exact);
+        pc_frame(w, m.pc as usize, innermost);
     });
     out.line(|w| {
         w.push_bytes(b"lr : ");

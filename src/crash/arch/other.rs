@@ -4,14 +4,14 @@
 
 use super::super::report::Out;
 
-/// Says that the registers are not decoded here.
+/// Says that the registers are not decoded here (`_innermost`: as the other ports take it).
 ///
 /// # Safety
 /// None beyond the other ports' (`uc` is not read).
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
-pub(crate) unsafe fn registers(out: Out, _uc: *const libc::ucontext_t) {
+pub(crate) unsafe fn registers(out: Out, _uc: *const libc::ucontext_t, _innermost: &[u8]) {
     out.line(|w| {
         w.push_bytes(b"registers: not decoded on this architecture");
     });

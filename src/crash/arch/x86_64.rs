@@ -1,26 +1,24 @@
 //! x86-64: the general registers of `uc_mcontext.gregs`, as the kernel's oops prints them.
 #![allow(unsafe_code)]
 
-use super::super::report::{push_hex16, Out, FRAME_OPTS};
-use crate::symbolize::{self, FrameKind};
+use super::super::report::{pc_frame, push_hex16, Out};
 
-/// Registers of the interrupted context.
+/// Registers of the interrupted context; `innermost` names the function inlined at the pc
+/// (innermost), if any, for the pc line.
 ///
 /// # Safety
 /// `uc` is the kernel's `ucontext_t` for the signal being handled.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
-pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t) {
+pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t, innermost: &[u8]) {
     // SAFETY: uc is the kernel's ucontext for the signal being handled.
     let g = unsafe { (*uc).uc_mcontext.gregs };
     let r = |i: i32| g[i as usize] as usize;
     let rip = r(libc::REG_RIP);
     out.line(|w| {
         w.push_bytes(b"RIP: ");
-        let mut buf = [0u8; 900];
-        let n = symbolize::write_kernel_frame(&mut buf, rip, FrameKind::Exact, FRAME_OPTS);
-        w.push_bytes(buf.get(..n).unwrap_or(&[]));
+        pc_frame(w, rip, innermost);
     });
     let rows: [[(&str, i32); 3]; 6] = [
         [
