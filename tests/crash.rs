@@ -66,6 +66,37 @@ fn child_entry() {
             .expect("install");
         scenarios::caller_panic();
     }
+    if let Some(kind) = name.strip_prefix("panic-") {
+        // Panics that something catches, and one that ends its thread; the program goes on.
+        selftrace::crash::builder()
+            .panic_hook(true)
+            .caught_panics(kind != "caught-quiet")
+            .install()
+            .expect("install");
+        match kind {
+            "caught" | "caught-quiet" => {
+                assert!(std::panic::catch_unwind(scenarios::caller_panic).is_err());
+            }
+            "thread" => {
+                let t = std::thread::Builder::new()
+                    .name("doomed".into())
+                    .spawn(scenarios::caller_panic)
+                    .unwrap();
+                assert!(t.join().is_err());
+            }
+            "tokio" => {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                let r =
+                    rt.block_on(async { tokio::spawn(async { scenarios::caller_panic() }).await });
+                assert!(r.unwrap_err().is_panic());
+            }
+            other => panic!("unknown scenario panic-{other}"),
+        }
+        eprintln!("went on after the panic");
+        std::process::exit(0);
+    }
     if name == "no-symbolizer" {
         selftrace::crash::builder()
             .symbolizer(false)
@@ -303,6 +334,16 @@ fn release_build_crash_lists_inlined_frames_innermost_first() {
         .find(|l| l.starts_with("RIP: ") || l.starts_with("pc : "))
         .unwrap();
     assert!(rip.contains(" : core::ptr::read_volatile"), "{stderr}");
+    // A panic in main that nothing catches: the process exits, and the report says so.
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("panic")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child_support::Finished { status, stderr, .. } =
+        child_support::run_test_child(&mut cmd, child_support::deadline(120), "release panic");
+    assert_eq!(status.code(), Some(101), "{stderr}");
+    assert!(stderr.contains("not caught: the process exits"), "{stderr}");
 }
 
 #[test]
@@ -365,6 +406,42 @@ fn the_report_gives_file_and_line_from_the_symbolizer_process() {
         "{}",
         o.report
     );
+}
+
+/// Panics that are caught are reported as not fatal (or not at all, by choice); one that ends
+/// only its thread says so.
+#[test]
+fn a_caught_panic_is_reported_as_not_fatal() {
+    for (scenario, want) in [
+        (
+            "panic-caught",
+            "caught: by catch_unwind in crash::child_entry: not fatal, the program goes on",
+        ),
+        (
+            "panic-tokio",
+            "caught: by catch_unwind in tokio::runtime::task::harness::poll_future",
+        ),
+        (
+            "panic-thread",
+            "not caught: the thread ends with it (its JoinHandle gets the panic); the process goes on",
+        ),
+    ] {
+        let o = run(scenario);
+        assert_eq!(o.signal, None, "{}", o.report);
+        assert!(o.report.contains("went on after the panic"), "{}", o.report);
+        assert!(
+            o.report.contains("------------[ selftrace: panic ]------------"),
+            "{}",
+            o.report
+        );
+        assert!(o.report.contains(want), "{scenario}: {want:?} missing:\n{}", o.report);
+        assert!(o.report.contains("crash_panic"), "{}", o.report);
+    }
+    // caught_panics(false): no report, std's message still.
+    let o = run("panic-caught-quiet");
+    assert!(o.report.contains("went on after the panic"), "{}", o.report);
+    assert!(!o.report.contains("selftrace: panic"), "{}", o.report);
+    assert!(o.report.contains("panicked at"), "{}", o.report);
 }
 
 #[test]

@@ -43,6 +43,7 @@
 mod arch;
 pub(crate) mod lock;
 mod names;
+mod panic;
 pub(crate) mod report;
 mod symbolizer;
 pub mod upload;
@@ -77,6 +78,7 @@ pub struct Builder {
     path: Option<PathBuf>,
     alt_stack_size: usize,
     panic_hook: bool,
+    caught_panics: bool,
     symbolizer: bool,
     symbolizer_timeout: std::time::Duration,
     all_threads: bool,
@@ -100,6 +102,7 @@ pub fn builder() -> Builder {
         path: None,
         alt_stack_size: 64 * 1024,
         panic_hook: false,
+        caught_panics: true,
         symbolizer: true,
         symbolizer_timeout: std::time::Duration::from_secs(3),
         all_threads: false,
@@ -152,8 +155,23 @@ impl Builder {
     /// program's own) still runs after the report, and unwinding or aborting is unchanged.
     /// Install the program's own hook first if it should be chained; a hook set later with
     /// [`std::panic::set_hook`] replaces this one.
+    ///
+    /// Each panic report says whether the panic will be caught, as its stack tells: by a
+    /// `catch_unwind` of a runtime or of the program (`caught: by catch_unwind in
+    /// tokio::runtime::task::harness::poll_future: not fatal, the program goes on`), only by
+    /// the start of its thread (the thread ends), only by the start of `main` (the process
+    /// exits), or that it aborts (`panic = "abort"`); see [`Builder::caught_panics`].
     pub fn panic_hook(mut self, enabled: bool) -> Builder {
         self.panic_hook = enabled;
+        self
+    }
+
+    /// Whether the panic hook also reports panics that are caught below their thread's start
+    /// (a tokio task's panic, `std::panic::catch_unwind` in the program): default `true`, the
+    /// report then says `caught: ...: not fatal`; `false` writes no report for them (the hook
+    /// installed before still runs).
+    pub fn caught_panics(mut self, enabled: bool) -> Builder {
+        self.caught_panics = enabled;
         self
     }
 
@@ -271,8 +289,9 @@ impl Builder {
             install_signal(sig, open)?;
         }
         if self.panic_hook {
-            install_panic_hook();
+            panic::install_hook();
             PANIC_REPORTS.store(true, Ordering::SeqCst);
+            CAUGHT_PANICS.store(self.caught_panics, Ordering::SeqCst);
         }
         if self.symbolizer {
             symbolizer::set_timeout(self.symbolizer_timeout);
@@ -382,6 +401,9 @@ static TAKEN: AtomicU64 = AtomicU64::new(0);
 /// Whether the panic hook reports (cleared by [`uninstall`]; the hook itself stays and then
 /// only calls the hook installed before it).
 static PANIC_REPORTS: AtomicBool = AtomicBool::new(false);
+/// Whether panics that a `catch_unwind` below the thread's start catches are reported too
+/// ([`Builder::caught_panics`]).
+static CAUGHT_PANICS: AtomicBool = AtomicBool::new(true);
 /// Signals whose previous handler is std's stack-overflow handler: not chained (it would
 /// abort, and the process would die by SIGABRT instead of the original signal; selftrace
 /// reports stack overflows itself).
@@ -843,88 +865,4 @@ fn die(sig: i32) {
         libc::sigaction(sig, &sa, core::ptr::null_mut());
         libc::syscall(libc::SYS_tgkill, libc::getpid(), sys::gettid(), sig);
     }
-}
-
-/// Whether [`install_panic_hook`] ran (a second install must not chain the report twice).
-static PANIC_HOOK: AtomicBool = AtomicBool::new(false);
-
-/// Puts the report's panic hook in front of the hook installed before it (std's default hook,
-/// which prints `thread '...' panicked at ...`, or the program's own), which then runs as it
-/// would have.
-fn install_panic_hook() {
-    if PANIC_HOOK.swap(true, Ordering::SeqCst) {
-        return;
-    }
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if PANIC_REPORTS.load(Ordering::SeqCst) {
-            report_panic(info);
-        }
-        previous(info);
-    }));
-}
-
-/// Prints the `selftrace: panic` report of a panic (normal context: allocates).
-fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
-    let mut frames = [0usize; 256];
-    let walk = crate::Capture::new().walk(&mut frames);
-    let n = walk.frames;
-    let frames = &frames[..n];
-    // Resolve in normal context (file:line included), then skip the panic machinery.
-    let resolved: Vec<_> = (0..n)
-        .map(|i| {
-            let kind = symbolize::frame_kind(frames, i, false);
-            symbolize::BacktraceFrame::resolve(frames[i], kind)
-        })
-        .collect();
-    // The first run of panic machinery frames ends where the panicking code begins.
-    let machinery = |f: &symbolize::BacktraceFrame| {
-        f.symbols.iter().any(|s| {
-            s.name.as_deref().is_some_and(|n| {
-                n.starts_with("core::panicking::")
-                    || n.starts_with("std::panicking::")
-                    || n.starts_with("std::sys::backtrace::__rust_end_short_backtrace")
-                    || n.ends_with("rust_begin_unwind")
-            })
-        })
-    };
-    let skip = match resolved.iter().position(machinery) {
-        Some(first) => {
-            first
-                + resolved[first..]
-                    .iter()
-                    .take_while(|f| machinery(f))
-                    .count()
-        }
-        None => 0,
-    };
-    let frames = &frames[skip..];
-    let lines = report::OwnedLines::new(&resolved[skip..]);
-    let msg = info
-        .payload()
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| info.payload().downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "Box<dyn Any>".to_string());
-    let out = Out {
-        fd: OUT_FD.load(Ordering::Relaxed),
-    };
-    let _lock = ReportLock::acquire();
-    out.line(|w| w.push_bytes(b"------------[ selftrace: panic ]------------"));
-    out.line(|w| {
-        w.push_bytes(b"panic: ");
-        w.push_str(&msg);
-        if let Some(l) = info.location() {
-            w.push_bytes(b" at ");
-            w.push_str(l.file());
-            w.push_bytes(b":");
-            w.push_dec(l.line() as u64);
-            w.push_bytes(b":");
-            w.push_dec(l.column() as u64);
-        }
-    });
-    report::who(out);
-    report::call_trace_with_lines(out, frames, false, walk.end, lines.lines());
-    report::objects(out, frames);
-    out.line(|w| w.push_bytes(b"---[ end of report ]---"));
 }
