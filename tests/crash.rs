@@ -97,6 +97,38 @@ fn child_entry() {
         eprintln!("went on after the panic");
         std::process::exit(0);
     }
+    if name == "symbolizer-name" {
+        selftrace::crash::install().expect("install");
+        // The symbolizer is this process's child: print what ps shows of each child.
+        let me = std::process::id().to_string();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let mut named = false;
+            for e in std::fs::read_dir("/proc").unwrap().flatten() {
+                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+                let Some((_, rest)) = stat.rsplit_once(") ") else {
+                    continue;
+                };
+                if rest.split(' ').nth(1) != Some(me.as_str()) {
+                    continue;
+                }
+                let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let args: Vec<String> = cmdline
+                    .split(|&b| b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                eprintln!("child comm={:?} args={args:?}", comm.trim_end());
+                named |= comm.trim_end() == "selftrace-sym";
+            }
+            if named || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::process::exit(0);
+    }
     if name == "no-symbolizer" {
         selftrace::crash::builder()
             .symbolizer(false)
@@ -406,6 +438,27 @@ fn the_report_gives_file_and_line_from_the_symbolizer_process() {
         "{}",
         o.report
     );
+}
+
+/// The symbolizer process names itself: `ps` tells it from the program (a fork has the
+/// program's name and command line).
+#[test]
+fn the_symbolizer_process_names_itself() {
+    let o = run("symbolizer-name");
+    let line = o
+        .report
+        .lines()
+        .filter(|l| l.starts_with("child comm="))
+        .last()
+        .unwrap_or_else(|| panic!("no child found:\n{}", o.report));
+    // Under qemu-user the emulator answers /proc/self/stat with arg_start and arg_end 0 (and
+    // the kernel shows the emulator's command line): only the name can be checked there.
+    let want = if target::under_qemu() {
+        "child comm=\"selftrace-sym\""
+    } else {
+        "child comm=\"selftrace-sym\" args=[\"selftrace-symbolizer\"]"
+    };
+    assert!(line.starts_with(want), "{}", o.report);
 }
 
 /// Panics that are caught are reported as not fatal (or not at all, by choice); one that ends

@@ -65,6 +65,7 @@ pub(crate) fn spawn() -> Result<(), crate::Error> {
                 libc::signal(sig, libc::SIG_DFL);
             }
         }
+        name_this_process();
         child_main(req[0], resp[1]);
         // SAFETY: leave without running the parent's atexit handlers or destructors.
         unsafe { libc::_exit(0) };
@@ -77,6 +78,45 @@ pub(crate) fn spawn() -> Result<(), crate::Error> {
     REQ_FD.store(req[1], Ordering::Relaxed);
     RESP_FD.store(resp[0], Ordering::Relaxed);
     Ok(())
+}
+
+/// What `ps` shows for the symbolizer: its thread name (`comm`) and its command line.
+const COMM: &core::ffi::CStr = c"selftrace-sym";
+const CMDLINE: &[u8] = b"selftrace-symbolizer";
+
+/// Names the symbolizer process, so that `ps` and `top` tell it from the program it serves (a
+/// fork has the program's name and command line): `PR_SET_NAME`, and its command line
+/// rewritten in place (the memory `/proc/PID/cmdline` reads, between `arg_start` and `arg_end`
+/// of `/proc/self/stat`; this process's own copy after the fork).
+fn name_this_process() {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, COMM.as_ptr()) };
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // Fields after the command name (which may hold spaces): state is field 3; arg_start and
+    // arg_end are fields 48 and 49 (proc(5)).
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return;
+    };
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<usize>().ok());
+    let (Some(start), Some(end)) = (field(48), field(49)) else {
+        return;
+    };
+    if end <= start || end - start > 1 << 20 {
+        return;
+    }
+    let len = end - start;
+    let n = CMDLINE.len().min(len - 1);
+    // SAFETY: [start, end) is this process's argument area (the kernel's mm->arg_start and
+    // arg_end), mapped and writable on the initial stack; this single-threaded child owns its
+    // copy, and nothing in it reads the arguments again.
+    unsafe {
+        let area = core::slice::from_raw_parts_mut(start as *mut u8, len);
+        area[..n].copy_from_slice(&CMDLINE[..n]);
+        area[n..].fill(0);
+    }
 }
 
 fn read_exact(fd: i32, mut buf: &mut [u8]) -> bool {
