@@ -461,6 +461,49 @@ fn the_symbolizer_process_names_itself() {
     assert!(line.starts_with(want), "{}", o.report);
 }
 
+/// A release build without debug info (the crash example with its DWARF stripped): the
+/// report's frames say why they have no file:line, the first one also what to set.
+#[test]
+fn a_report_without_debug_info_says_why_there_is_no_line() {
+    let dir = example_build::build(
+        example_build::FIXTURES,
+        &["--release", "--example", "crash"],
+    );
+    let exe = dir.join("release").join("examples").join("crash");
+    let stripped = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("crash-nodebug");
+    let st = std::process::Command::new(target::binutil("objcopy"))
+        .arg("--strip-debug")
+        .arg(&exe)
+        .arg(&stripped)
+        .status()
+        .expect("objcopy");
+    assert!(st.success());
+    let mut cmd = std::process::Command::new(&stripped);
+    cmd.arg("null")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child_support::Finished { status, stderr, .. } =
+        child_support::run_test_child(&mut cmd, child_support::deadline(120), "no debug info");
+    assert_eq!(status.signal(), Some(libc::SIGSEGV), "{stderr}");
+    let frames = trace(&stderr);
+    let ours: Vec<&&str> = frames
+        .iter()
+        .filter(|l| l.contains("[crash-nodebug+0x"))
+        .collect();
+    assert!(ours.len() >= 3, "{stderr}");
+    let hint = "(no file:line: no debug info in this object: build it with debug info \
+                (Rust: debug = \"line-tables-only\" in [profile.release], see docs/crash.md) \
+                or install its debug package)";
+    assert!(ours[0].ends_with(hint), "{stderr}");
+    for l in &ours[1..] {
+        assert!(
+            l.ends_with(" (no file:line: no debug info in this object)"),
+            "{l}\n{stderr}"
+        );
+    }
+}
+
 /// Panics that are caught are reported as not fatal (or not at all, by choice); one that ends
 /// only its thread says so.
 #[test]

@@ -160,8 +160,9 @@ impl OwnedLines {
     pub(crate) fn new(resolved: &[symbolize::BacktraceFrame]) -> OwnedLines {
         let mut text = Vec::new();
         let mut spans = Vec::new();
+        let mut explained = super::symbolizer::Explained::default();
         for f in resolved {
-            let t = super::symbolizer::describe(f);
+            let t = super::symbolizer::describe(f, &mut explained);
             spans.push((text.len() as u32, t.len() as u32));
             text.extend_from_slice(t.as_bytes());
         }

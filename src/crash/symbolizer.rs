@@ -143,6 +143,7 @@ fn child_main(req: i32, resp: i32) {
         }
         let n = u32::from_le_bytes(head) as usize;
         let mut reply = Vec::new();
+        let mut explained = Explained::default();
         for _ in 0..n {
             let mut item = [0u8; 9];
             if !read_exact(req, &mut item) {
@@ -154,7 +155,7 @@ fn child_main(req: i32, resp: i32) {
             } else {
                 FrameKind::Return
             };
-            let text = describe(&BacktraceFrame::resolve(addr, kind));
+            let text = describe(&BacktraceFrame::resolve(addr, kind), &mut explained);
             reply.extend_from_slice(&(text.len() as u32).to_le_bytes());
             reply.extend_from_slice(text.as_bytes());
         }
@@ -164,12 +165,31 @@ fn child_main(req: i32, resp: i32) {
     }
 }
 
+/// The objects whose missing debug info a report has explained already.
+#[derive(Default)]
+pub(crate) struct Explained(Vec<&'static str>);
+
+impl Explained {
+    /// Whether `object` is explained for the first time now (then it is recorded).
+    fn first(&mut self, object: Option<&'static str>) -> bool {
+        let key = object.unwrap_or("");
+        if self.0.contains(&key) {
+            return false;
+        }
+        self.0.push(key);
+        true
+    }
+}
+
 /// A frame's text, as [`report`](super::report) reads it: the first line is the physical
 /// function's `at file:line:col` (or `(no file:line: why)`, or empty); then one line per
 /// function inlined into it, innermost first, as `name` TAB `at file:line:col` (the location
 /// left out where unknown). The physical function comes first so that a text cut short loses
 /// inlined lines, never the physical one.
-pub(crate) fn describe(f: &BacktraceFrame) -> String {
+///
+/// A frame in an object without debug info says so; the first such frame of each object in a
+/// report (`explained` keeps which) also says what to do about it.
+pub(crate) fn describe(f: &BacktraceFrame, explained: &mut Explained) -> String {
     use std::fmt::Write;
     let loc = |s: &crate::symbolize::BacktraceSymbol| match (&s.file, s.line) {
         (Some(file), Some(line)) => {
@@ -188,7 +208,15 @@ pub(crate) fn describe(f: &BacktraceFrame) -> String {
                 let _ = write!(out, "at {l}");
             }
             (None, Some(why)) => {
-                let _ = write!(out, "(no file:line: {why})");
+                let _ = write!(out, "(no file:line: {why}");
+                if why == crate::symbolize::NoLine::NoDebugInfo && explained.first(f.object) {
+                    let _ = write!(
+                        out,
+                        ": build it with debug info (Rust: debug = \"line-tables-only\" in \
+                         [profile.release], see docs/crash.md) or install its debug package"
+                    );
+                }
+                out.push(')');
             }
             (None, None) => {}
         }

@@ -63,10 +63,7 @@ pub enum NoLine {
 impl fmt::Display for NoLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            NoLine::NoDebugInfo => f.write_str(
-                "no debug info in this object (Rust: debug = \"line-tables-only\" in the \
-                 profile; system libraries: install their debug package)",
-            ),
+            NoLine::NoDebugInfo => f.write_str("no debug info in this object"),
             NoLine::DebugFileChanged => {
                 f.write_str("its debug file was replaced or removed since it was indexed")
             }
