@@ -1,6 +1,7 @@
 //! Trace markers written through `selftrace::trace` and read back from a private tracefs
 //! instance (`copy_trace_marker`): exact lines, nesting, threads, fork, sanitising,
-//! truncation, many concurrent writers, tags.
+//! truncation, many concurrent writers, tags, and no event lost while the first one opens the
+//! marker file (fresh child processes, this binary re-run).
 //!
 //! Needs root and tracefs; skips with a reason otherwise (fails under
 //! `SELFTRACE_REQUIRE_TRACEFS=1`). Tests run in parallel in one process: each filters the
@@ -16,8 +17,9 @@ use markers_util::*;
 use selftrace::trace::{self, Tracer, MAX_EVENT, TAG_IO};
 use selftrace::tracefs::MarkerKind;
 
-/// The flood test writes 80,000 markers, which every instance copying markers records too;
-/// it runs alone so that other tests' instances do not overflow.
+/// The flood test writes 80,000 markers, and the first-use tests 200 processes' worth, which
+/// every instance copying markers records too; they run alone so that other tests' instances
+/// do not overflow.
 static FLOOD: RwLock<()> = RwLock::new(());
 
 fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
@@ -478,4 +480,163 @@ fn without_copy_trace_marker_the_top_level_buffer_is_read_without_consuming_it()
             .collect();
         assert_eq!(texts, expected);
     }
+}
+
+/// Set in the children of the first-use tests, to the run's token.
+const FIRST_USE_CHILD: &str = "SELFTRACE_MARKERS_FIRST_USE_CHILD";
+/// Fresh processes per first-use test (the marker file is opened once per process).
+const FIRST_USE_RUNS: usize = 200;
+
+/// What each thread of a first-use child writes, `n` times.
+#[derive(Clone, Copy)]
+enum FirstUse {
+    /// A section guard: `B|pid|name`, then `E|pid`.
+    Sections,
+    /// The counter values `0..n`: `C|pid|name|value`.
+    Counters,
+}
+
+#[test]
+fn first_use_by_eight_threads_loses_no_section() {
+    first_use(
+        "first_use_by_eight_threads_loses_no_section",
+        FirstUse::Sections,
+        8,
+        100,
+    );
+}
+
+#[test]
+fn first_use_by_four_threads_loses_no_counter() {
+    first_use(
+        "first_use_by_four_threads_loses_no_counter",
+        FirstUse::Counters,
+        4,
+        250,
+    );
+}
+
+/// Runs [`first_use_child`] in `FIRST_USE_RUNS` fresh processes, one after the other, and
+/// checks in a private instance that every event of every run arrived, in order, per thread
+/// (so `B`/`E` balance). A run during which the kernel dropped events proves nothing and is
+/// run again (another process may flood `trace_marker`; its markers are copied here too).
+fn first_use(test: &str, what: FirstUse, threads: usize, n: usize) {
+    if let Ok(t) = std::env::var(FIRST_USE_CHILD) {
+        return first_use_child(what, threads, n, &t);
+    }
+    // Alone: 200 children's markers would fill the other tests' instances.
+    let _g = FLOOD.write().unwrap_or_else(|p| p.into_inner());
+    let Some(inst) = setup(test) else {
+        return;
+    };
+    if !inst.copies_markers() {
+        // The top-level buffer, read instead, is everybody's and is never cleared.
+        return skip(test, "no copy_trace_marker (Linux 6.17+)").unwrap_or(());
+    }
+    let t = token("first-use");
+    let (mut lossy, mut lost, mut skipped, mut repeated) = (Vec::new(), 0, 0, 0);
+    let started = std::time::Instant::now();
+    let mut run = 0;
+    while run < FIRST_USE_RUNS {
+        let rt = format!("{t}-r{run}");
+        inst.clear().unwrap();
+        let dropped = inst.dropped_events().unwrap();
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(FIRST_USE_CHILD, &rt)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let cpid = child.id();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "run {run}: child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let events = inst.read_markers().unwrap();
+        if inst.dropped_events().unwrap() != dropped {
+            repeated += 1;
+            assert!(
+                repeated <= 20,
+                "the kernel dropped events in {repeated} runs"
+            );
+            continue;
+        }
+        skipped += stdout
+            .split("skipped_during_init: ")
+            .nth(1)
+            .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|s| s.parse::<u64>().ok())
+            .expect("the child prints its stats");
+        // Each thread's events, found by the name of its first event.
+        let mut by_tid = std::collections::BTreeMap::<u32, Vec<_>>::new();
+        for e in events.into_iter().filter(|e| e.pid == Some(cpid)) {
+            by_tid.entry(e.tid).or_default().push(e);
+        }
+        assert!(by_tid.len() <= threads, "run {run}: {by_tid:#?}");
+        let mut missing = 0;
+        for i in 0..threads {
+            let name = format!("{rt} w{i}");
+            let expected: Vec<String> = match what {
+                FirstUse::Sections => (0..n)
+                    .flat_map(|_| [format!("B|{cpid}|{name}"), format!("E|{cpid}")])
+                    .collect(),
+                FirstUse::Counters => (0..n).map(|v| format!("C|{cpid}|{name}|{v}")).collect(),
+            };
+            let got: Vec<String> = by_tid
+                .values()
+                .find(|evs| evs[0].name == name)
+                .map(|evs| evs.iter().map(|e| e.text.clone()).collect())
+                .unwrap_or_default();
+            assert!(got.len() <= expected.len(), "run {run} thread {i}: {got:?}");
+            if got.len() < expected.len() {
+                missing += expected.len() - got.len();
+                continue;
+            }
+            assert_eq!(got, expected, "run {run} thread {i}");
+        }
+        if missing > 0 {
+            lossy.push(run);
+            lost += missing;
+        }
+        run += 1;
+    }
+    println!(
+        "{test}: {FIRST_USE_RUNS} processes, {threads} threads x {n} iterations from the start: \
+         {} runs lost {lost} events (first runs: {:?}); skipped_during_init summed {skipped}; \
+         {repeated} runs repeated after kernel drops; {:.1} s",
+        lossy.len(),
+        &lossy[..lossy.len().min(10)],
+        started.elapsed().as_secs_f64()
+    );
+    assert!(lossy.is_empty(), "{} runs lost {lost} events", lossy.len());
+}
+
+/// One run: `threads` threads, released together by a barrier, write from their first
+/// instruction, with no `trace::init()` before: one of them opens the marker file while the
+/// others write.
+fn first_use_child(what: FirstUse, threads: usize, n: usize, t: &str) {
+    assert_eq!(trace::status(), trace::Status::Uninitialized);
+    let names: Vec<String> = (0..threads).map(|i| format!("{t} w{i}")).collect();
+    let start = std::sync::Barrier::new(threads);
+    std::thread::scope(|s| {
+        for name in &names {
+            let start = &start;
+            s.spawn(move || {
+                start.wait();
+                for v in 0..n as i64 {
+                    match what {
+                        FirstUse::Sections => drop(trace::section(name)),
+                        FirstUse::Counters => trace::set_counter(name, v),
+                    }
+                }
+            });
+        }
+    });
+    println!("stats: {:?}", trace::stats());
+    assert_eq!(trace::status(), trace::Status::Enabled);
 }

@@ -145,6 +145,16 @@ pub(crate) fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
 }
 
+/// `sched_yield(2)`: lets another runnable thread run on this CPU (async-signal-safe: a
+/// system call that takes no user-space lock).
+///
+/// # References
+/// sched_yield(2)
+pub(crate) fn sched_yield() {
+    // SAFETY: sched_yield has no preconditions; it cannot fail on Linux.
+    unsafe { libc::sched_yield() };
+}
+
 /// The CPU time thread `tid` of this process has used, in nanoseconds, from its per-thread CPU
 /// clock (`MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)` of the kernel's `posix-timers.h`, what
 /// `pthread_getcpuclockid` returns); `None` if the thread is gone.

@@ -49,6 +49,21 @@
 //! and never fatal: `EBADF` (tracing off, or a full buffer in no-overwrite mode) is transient,
 //! the next call tries again.
 //!
+//! # First use
+//!
+//! Without [`init`], the first event opens the marker file (an `open` and an `fstatfs`, tens to
+//! a hundred microseconds). An event that another thread writes meanwhile waits for that
+//! thread to finish (`sched_yield` in a loop, allocation-free, lock-free and
+//! async-signal-safe), then is written: no event is lost to the first use, and a section begun
+//! meanwhile is written and ended like any other. The wait is bounded: the events of a
+//! process wait at most 1 s in all (measured with `CLOCK_MONOTONIC` from the first event that
+//! waits); an event still waiting then is dropped, and so is every later one until the file is
+//! open, without waiting again. The one event that cannot wait is written by a signal handler
+//! that interrupted the opening thread itself (the opening cannot go on until the handler
+//! returns): it is dropped at once. Both drops are counted in [`Stats::skipped_during_init`],
+//! those at the deadline also in [`Stats::init_wait_timeouts`]. Calling [`init`] at program
+//! start, in normal context, avoids both.
+//!
 //! # Tags
 //!
 //! Like atrace's tags, every event carries one or more bits of a 64-bit mask; it is written only
@@ -63,7 +78,9 @@
 //! Every event function, the [`Section`] guard, [`is_enabled`], [`stats`] and [`status`] are
 //! async-signal-safe: no allocation, no lock, no panic (the `section!` family too, as long as
 //! the `Display` impls of its arguments do not allocate). The first call opens the marker file
-//! without allocating either. Two things are done at program start by an `.init_array`
+//! without allocating either; a call made meanwhile waits without a lock (see
+//! [First use](#first-use): in a handler that interrupted the opening thread its event is
+//! dropped and counted). Two things are done at program start by an `.init_array`
 //! constructor, in normal context: reading `SELFTRACE_TAGS`, and registering the
 //! `pthread_atfork` child handler that refreshes the cached pid in a forked child (if the
 //! constructor did not run, [`init`] or the first event does it; call [`init`] early if the first
@@ -262,11 +279,19 @@ pub struct Stats {
     pub short_writes: u64,
     /// Events whose name or track was cut to fit [`MAX_EVENT`].
     pub truncated: u64,
-    /// Events dropped because another thread was opening the marker file at that moment.
+    /// Events dropped during the first use: written by a signal handler that interrupted the
+    /// thread that was opening the marker file, or after waiting 1 s for another thread's
+    /// opening ([`init_wait_timeouts`](Self::init_wait_timeouts)). See
+    /// [First use](self#first-use).
     pub skipped_during_init: u64,
+    /// Of [`skipped_during_init`](Self::skipped_during_init), the events dropped because
+    /// another thread was still opening the marker file when the process's 1 s of waiting for
+    /// it were over.
+    pub init_wait_timeouts: u64,
 }
 
-/// The error counters.
+/// The error counters, with the events dropped during the first use
+/// ([`Stats::skipped_during_init`]).
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
@@ -280,6 +305,7 @@ pub fn stats() -> Stats {
         short_writes: writer::SHORT.load(Relaxed),
         truncated: writer::TRUNCATED.load(Relaxed),
         skipped_during_init: writer::SKIPPED.load(Relaxed),
+        init_wait_timeouts: writer::INIT_TIMEOUTS.load(Relaxed),
     }
 }
 
@@ -292,7 +318,10 @@ pub fn status() -> Status {
 }
 
 /// Opens the marker file now (it is otherwise opened on first use) and returns the status.
-/// Idempotent. Normal context.
+/// Idempotent. If another thread is opening it, waits for that thread, without the 1 s bound
+/// that events have (see [First use](self#first-use)). Normal context: call it at program start
+/// so that no event ever waits, nor is dropped because a signal handler interrupted the first
+/// one.
 pub fn init() -> Status {
     writer::init()
 }
@@ -339,7 +368,9 @@ pub struct Tracer {
 pub const APP: Tracer = Tracer::new(TAG_APP);
 
 /// # Async-signal safety
-/// All of them.
+/// All of them. Before the marker file is open, the first call opens it and calls on other
+/// threads wait for that (at most 1 s per process); a call from a signal handler that
+/// interrupted the opening is dropped and counted. See [First use](self#first-use).
 impl Tracer {
     /// A tracer for events tagged `tag` (one or more bits).
     pub const fn new(tag: u64) -> Tracer {
@@ -352,6 +383,8 @@ impl Tracer {
     }
 
     /// Whether this tracer's events are written now. One relaxed atomic load when disabled.
+    /// Before the marker file is open it opens it, or waits for the thread that is opening it
+    /// (see [First use](self#first-use)).
     #[inline]
     pub fn is_enabled(self) -> bool {
         writer::enabled(self.tag)
@@ -375,7 +408,9 @@ impl Tracer {
 
     /// Begins a section and returns a guard that ends it when dropped (also during a panic's
     /// unwinding). If the section was written, its end is written even if the tag has been
-    /// disabled since, so sections stay balanced.
+    /// disabled since, so sections stay balanced. A section begun while another thread opens
+    /// the marker file waits for it and is written (see [First use](self#first-use)); one
+    /// dropped there returns an inactive guard, which writes no end.
     #[inline]
     pub fn section(self, name: &str) -> Section {
         if self.is_enabled() {
@@ -498,7 +533,8 @@ impl Drop for Section {
     }
 }
 
-/// Whether [`TAG_APP`] events are written now. One relaxed atomic load when disabled.
+/// Whether [`TAG_APP`] events are written now. One relaxed atomic load when disabled; see
+/// [`Tracer::is_enabled`] for the first use.
 #[inline]
 pub fn is_enabled() -> bool {
     APP.is_enabled()

@@ -6,7 +6,7 @@
 #![allow(unsafe_code)]
 
 use core::ffi::CStr;
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 
 use super::format::{fmt_i64, format_line, Line, LineBuf, Text};
 use super::{Status, TAG_ALL};
@@ -20,8 +20,23 @@ static TAGS: AtomicU64 = AtomicU64::new(TAG_ALL);
 /// The open `trace_marker` fd, or -1. Once set, the number never changes (re-targeting uses
 /// `dup3` onto it), so a racing writer never writes into a reused fd.
 static FD: AtomicI32 = AtomicI32::new(-1);
-/// 0 = not initialised, 1 = initialising, 2 = done.
-static INIT: AtomicU8 = AtomicU8::new(0);
+/// Who initialises: [`INIT_NONE`] before the first event, [`INIT_DONE`] once the marker file
+/// was looked for, else the thread id of the thread that is opening it (or configuring it with
+/// [`claim`] before anyone opened it). One atomic word, so a signal handler can tell whether it
+/// interrupted the opening thread itself.
+static INIT: AtomicI32 = AtomicI32::new(INIT_NONE);
+/// [`INIT`]: nobody has started to open the marker file.
+const INIT_NONE: i32 = 0;
+/// [`INIT`]: the marker file was looked for (opened or not); thread ids are positive.
+const INIT_DONE: i32 = -1;
+/// How long, in total, the events of a process wait for another thread to finish opening the
+/// marker file (an open and an `fstatfs`, normally 40-125 us) before they are dropped (and
+/// counted: [`SKIPPED`], [`INIT_TIMEOUTS`]). One deadline for the whole process, set by the
+/// first event that waits: an opening thread that never finishes (cancelled inside `open`, or
+/// left by a `longjmp` out of a signal handler) costs the process at most this once.
+const INIT_WAIT_NS: u64 = 1_000_000_000;
+/// The [`sys::monotonic_ns`] at which waiting for the opening thread ends; 0 = nobody waited yet.
+static INIT_DEADLINE: AtomicU64 = AtomicU64::new(0);
 /// Status code << 32 | errno.
 static STATUS: AtomicU64 = AtomicU64::new(0);
 /// The process id as decimal text, cached: up to 7 ASCII digits in the low bytes, their count
@@ -39,7 +54,11 @@ pub(crate) static OTHER: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LAST_ERRNO: AtomicI32 = AtomicI32::new(0);
 pub(crate) static SHORT: AtomicU64 = AtomicU64::new(0);
 pub(crate) static TRUNCATED: AtomicU64 = AtomicU64::new(0);
+/// Events dropped while the marker file was being opened (see [`init_slow`]).
 pub(crate) static SKIPPED: AtomicU64 = AtomicU64::new(0);
+/// Events dropped because waiting for another thread's opening reached [`INIT_WAIT_NS`] (also
+/// counted in [`SKIPPED`]).
+pub(crate) static INIT_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
 
 const ST_UNINIT: u32 = 0;
 const ST_ENABLED: u32 = 1;
@@ -77,9 +96,16 @@ pub(crate) fn startup() {
     let _ = sys::atfork_child(fork_child);
 }
 
-/// Runs in the child of `fork()`: the cached pid is the parent's.
+/// Runs in the child of `fork()`: the cached pid is the parent's, and an opening of the marker
+/// file that was under way belongs to a thread the child does not have (the child's events
+/// would wait for it in vain): the child starts over. A marker fd that thread had already
+/// installed stays in use; one it had opened but not installed stays open in the child.
 unsafe extern "C" fn fork_child() {
     PID_TEXT.store(0, Relaxed);
+    if INIT.load(Relaxed) != INIT_DONE {
+        INIT.store(INIT_NONE, Relaxed);
+        INIT_DEADLINE.store(0, Relaxed);
+    }
 }
 
 /// The process id in decimal, from the cache (filled by one `getpid` after start or fork).
@@ -291,34 +317,101 @@ fn park_fd() {
     }
 }
 
-/// First-call initialisation. Allocation-free and lock-free; a call racing with another
-/// thread's initialisation returns `false` (its event is skipped and counted).
+/// How [`settle_init`] ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// The marker file was looked for (by this call or another thread): [`FD`] and [`MASK`]
+    /// say the outcome.
+    Done,
+    /// This thread itself is opening it: a signal handler interrupted the opening, which cannot
+    /// finish before the handler returns.
+    OwnOpening,
+    /// Another thread is still opening it at the process's wait deadline ([`INIT_WAIT_NS`]).
+    TimedOut,
+}
+
+/// Makes sure the marker file was looked for: opens it if nobody has started to, else waits
+/// for the thread that is opening it (`sched_yield` in a loop, until the process's deadline of
+/// [`INIT_WAIT_NS`] read from `CLOCK_MONOTONIC`). Allocation-free, lock-free,
+/// async-signal-safe.
+fn settle_init() -> Settled {
+    let mut me = 0;
+    loop {
+        let state = INIT.load(Acquire);
+        if state == INIT_DONE {
+            return Settled::Done;
+        }
+        if me == 0 {
+            me = sys::gettid();
+        }
+        if state == INIT_NONE {
+            if INIT
+                .compare_exchange(INIT_NONE, me, AcqRel, Acquire)
+                .is_ok()
+            {
+                startup();
+                install(open_default());
+                INIT.store(INIT_DONE, Release);
+                return Settled::Done;
+            }
+            continue;
+        }
+        if state == me {
+            return Settled::OwnOpening;
+        }
+        // Another thread is opening the file: wait for it, up to the process's deadline. A
+        // clock that cannot be read (`monotonic_ns` gives 0) ends the wait at once.
+        let now = sys::monotonic_ns();
+        if now == 0 {
+            return Settled::TimedOut;
+        }
+        let deadline = match INIT_DEADLINE.load(Relaxed) {
+            0 => match INIT_DEADLINE.compare_exchange(
+                0,
+                now.saturating_add(INIT_WAIT_NS),
+                Relaxed,
+                Relaxed,
+            ) {
+                Ok(_) => now.saturating_add(INIT_WAIT_NS),
+                Err(set) => set,
+            },
+            set => set,
+        };
+        if now >= deadline {
+            return Settled::TimedOut;
+        }
+        sys::sched_yield();
+    }
+}
+
+/// First-use initialisation, for an event (or [`enabled`]) that found no marker fd: opens the
+/// marker file, or waits for the thread that is opening it (see [`settle_init`]). Returns
+/// whether a marker fd is open. The event is dropped, and counted in [`SKIPPED`], only in a
+/// signal handler that interrupted the opening thread itself, or when the wait reached
+/// [`INIT_WAIT_NS`] (counted in [`INIT_TIMEOUTS`] too). Allocation-free, lock-free,
+/// async-signal-safe.
 #[cold]
 #[inline(never)]
 pub(crate) fn init_slow() -> bool {
-    match INIT.compare_exchange(0, 1, AcqRel, Acquire) {
-        Ok(_) => {
-            startup();
-            install(open_default());
-            INIT.store(2, Release);
-            FD.load(SeqCst) >= 0 && MASK.load(SeqCst) != 0
+    match settle_init() {
+        Settled::Done => FD.load(SeqCst) >= 0,
+        Settled::OwnOpening => {
+            SKIPPED.fetch_add(1, Relaxed);
+            false
         }
-        Err(2) => FD.load(SeqCst) >= 0,
-        Err(_) => {
+        Settled::TimedOut => {
+            INIT_TIMEOUTS.fetch_add(1, Relaxed);
             SKIPPED.fetch_add(1, Relaxed);
             false
         }
     }
 }
 
-/// Public `init()`: normal context, so it may wait for another thread's initialisation to
-/// finish (the lock-free first-use path skips instead).
+/// Public `init()`: normal context, so it waits for another thread's opening for as long as
+/// that takes (no deadline, nothing counted).
 pub(crate) fn init() -> Status {
     startup();
-    if INIT.load(Acquire) != 2 {
-        init_slow();
-    }
-    while INIT.load(Acquire) == 1 {
+    while settle_init() == Settled::TimedOut {
         std::thread::yield_now();
     }
     status()
@@ -328,14 +421,15 @@ pub(crate) fn init() -> Status {
 fn claim<R>(f: impl FnOnce() -> R) -> R {
     let _guard = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
     startup();
+    let me = sys::gettid();
     loop {
-        match INIT.compare_exchange(0, 1, AcqRel, Acquire) {
-            Ok(_) | Err(2) => break,
+        match INIT.compare_exchange(INIT_NONE, me, AcqRel, Acquire) {
+            Ok(_) | Err(INIT_DONE) => break,
             Err(_) => std::thread::yield_now(),
         }
     }
     let r = f();
-    INIT.store(2, Release);
+    INIT.store(INIT_DONE, Release);
     r
 }
 
