@@ -793,18 +793,26 @@ fn debian_compressed_debug_files_give_the_lines_elfutils_gives() {
     }
 }
 
-/// Builds tests/fixtures/stfix.c as `dir/name`, optimized (st_hidden is inlined), with DWARF.
-fn build_stfix(dir: &Path, name: &str) -> PathBuf {
+/// Builds tests/fixtures/stfix.c as `dir/name`, optimized (st_hidden is inlined), with DWARF
+/// (and `extra` flags), in `dir` (where `-gsplit-dwarf` writes the `.dwo`).
+fn build_stfix_with(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stfix.c");
     let st = Command::new(target::cc())
-        .args(["-shared", "-fPIC", "-O2", "-g", "-o"])
+        .current_dir(dir)
+        .args(["-shared", "-fPIC", "-O2", "-g"])
+        .args(extra)
+        .arg("-o")
         .arg(&out)
         .arg(&src)
         .status()
         .expect("gcc (needed to build the test fixture)");
     assert!(st.success(), "gcc failed");
     out
+}
+
+fn build_stfix(dir: &Path, name: &str) -> PathBuf {
+    build_stfix_with(dir, name, &[])
 }
 
 /// Loads `path` and returns its object as the symbolizer sees it.
@@ -964,5 +972,58 @@ fn objcopy_compressed_sections_are_read_and_bad_ones_are_said() {
             shown.contains(&format!("(no file:line: {want})")),
             "{shown}"
         );
+    }
+}
+
+/// Split DWARF (`gcc -gsplit-dwarf`: the object keeps skeleton units, the rest is in a `.dwo`
+/// file beside it): file:line and inlined functions as binutils reads them from the same code
+/// built without splitting. Without its `.dwo`, the skeleton's line table alone would give
+/// `st_hidden`'s line under `st_alpha`'s name (binutils and elfutils print that): the frame
+/// has no line and says the `.dwo` is missing.
+#[test]
+fn split_dwarf_is_read_from_its_dwo_and_a_missing_one_is_said() {
+    if !have("addr2line") {
+        return;
+    }
+    let dir = work_dir("split");
+    let plain = build_stfix(&dir, "libstplain.so");
+    let split = build_stfix_with(&dir, "libstsplit.so", &["-gsplit-dwarf"]);
+    let dwo = dir.join("libstsplit.so-stfix.dwo");
+    assert!(dwo.exists(), "gcc wrote no {dwo:?}");
+    let svmas = function_addresses(&plain, 0, 4000);
+    let obj = load(&split);
+    let (same, they, we) = compare_lines(&obj, &target::binutil("addr2line"), &plain, &svmas);
+    println!(
+        "split: {same} of {} match; lines binutils {they}, ours {we}",
+        svmas.len()
+    );
+    assert_eq!(
+        same,
+        svmas.len(),
+        "every address as binutils gives it for the plain build"
+    );
+    // An inlined function is there: the .dwo was read.
+    let inlined = svmas.iter().any(|&a| {
+        symbolize::BacktraceFrame::resolve(obj.bias + a as usize, FrameKind::Exact)
+            .symbols()
+            .iter()
+            .any(|s| s.inlined)
+    });
+    assert!(inlined, "no inlined function found: the .dwo was not read");
+
+    // The same library whose .dwo is gone.
+    let gone = build_stfix_with(&dir, "libstgone.so", &["-gsplit-dwarf"]);
+    std::fs::remove_file(dir.join("libstgone.so-stfix.dwo")).unwrap();
+    let obj = load(&gone);
+    let frame = symbolize::BacktraceFrame::resolve(obj.bias + svmas[0] as usize, FrameKind::Exact);
+    assert!(
+        frame.symbols().iter().all(|s| s.line.is_none()),
+        "{frame:?}"
+    );
+    match frame.no_line {
+        Some(symbolize::NoLine::SplitDwarfMissing { dwo }) => {
+            assert!(dwo.ends_with("/libstgone.so-stfix.dwo"), "{dwo}")
+        }
+        other => panic!("{other:?}: {frame:?}"),
     }
 }

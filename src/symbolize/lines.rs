@@ -27,7 +27,7 @@ type Context = addr2line::Context<Reader>;
 static CONTEXTS: Mutex<Vec<(usize, ObjectDwarf)>> = Mutex::new(Vec::new());
 
 /// An object's parsed DWARF, or why there is none.
-type ObjectDwarf = Result<Box<Context>, NoLine>;
+type ObjectDwarf = Result<Box<Loaded>, NoLine>;
 
 /// Why a frame has no file:line although its object is known: said by `Display`, crash
 /// reports and profiles instead of leaving the line out silently.
@@ -58,6 +58,13 @@ pub enum NoLine {
     },
     /// The DWARF sections were read but could not be parsed.
     BadDwarf,
+    /// The object's DWARF is split (`-gsplit-dwarf`, `-Csplit-debuginfo=unpacked`) and a
+    /// `.dwo` file it names is missing, or is not the one its skeleton unit names (DWO id).
+    /// `.dwp` packages are not read.
+    SplitDwarfMissing {
+        /// The `.dwo` file's path.
+        dwo: &'static str,
+    },
 }
 
 impl fmt::Display for NoLine {
@@ -77,6 +84,7 @@ impl fmt::Display for NoLine {
                 write!(f, "{section} cannot be read (truncated or corrupt)")
             }
             NoLine::BadDwarf => f.write_str("its DWARF cannot be parsed"),
+            NoLine::SplitDwarfMissing { dwo } => write!(f, "its split DWARF file {dwo} is missing"),
         }
     }
 }
@@ -89,9 +97,78 @@ pub(crate) fn demangle_any_to(name: &[u8], out: &mut FixedBuf<'_>) {
     }
 }
 
-/// Reads and parses an object's DWARF. Any section that cannot be read (or decompressed)
-/// fails the whole object: half its DWARF could give wrong lines, which is worse than none.
-fn load_context(src: &super::index::DwarfFile) -> Result<Context, NoLine> {
+/// An object's parsed DWARF, with its split DWARF units (`.dwo` files) by id.
+struct Loaded {
+    ctx: Context,
+    dwos: Vec<(gimli::DwoId, Arc<gimli::Dwarf<Reader>>)>,
+}
+
+/// Reads and parses an object's DWARF, and the `.dwo` files of its split units. Any section
+/// that cannot be read (or decompressed) fails the whole object, and so does a `.dwo` that is
+/// missing or not the one its skeleton unit names (by DWO id): half its DWARF could give wrong
+/// lines (a skeleton unit's line table alone gives an inlined function's line under the name
+/// of the function it is inlined into), which is worse than none.
+fn load_context(src: &super::index::DwarfFile) -> Result<Loaded, NoLine> {
+    let dwarf = load_dwarf(src, false)?;
+    let dwos = load_dwos(&dwarf)?;
+    let ctx = Context::from_dwarf(dwarf).map_err(|_| NoLine::BadDwarf)?;
+    Ok(Loaded { ctx, dwos })
+}
+
+/// The `.dwo` file of each split unit of `dwarf` (`DW_AT_dwo_name`, relative to
+/// `DW_AT_comp_dir`), checked against the skeleton's DWO id and joined to its parent.
+fn load_dwos(
+    dwarf: &gimli::Dwarf<Reader>,
+) -> Result<Vec<(gimli::DwoId, Arc<gimli::Dwarf<Reader>>)>, NoLine> {
+    let mut dwos = Vec::new();
+    let mut units = dwarf.units();
+    while let Some(header) = units.next().map_err(|_| NoLine::BadDwarf)? {
+        let unit = dwarf.unit(header).map_err(|_| NoLine::BadDwarf)?;
+        let Some(id) = unit.dwo_id else { continue };
+        let name = unit
+            .dwo_name()
+            .ok()
+            .flatten()
+            .and_then(|n| dwarf.attr_string(&unit, n).ok())
+            .and_then(|n| std::str::from_utf8(n.slice()).ok());
+        let Some(name) = name else {
+            return Err(NoLine::BadDwarf);
+        };
+        let mut path = std::path::PathBuf::new();
+        if let Some(dir) = unit
+            .comp_dir
+            .and_then(|d| std::str::from_utf8(d.slice()).ok())
+        {
+            path.push(dir);
+        }
+        path.push(name);
+        let missing = || NoLine::SplitDwarfMissing {
+            dwo: Box::leak(path.to_string_lossy().into_owned().into_boxed_str()),
+        };
+        let Some(src) = path.to_str().map(|p| super::index::DwarfFile {
+            path: p.into(),
+            build_id: None,
+            crc: None,
+        }) else {
+            return Err(missing());
+        };
+        let mut dwo = load_dwarf(&src, true).map_err(|e| match e {
+            NoLine::DebugFileChanged => missing(),
+            e => e,
+        })?;
+        let first = dwo.units().next().ok().flatten();
+        let dwo_unit = first.and_then(|h| dwo.unit(h).ok());
+        if dwo_unit.and_then(|u| u.dwo_id) != Some(id) {
+            return Err(missing());
+        }
+        dwo.make_dwo(dwarf);
+        dwos.push((id, Arc::new(dwo)));
+    }
+    Ok(dwos)
+}
+
+/// Reads the DWARF sections of `src` (a `.dwo` file's `*.dwo` sections when `dwo`).
+fn load_dwarf(src: &super::index::DwarfFile, dwo: bool) -> Result<gimli::Dwarf<Reader>, NoLine> {
     use object::{Object as _, ObjectSection as _};
     // Read with pread into memory that is never freed (not mapped: a file truncated on disk
     // must not make a later lookup fault), and only if it is still the file the index chose.
@@ -117,7 +194,10 @@ fn load_context(src: &super::index::DwarfFile) -> Result<Context, NoLine> {
         ) {
             return Ok(gimli::EndianSlice::new(&[], endian));
         }
-        let section = id.name();
+        let name = if dwo { id.dwo_name() } else { Some(id.name()) };
+        let Some(section) = name else {
+            return Ok(gimli::EndianSlice::new(&[], endian));
+        };
         let Some(sec) = file.section_by_name(section) else {
             return Ok(gimli::EndianSlice::new(&[], endian));
         };
@@ -153,8 +233,7 @@ fn load_context(src: &super::index::DwarfFile) -> Result<Context, NoLine> {
         };
         Ok(gimli::EndianSlice::new(bytes, endian))
     };
-    let dwarf = gimli::Dwarf::load(load)?;
-    Context::from_dwarf(dwarf).map_err(|_| NoLine::BadDwarf)
+    gimli::Dwarf::load(load)
 }
 
 /// Whether `sec` is `SHF_COMPRESSED` with a compression type other than zlib and zstd.
@@ -172,10 +251,7 @@ fn unknown_compression<'d, R: object::ReadRef<'d>>(
 }
 
 /// Runs `f` with the cached DWARF context of `obj` (parsed on first use).
-fn with_context<R>(
-    obj: &'static ObjectSymbols,
-    f: impl FnOnce(Result<&Context, NoLine>) -> R,
-) -> R {
+fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Result<&Loaded, NoLine>) -> R) -> R {
     let key = obj as *const ObjectSymbols as usize;
     let mut cache = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
     let pos = match cache.iter().position(|(k, _)| *k == key) {
@@ -289,11 +365,23 @@ struct Resolved {
 fn resolve_symbols(obj: &'static ObjectSymbols, svma: u64, sym: Option<SymbolName>) -> Resolved {
     let mut out: Vec<BacktraceSymbol> = Vec::new();
     let mut no_line = with_context(obj, |ctx| {
-        let ctx = match ctx {
+        let loaded = match ctx {
             Ok(c) => c,
             Err(e) => return Some(e),
         };
-        let Ok(mut it) = ctx.find_frames(svma).skip_all_loads() else {
+        // Split units' `.dwo` files were loaded with the object: answered from there.
+        let mut lookup = loaded.ctx.find_frames(svma);
+        let found = loop {
+            match lookup {
+                addr2line::LookupResult::Output(r) => break r,
+                addr2line::LookupResult::Load { load, continuation } => {
+                    let dwo = loaded.dwos.iter().find(|(id, _)| *id == load.dwo_id);
+                    use addr2line::LookupContinuation as _;
+                    lookup = continuation.resume(dwo.map(|(_, d)| d.clone()));
+                }
+            }
+        };
+        let Ok(mut it) = found else {
             return Some(NoLine::BadDwarf);
         };
         loop {
