@@ -11,7 +11,9 @@
 //! Usage: `record_target run N` (N rounds, then a thread and a child process), `record_target
 //! child` (what the child does), `record_target crash` (one round, then SIGSEGV), `record_target
 //! wait` (one round, prints `ready PID`, then sleeps until killed), `record_target flood N`
-//! (N instants `flood` as fast as it can, to overflow a small ring buffer; prints `flood N`).
+//! (N instants `flood` as fast as it can, to overflow a small ring buffer; prints `flood N`),
+//! `record_target secret` (probe `rt:secret` with a 5-byte `&str` that memory follows with
+//! [`SECRET_BUF`]'s secret token: only the 5 bytes may reach a recording).
 
 use selftrace::trace;
 use std::time::Duration;
@@ -22,6 +24,11 @@ use std::time::Duration;
 pub extern "C" fn record_target_compute(x: u64) -> u64 {
     std::hint::black_box(x) * 3 + 1
 }
+
+/// `rt:secret` gets the first 5 bytes (`hello`) of this text: what follows them in memory is
+/// a secret that no recording may hold (the kernel fetches 64 bytes of a `&str` argument).
+pub static SECRET_BUF: &str =
+    "helloSECRET-TOKEN-do-not-record-0123456789abcdefghijklmnopqrstuvwxyz";
 
 /// One round: section `round` containing section `work`; probe `rt:step(i, i - 2)`; counter
 /// `queue = i`; async section `load` with cookie `i`; instant `tick`; `compute(i)`.
@@ -90,6 +97,11 @@ fn main() {
                 libc::raise(libc::SIGSEGV);
             }
             std::process::abort();
+        }
+        "secret" => {
+            let buf = std::hint::black_box(SECRET_BUF);
+            selftrace::probe!(rt, secret, &buf[..5]);
+            println!("secret probed");
         }
         "flood" => {
             let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);

@@ -3,8 +3,9 @@
 //! written (found before the command runs); the command's process tree outliving the recorder;
 //! `clean` run from another PID namespace while a recording is live; kernel errors with their
 //! cause, also between two live recorders of one USDT site; markers the kernel dropped,
-//! counted in the summary; an unprivileged user from a checkout they cannot enter. Needs root
-//! and tracefs (skips, or fails under `SELFTRACE_REQUIRE_TRACEFS=1`).
+//! counted in the summary; an unprivileged user from a checkout they cannot enter; `&str` probe
+//! arguments recorded as their text, and no byte of the memory after them in any file. Needs
+//! root and tracefs (skips, or fails under `SELFTRACE_REQUIRE_TRACEFS=1`).
 // Needs the cargo features of what it tests (`cargo test --all-features` runs it).
 #![cfg(feature = "tracefs")]
 
@@ -826,5 +827,79 @@ fn str_probe_arguments_are_recorded_as_text() {
         .filter_map(|e| e["args"]["a0"].as_str().map(str::to_string))
         .collect();
     assert!(texts.contains(&"héllo \"probe\"".to_string()), "{texts:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `&str` probe argument that memory follows with a secret token (`rt:secret`: `hello`, the
+/// first 5 bytes of `helloSECRET-TOKEN-...`, see examples/record_target.rs): the uprobe
+/// fetches 64 bytes, and only the argument's 5 reach the files `record` writes, as text or as
+/// the kernel prints a byte array.
+#[test]
+fn bytes_past_a_str_argument_reach_no_file() {
+    if !usable("bytes_past_a_str_argument_reach_no_file") {
+        return;
+    }
+    let dir = tempdir("secret");
+    let file = dir.join("out.trace");
+    let bin = record_target();
+    let (o, rec) = record(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--probe",
+        "rt:secret",
+        "--",
+        bin.to_str().unwrap(),
+        "secret",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean(rec);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("secret probed"));
+    // The secret as text, and as the decimal or hex bytes of a fetched `u8[]` array.
+    let secret = b"SECRET-TOKEN";
+    let join = |f: &dyn Fn(&u8) -> String| secret.iter().map(f).collect::<Vec<_>>().join(",");
+    let forms = [
+        String::from_utf8_lossy(secret).into_owned(),
+        join(&|b| b.to_string()),
+        join(&|b| format!("0x{b:x}")),
+    ];
+    // Every file `record` left in the directory: the trace, the JSON, nothing else.
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["out.json", "out.trace"]);
+    for name in &names {
+        let content = String::from_utf8_lossy(&std::fs::read(dir.join(name)).unwrap()).into_owned();
+        for form in &forms {
+            assert!(
+                !content.contains(form.as_str()),
+                "{name} holds bytes past the argument ({form}):\n{content}"
+            );
+        }
+    }
+    // The argument itself is there: its 5 bytes in the trace, its text in both files.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let hits: Vec<_> = selftrace::tracefs::records(&text)
+        .filter(|r| r.event == "rt_secret")
+        .collect();
+    assert_eq!(hits.len(), 1, "{text}");
+    assert!(
+        hits[0].body.contains(" a0_bytes={104,101,108,108,111}"),
+        "{}",
+        hits[0].body
+    );
+    let args = selftrace::tracefs::parse_hit_body(hits[0].body).1;
+    assert_eq!(args[0], ("a0".into(), "\"hello\"".into()), "{args:?}");
+    assert_eq!(args[1], ("a1".into(), "5".into()), "{args:?}");
+    let json = json_of(&file);
+    let a0: Vec<&serde_json::Value> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "rt:secret")
+        .map(|e| &e["args"]["a0"])
+        .collect();
+    assert_eq!(a0, [&serde_json::Value::from("hello")], "{json}");
     let _ = std::fs::remove_dir_all(&dir);
 }

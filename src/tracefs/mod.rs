@@ -12,6 +12,8 @@
 //! * [`Session`] is a set of uprobe events (USDT probes, function entries and returns, raw
 //!   offsets) in a private group, enabled in a private instance, whose hits read back as
 //!   [`Hit`]s; [`function_offset`] finds where a function symbol sits in an ELF file.
+//!   [`cut_byte_args`] cuts the bytes a session fetched for `&str` / `&[u8]` probe arguments
+//!   to the arguments' lengths in a `trace` text, before the text goes into a file.
 //!
 //! Everything here runs in normal context and may allocate. tracefs is global to the machine:
 //! write only into instances you created, with names nobody else uses.
@@ -61,7 +63,9 @@ pub use parse::{
     markers, parse_marker, parse_record, records, MarkerEvent, MarkerKind, MarkerParts, Record,
 };
 #[cfg(feature = "tracefs")]
-pub use session::{parse_hit_body, remove_stale_sessions, EventInfo, EventKind, Hit, Session};
+pub use session::{
+    cut_byte_args, parse_hit_body, remove_stale_sessions, EventInfo, EventKind, Hit, Session,
+};
 #[cfg(feature = "tracefs")]
 pub use symbols::{find_functions, function_offset, function_symbols, FunctionSymbol};
 

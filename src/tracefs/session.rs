@@ -24,6 +24,7 @@ use super::uprobe::UprobeEvent;
 use super::{parse, root, Error, Instance};
 use crate::usdt::ProbeNote;
 use crate::Error as Kind;
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// What a session's event attaches to.
@@ -115,39 +116,63 @@ impl Hit {
 /// fetched as `aN_bytes={104,105,...}`, see [`Session::add_probe`]) comes back as
 /// `aN="text"` (the bytes up to the length, invalid UTF-8 as U+FFFD, control characters as
 /// `\xNN`; text cut at the fetched size ends with `…[+N bytes]`) and `aN+1` = the length.
+/// Bytes that [`cut_byte_args`] dropped (`aN_bytes={}` without a length) leave `aN` as the
+/// pointer.
 pub fn parse_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
     let (address, mut args) = split_hit_body(body);
     decode_byte_args(&mut args);
     (address, args)
 }
 
+/// A fetched byte array of a hit, `aN_bytes={104,105,...}` (see [`parse_hit_body`]), read with
+/// the argument's length.
+struct ByteArg {
+    /// The pointer argument's name, `aN`.
+    ptr: String,
+    /// The fetched bytes; `None` when the array does not parse.
+    bytes: Option<Vec<u8>>,
+    /// The argument's length, the value of `aN+1`; `None` when it is missing or does not parse.
+    len: Option<usize>,
+}
+
+/// The byte array `args[i]` when its name is `aN_bytes`, else `None`.
+fn byte_arg(args: &[(String, String)], i: usize) -> Option<ByteArg> {
+    let (name, value) = &args[i];
+    let ptr = name.strip_suffix("_bytes")?.to_string();
+    // `{104,105}`; `{}` (what `cut_hit_body` leaves when it drops every byte) is no byte.
+    let bytes: Option<Vec<u8>> = value
+        .strip_prefix('{')
+        .and_then(|v| v.strip_suffix('}'))
+        .and_then(|v| {
+            if v.trim().is_empty() {
+                return Some(Vec::new());
+            }
+            v.split(',')
+                .map(|b| match b.trim().strip_prefix("0x") {
+                    Some(h) => u8::from_str_radix(h, 16).ok(),
+                    None => b.trim().parse().ok(),
+                })
+                .collect()
+        });
+    let len_name = ptr
+        .strip_prefix('a')
+        .and_then(|n| n.parse::<usize>().ok())
+        .and_then(|n| n.checked_add(1))
+        .map(|n| format!("a{n}"));
+    let len = len_name
+        .and_then(|n| args.iter().find(|(k, _)| *k == n))
+        .and_then(|(_, v)| v.parse::<usize>().ok());
+    Some(ByteArg { ptr, bytes, len })
+}
+
 /// Replaces each `aN` / `aN_bytes` pair by `aN="text"` (see [`parse_hit_body`]).
 fn decode_byte_args(args: &mut Vec<(String, String)>) {
     let mut i = 0;
     while i < args.len() {
-        let Some(ptr) = args[i].0.strip_suffix("_bytes").map(str::to_string) else {
+        let Some(ByteArg { ptr, bytes, len }) = byte_arg(args, i) else {
             i += 1;
             continue;
         };
-        let bytes: Option<Vec<u8>> = args[i]
-            .1
-            .strip_prefix('{')
-            .and_then(|v| v.strip_suffix('}'))
-            .and_then(|v| {
-                v.split(',')
-                    .map(|b| match b.trim().strip_prefix("0x") {
-                        Some(h) => u8::from_str_radix(h, 16).ok(),
-                        None => b.trim().parse().ok(),
-                    })
-                    .collect()
-            });
-        let len_name = ptr
-            .strip_prefix('a')
-            .and_then(|n| n.parse::<usize>().ok())
-            .map(|n| format!("a{}", n + 1));
-        let len = len_name
-            .and_then(|n| args.iter().find(|(k, _)| *k == n))
-            .and_then(|(_, v)| v.parse::<usize>().ok());
         match (bytes, len) {
             (Some(bytes), Some(len)) => {
                 let shown = &bytes[..len.min(bytes.len())];
@@ -168,7 +193,8 @@ fn decode_byte_args(args: &mut Vec<(String, String)>) {
                 }
                 args.remove(i);
             }
-            // Not fetched (a fault): the pointer and length stay as they are.
+            // Not fetched (a fault), or cut away (see `cut_hit_body`): the pointer and length
+            // stay as they are.
             _ => {
                 args.remove(i);
             }
@@ -176,18 +202,97 @@ fn decode_byte_args(args: &mut Vec<(String, String)>) {
     }
 }
 
-fn split_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
-    let mut rest = body.trim();
-    let mut address = None;
-    if let Some(inner) = rest.strip_prefix('(') {
-        if let Some((addr, after)) = inner.split_once(')') {
-            let first = addr.split_whitespace().next().unwrap_or("");
-            address = first
-                .strip_prefix("0x")
-                .and_then(|h| u64::from_str_radix(h, 16).ok());
-            rest = after.trim_start();
+/// `body` (a hit's, as [`parse_hit_body`] reads it) with each fetched byte array
+/// `aN_bytes={...}` cut to the argument's length `aN+1`: the kernel fetches
+/// [`BYTES_FETCHED`](super::uprobe::BYTES_FETCHED) bytes whatever the length, and the bytes
+/// after the argument are whatever memory follows it. When the length is missing or the
+/// array does not parse, no byte is kept (`aN_bytes={}`). A body without byte arrays comes
+/// back as it is.
+fn cut_hit_body(body: &str) -> Cow<'_, str> {
+    let (head, mut args) = split_hit_args(body);
+    let mut cut = false;
+    for i in 0..args.len() {
+        let Some(ByteArg { bytes, len, .. }) = byte_arg(&args, i) else {
+            continue;
+        };
+        let kept: &[u8] = match (&bytes, len) {
+            (Some(bytes), Some(len)) => &bytes[..len.min(bytes.len())],
+            _ => &[],
+        };
+        let list: Vec<String> = kept.iter().map(u8::to_string).collect();
+        args[i].1 = format!("{{{}}}", list.join(","));
+        cut = true;
+    }
+    if !cut {
+        return Cow::Borrowed(body);
+    }
+    let mut out = head.to_string();
+    for (i, (k, v)) in args.iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(k);
+        out.push('=');
+        out.push_str(v);
+    }
+    Cow::Owned(out)
+}
+
+/// The text of a `trace` file with the hits of the [`Probe`](EventKind::Probe) events of
+/// `events` rewritten so that no fetched byte lies past its argument: each `aN_bytes={...}`
+/// of a `&str` / `&[u8]` argument (see [`Session::add_probe`]) is cut to the argument's length
+/// `aN+1`, and dropped whole (`aN_bytes={}`) when the length is missing or the array does not
+/// parse. The kernel fetches [`BYTES_FETCHED`](super::uprobe::BYTES_FETCHED) bytes whatever
+/// the length (a fetch argument has no dynamic length), so the bytes after a short argument
+/// are whatever memory follows it (another string, a token): cut the text with this before it
+/// goes into a file. Every other line (other events, comments, lines that do not parse) is
+/// kept as it is; [`parse_hit_body`] reads a cut hit as it reads the uncut one.
+pub fn cut_byte_args(trace: &str, events: &[EventInfo]) -> String {
+    let mut out = String::with_capacity(trace.len());
+    for line in trace.split_inclusive('\n') {
+        let probe = parse::parse_record(line).filter(|r| {
+            events
+                .iter()
+                .any(|e| e.kind == EventKind::Probe && e.event == r.event)
+        });
+        let Some(r) = probe else {
+            out.push_str(line);
+            continue;
+        };
+        // The body is the end of the line, before its line break (a record of the line
+        // cannot be anything else; a line where it were is left out, not written uncut).
+        let content = line.trim_end_matches(['\n', '\r']);
+        if let Some(head) = content.strip_suffix(r.body) {
+            out.push_str(head);
+            out.push_str(&cut_hit_body(r.body));
+            out.push_str(&line[content.len()..]);
         }
     }
+    out
+}
+
+fn split_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
+    let (head, args) = split_hit_args(body);
+    let address = head.trim().strip_prefix('(').and_then(|inner| {
+        let (addr, _) = inner.split_once(')')?;
+        let first = addr.split_whitespace().next().unwrap_or("");
+        first
+            .strip_prefix("0x")
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+    });
+    (address, args)
+}
+
+/// Splits a hit's body into what comes before its arguments (the address, `(0x5555) `, with
+/// the blanks after it) and the arguments, `name=value` (quoted strings keep their quotes).
+fn split_hit_args(body: &str) -> (&str, Vec<(String, String)>) {
+    let body = body.trim_end();
+    let mut rest = body.trim_start();
+    if let Some((_, after)) = rest.strip_prefix('(').and_then(|i| i.split_once(')')) {
+        rest = after.trim_start();
+    }
+    // `rest` is the end of `body`.
+    let head = &body[..body.len() - rest.len()];
     let mut args = Vec::new();
     while let Some((name, after)) = rest.split_once('=') {
         let (value, next) = if let Some(q) = after.strip_prefix('"') {
@@ -201,7 +306,7 @@ fn split_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
         args.push((name.trim().to_string(), value.to_string()));
         rest = next.trim_start();
     }
-    (address, args)
+    (head, args)
 }
 
 /// A private uprobe group (`selftrace_<pid>_<seq>_<nanos>`, the id of its instance) and a
@@ -764,5 +869,92 @@ mod tests {
         );
         let (_, args) = parse_hit_body("(0x1) a0=0x7f00 a1=5 a0_bytes={97,10}");
         assert_eq!(args[0].1, "\"a\\x0a…[+3 bytes]\"");
+    }
+
+    #[test]
+    fn fetched_bytes_are_cut_to_the_length() {
+        let secret: Vec<String> = (0..59).map(|i| (65 + i % 26).to_string()).collect();
+        let body = format!(
+            "(0x5570) a0=93941928718841 a1=5 a0_bytes={{104,101,108,108,111,{}}}",
+            secret.join(",")
+        );
+        let cut = cut_hit_body(&body);
+        assert_eq!(
+            cut,
+            "(0x5570) a0=93941928718841 a1=5 a0_bytes={104,101,108,108,111}"
+        );
+        // Read back as the uncut body is.
+        assert_eq!(parse_hit_body(&cut), parse_hit_body(&body));
+        assert_eq!(parse_hit_body(&cut).1[0].1, "\"hello\"");
+        // Hex bytes (an `x8` array) come out decimal; a length beyond the bytes fetched keeps
+        // them all; a second pair is cut on its own; other arguments stay.
+        assert_eq!(
+            cut_hit_body("(0x1) a0=1 a1=2 a2=-3 a3=1 a0_bytes={0x68,0x69,0x21} a2_bytes={1,2}"),
+            "(0x1) a0=1 a1=2 a2=-3 a3=1 a0_bytes={104,105} a2_bytes={1}"
+        );
+        assert_eq!(
+            cut_hit_body("(0x1) a0=1 a1=100 a0_bytes={1,2,3}"),
+            "(0x1) a0=1 a1=100 a0_bytes={1,2,3}"
+        );
+        // An empty argument.
+        let empty = cut_hit_body("(0x1) a0=1 a1=0 a0_bytes={1,2,3}");
+        assert_eq!(empty, "(0x1) a0=1 a1=0 a0_bytes={}");
+        assert_eq!(parse_hit_body(&empty).1[0].1, "\"\"");
+        // No length, or one that does not parse, or bytes that do not parse: no byte is kept.
+        // Read back: without a length the pointer stays as it is; with one, no text and the
+        // bytes not shown.
+        for (body, read) in [
+            ("(0x1) a0=7 a0_bytes={104,105}", Some("7")),
+            ("(0x1) a0=7 a1=five a0_bytes={104,105}", Some("7")),
+            ("(0x1) a0=7 a1=-1 a0_bytes={104,105}", Some("7")),
+            ("(0x1) a0=7 a1=2 a0_bytes={104,x}", Some("\"…[+2 bytes]\"")),
+            ("(0x1) a0=7 a1=2 a0_bytes=(fault)", Some("\"…[+2 bytes]\"")),
+            ("(0x1) x_bytes={104,105}", None),
+        ] {
+            let cut = cut_hit_body(body);
+            assert!(cut.ends_with("_bytes={}"), "{body} -> {cut}");
+            assert!(!cut.contains("104"), "{body} -> {cut}");
+            let args = parse_hit_body(&cut).1;
+            assert_eq!(args.first().map(|a| a.1.as_str()), read, "{body}");
+        }
+        // Without byte arrays: as it is.
+        let plain = "(0x5555 <- 0x5556)  ret=3 s=\"a b\"";
+        assert!(matches!(cut_hit_body(plain), Cow::Borrowed(p) if p == plain));
+    }
+
+    #[test]
+    fn traces_are_cut_in_probe_hits_only() {
+        let info = |event: &str, kind| EventInfo {
+            event: event.into(),
+            label: event.into(),
+            kind,
+            path: "/x".into(),
+            offset: 0,
+        };
+        let events = [
+            info("rt_text", EventKind::Probe),
+            info("f", EventKind::Entry),
+        ];
+        let trace = "\
+# tracer: nop
+ app-7 (    7) [000] ..... 1.000001: rt_text: (0x1234) a0=99 a1=2 a0_bytes={104,105,83,69}
+ app-7 (    7) [000] ..... 1.000002: f: (0x1240) buf_bytes={104,105,83,69}
+ app-7 (    7) [000] ..... 1.000003: tracing_mark_write: B|7|a0_bytes={1,2}
+not a record a0=1 a1=0 a0_bytes={83}\r
+ app-7 (    7) [000] ..... 1.000004: rt_text: (0x1234) a0=99 a1=1 a0_bytes={104,105,83,69}";
+        let want = "\
+# tracer: nop
+ app-7 (    7) [000] ..... 1.000001: rt_text: (0x1234) a0=99 a1=2 a0_bytes={104,105}
+ app-7 (    7) [000] ..... 1.000002: f: (0x1240) buf_bytes={104,105,83,69}
+ app-7 (    7) [000] ..... 1.000003: tracing_mark_write: B|7|a0_bytes={1,2}
+not a record a0=1 a1=0 a0_bytes={83}\r
+ app-7 (    7) [000] ..... 1.000004: rt_text: (0x1234) a0=99 a1=1 a0_bytes={104}";
+        assert_eq!(cut_byte_args(trace, &events), want);
+        let crlf = " a-7 (7) [000] ..... 1.000001: rt_text: (0x1) a0=9 a1=1 a0_bytes={1,2}\r\n";
+        assert_eq!(
+            cut_byte_args(crlf, &events),
+            " a-7 (7) [000] ..... 1.000001: rt_text: (0x1) a0=9 a1=1 a0_bytes={1}\r\n"
+        );
+        assert_eq!(cut_byte_args("", &events), "");
     }
 }

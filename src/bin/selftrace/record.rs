@@ -6,7 +6,9 @@
 //! that runs the command (unless the terminal sent them to the whole process group), which
 //! sends the first on to the command and kills the command's whole tree on the second (see
 //! supervise.rs); the recorder waits for the command to end, and then cleans up and writes what
-//! was recorded. The output files are created before anything is recorded (output.rs).
+//! was recorded. The output files are created before anything is recorded (output.rs). No
+//! file gets a byte that the kernel fetched past a `&str` / `&[u8]` probe argument: the trace
+//! is cut ([`tracefs::cut_byte_args`]) as soon as it is assembled.
 #![allow(unsafe_code)]
 
 use crate::analyze;
@@ -470,6 +472,10 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
     let dropped = session.dropped_events().unwrap_or(0);
     let header = session.instance().read_trace().unwrap_or_default();
     let (raw, lost) = pipe::assemble(&header, &String::from_utf8_lossy(&streamed));
+    drop(streamed);
+    // The bytes the kernel fetched past each `&str` / `&[u8]` argument (whatever memory
+    // follows it: a token, a password) go no further than this.
+    let raw = tracefs::cut_byte_args(&raw, session.events());
     let lost = lost.max(dropped);
     if lost > 0 {
         eprintln!("selftrace: warning: the kernel dropped {lost} events (raise --buffer-kb)");
