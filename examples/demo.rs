@@ -14,11 +14,13 @@
 //!    instance.
 //! 6. Other threads: an all-thread dump (a thread blocked on a `Mutex` held by another), and
 //!    the stall watchdog catching a thread that stops checking in, then its recovery.
-//! 7. A CPU profile of two threads that split their work 1:2:3 over three functions; with the
-//!    `pprof` and `flamegraph` features (`--all-features`), also a pprof file and a flame graph
-//!    in `target/`.
+//! 7. A CPU profile of two threads that split their work 1:2:3 over three functions, written as
+//!    a pprof file and a flame graph into a new directory `selftrace-demo-<pid>` in the
+//!    temporary directory (`$TMPDIR`, else /tmp), whatever the target directory; the demo
+//!    prints their full paths.
 //!
-//! Parts 4 and 5 need root and tracefs; without them the demo says why and goes on.
+//! Parts 4 and 5 need root and tracefs; without them the demo says why and goes on. When the
+//! profile's files cannot be written, the demo says where and why and exits with status 1.
 
 use selftrace::symbolize::{self, KernelOptions};
 use std::hint::black_box;
@@ -203,32 +205,70 @@ fn profile_demo() {
     {
         println!("  {line}");
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-    #[cfg(feature = "flamegraph")]
-    {
-        let path = dir.join("selftrace-profile.svg");
-        match std::fs::File::create(&path).and_then(|f| profile.write_flamegraph(f)) {
-            Ok(()) => println!("flame graph: {}", path.display()),
-            Err(e) => println!("flame graph not written: {e}"),
+    // Not into the package's `target/`: with CARGO_TARGET_DIR elsewhere (or the binary run
+    // from another place) it does not exist.
+    let dir = match output_dir() {
+        Ok(d) => d,
+        Err((dir, e)) => {
+            eprintln!(
+                "demo: cannot create {} for the pprof file and the flame graph: {e}",
+                dir.display()
+            );
+            std::process::exit(1);
+        }
+    };
+    let pprof = dir.join("selftrace-profile.pb.gz");
+    let svg = dir.join("selftrace-profile.svg");
+    let mut failed = false;
+    for (what, path, bytes) in [
+        ("pprof", &pprof, profile.to_pprof()),
+        ("flame graph", &svg, profile.flamegraph_svg()),
+    ] {
+        match write_new(path, &bytes) {
+            Ok(()) => println!("{what}: {}", path.display()),
+            Err(e) => {
+                eprintln!("demo: cannot write the {what} to {}: {e}", path.display());
+                failed = true;
+            }
         }
     }
-    #[cfg(feature = "pprof")]
-    {
-        let path = dir.join("selftrace-profile.pb.gz");
-        match std::fs::File::create(&path).and_then(|f| profile.write_pprof(f)) {
-            Ok(()) => println!(
-                "pprof: {} (go tool pprof -top {})",
-                path.display(),
-                path.display()
-            ),
-            Err(e) => println!("pprof file not written: {e}"),
-        }
+    if failed {
+        std::process::exit(1);
     }
-    #[cfg(not(all(feature = "flamegraph", feature = "pprof")))]
     println!(
-        "(build with --features pprof,flamegraph for the pprof file and the flame graph; {})",
-        dir.display()
+        "  read them with: go tool pprof -top {}; a browser opens {}",
+        pprof.display(),
+        svg.display()
     );
+}
+
+/// A new directory for the demo's files, `selftrace-demo-<pid>[-<n>]` in the temporary
+/// directory (`$TMPDIR`, else /tmp): new, so that nothing planted at a known name there is
+/// followed or overwritten. On failure, the directory it could not create and why.
+fn output_dir() -> Result<std::path::PathBuf, (std::path::PathBuf, std::io::Error)> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = format!("selftrace-demo-{}", std::process::id());
+    let mut n = 0;
+    loop {
+        let name = match n {
+            0 => base.clone(),
+            _ => format!("{base}-{n}"),
+        };
+        let dir = std::env::temp_dir().join(name);
+        match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+            Err(e) => return Err((dir, e)),
+        }
+    }
+}
+
+/// Writes `bytes` to the new file `path` (never an existing one).
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create_new(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 /// The calling thread's CPU time in seconds.

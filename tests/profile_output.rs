@@ -1,7 +1,10 @@
 //! The profile's outputs checked with the tools that read them: the pprof file with the real
 //! `go tool pprof` (and decoded back with prost), the flame graph parsed as XML, the folded text
-//! exactly. The profile is built by hand, so every share is known in advance.
+//! exactly. The profile is built by hand, so every share is known in advance. And the README's
+//! demo, run from a checkout without `target/`: its pprof file and flame graph read back.
 #![cfg(all(feature = "pprof", feature = "flamegraph"))]
+
+mod example_build;
 
 use selftrace::profile::{Line, Location, Mapping, Mode, Profile, Sample};
 use selftrace::symbolize::FrameKind;
@@ -863,4 +866,101 @@ fn folded_is_exact() {
          worker-1;main;app::run;<alloc::vec::Vec<u8> as app::Sink>::push;__memmove_avx_unaligned_erms 15\n\
          worker-1;main;app::run;app::work;app::hash;app::hash_step 30\n"
     );
+}
+
+/// Copies the directory `from` into `to` (created), but for every `target` and `.git`: a
+/// checkout as a fresh clone has it. The copies are new files (not with the originals'
+/// modification times: cargo would take an earlier build of a file copied before it was last
+/// changed for fresh).
+fn copy_sources(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name == "target" || name == ".git" {
+            continue;
+        }
+        let (src, dst) = (entry.path(), to.join(&name));
+        let ty = entry.file_type().unwrap();
+        if ty.is_dir() {
+            copy_sources(&src, &dst);
+        } else if ty.is_file() {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
+/// The README's demo command, `cargo run --release --all-features --example demo`, run from a
+/// checkout whose `target/` does not exist because `CARGO_TARGET_DIR` points elsewhere: the
+/// demo writes its pprof file and its flame graph where it says it does, and both read back.
+/// The checkout is a copy of this one under `target/tmp` (removed afterwards), built in the
+/// fixtures' target directory, where tests/profile_http.rs builds --release too: only this
+/// crate and the features' few dependencies are compiled. The demo's temporary directory is
+/// one of the test's own, removed afterwards.
+#[test]
+fn demo_writes_its_profile_and_flame_graph_whatever_the_target_dir() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let checkout = Path::new(env!("CARGO_TARGET_TMPDIR")).join("demo-checkout");
+    let _ = std::fs::remove_dir_all(&checkout);
+    copy_sources(root, &checkout);
+    let tmp = TempDir::new("demo");
+    let (out, _) = example_build::cargo(
+        &checkout,
+        example_build::FIXTURES,
+        "run",
+        &["--release", "--all-features", "--example", "demo"],
+        &[("TMPDIR", tmp.0.as_os_str())],
+    );
+    let no_target = !checkout.join("target").exists();
+    let _ = std::fs::remove_dir_all(&checkout);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let all = format!("{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "the demo failed ({}):\n{all}",
+        out.status
+    );
+    assert!(no_target, "the demo's run made a target/ in the checkout");
+    // `flame graph: PATH` and `pprof: PATH`, each on a line of its own.
+    let written = |what: &str| -> PathBuf {
+        let path = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(what))
+            .unwrap_or_else(|| panic!("no `{what}PATH` line:\n{all}"));
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_absolute() && path.starts_with(&tmp.0),
+            "{what}{}: not a full path in the temporary directory {}",
+            path.display(),
+            tmp.0.display()
+        );
+        path
+    };
+    let svg = std::fs::read(written("flame graph: ")).expect("the flame graph is there");
+    let doc = parse_svg(&svg);
+    let titles = texts(&doc, "title");
+    for f in [
+        "demo::decode_frame",
+        "demo::checksum_block",
+        "demo::compress_block",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.starts_with(&format!("{f} ("))),
+            "no frame {f} in the flame graph: {titles:?}"
+        );
+    }
+    let gz = std::fs::read(written("pprof: ")).expect("the pprof file is there");
+    let p = decode(&gz);
+    assert!(!p.sample.is_empty(), "no samples in the pprof file");
+    for f in [
+        "demo::decode_frame",
+        "demo::checksum_block",
+        "demo::compress_block",
+    ] {
+        assert!(
+            p.string_table.iter().any(|s| s == f),
+            "no function {f} in the pprof file"
+        );
+    }
 }

@@ -1,8 +1,9 @@
 //! Builds examples of this package for the tests that run them as child processes.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
 static BUILD: Mutex<()> = Mutex::new(());
@@ -21,6 +22,28 @@ pub const FIXTURES: &str = "fixtures";
 /// are never edited between builds), which keeps a fresh clone's test run within the disk a
 /// CI machine has.
 pub fn build(subdir: &str, args: &[&str]) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (out, target) = cargo(root, subdir, "build", args, &[]);
+    assert!(
+        out.status.success(),
+        "cargo build {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target
+}
+
+/// Runs `cargo COMMAND --quiet ARGS` (`build`, `run`) in `dir` (this package, or a copy of it)
+/// as [`build`] does: with the target directory `target/SUBDIR` of this package, for the
+/// test's own architecture, without incremental state, one at a time in this process, with
+/// the extra environment `envs`. Returns its output and the target directory (with the
+/// triple when cross-built).
+pub fn cargo(
+    dir: &Path,
+    subdir: &str,
+    command: &str,
+    args: &[&str],
+    envs: &[(&str, &OsStr)],
+) -> (Output, PathBuf) {
     let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let target = root.join("target").join(subdir);
@@ -31,24 +54,16 @@ pub fn build(subdir: &str, args: &[&str]) -> PathBuf {
     let triple = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
     let cross = cfg!(not(target_arch = "x86_64"));
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(root).args(["build", "--quiet"]).args(args);
+    cmd.current_dir(dir).args([command, "--quiet"]).args(args);
     if cross {
         cmd.args(["--target", &triple]);
     }
     let out = cmd
         .env("CARGO_TARGET_DIR", &target)
         .env("CARGO_INCREMENTAL", "0")
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "cargo build {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if cross {
-        target.join(triple)
-    } else {
-        target
-    }
+    (out, if cross { target.join(triple) } else { target })
 }
