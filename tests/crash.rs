@@ -342,23 +342,40 @@ fn inlined_frames_are_listed_innermost_first() {
     check_inlined_report(&o.report, &std::env::current_exe().unwrap());
 }
 
-/// The same crash in a release build of `examples/crash.rs` (debuginfo on, as the crate's
-/// release profile has it): `read_volatile` is inlined as well, and the pc line names it.
-#[test]
-fn release_build_crash_lists_inlined_frames_innermost_first() {
-    let dir = example_build::build(
+/// `examples/crash.rs` built with `--release` (in the fixtures' target directory).
+fn release_crash_example() -> std::path::PathBuf {
+    example_build::build(
         example_build::FIXTURES,
         &["--release", "--example", "crash"],
-    );
-    let exe = dir.join("release").join("examples").join("crash");
-    let mut cmd = std::process::Command::new(&exe);
-    cmd.arg("inlined")
+    )
+    .join("release")
+    .join("examples")
+    .join("crash")
+}
+
+/// Runs `exe scenario` (a crash example, not this test binary) to its end: status, stderr.
+fn run_program(
+    exe: &std::path::Path,
+    scenario: &str,
+    what: &str,
+) -> (std::process::ExitStatus, String) {
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(scenario)
         .env("RUST_BACKTRACE", "0")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let child_support::Finished { status, stderr, .. } =
-        child_support::run_test_child(&mut cmd, child_support::deadline(120), "release inlined");
+        child_support::run_test_child(&mut cmd, child_support::deadline(120), what);
+    (status, stderr)
+}
+
+/// The same crash in a release build of `examples/crash.rs` (debuginfo on, as the crate's
+/// release profile has it): `read_volatile` is inlined as well, and the pc line names it.
+#[test]
+fn release_build_crash_lists_inlined_frames_innermost_first() {
+    let exe = release_crash_example();
+    let (status, stderr) = run_program(&exe, "inlined", "release inlined");
     assert_eq!(status.signal(), Some(libc::SIGSEGV), "{stderr}");
     check_inlined_report(&stderr, &exe);
     let rip = stderr
@@ -367,13 +384,7 @@ fn release_build_crash_lists_inlined_frames_innermost_first() {
         .unwrap();
     assert!(rip.contains(" : core::ptr::read_volatile"), "{stderr}");
     // A panic in main that nothing catches: the process exits, and the report says so.
-    let mut cmd = std::process::Command::new(&exe);
-    cmd.arg("panic")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let child_support::Finished { status, stderr, .. } =
-        child_support::run_test_child(&mut cmd, child_support::deadline(120), "release panic");
+    let (status, stderr) = run_program(&exe, "panic", "release panic");
     assert_eq!(status.code(), Some(101), "{stderr}");
     assert!(stderr.contains("not caught: the process exits"), "{stderr}");
 }
@@ -465,11 +476,7 @@ fn the_symbolizer_process_names_itself() {
 /// report's frames say why they have no file:line, the first one also what to set.
 #[test]
 fn a_report_without_debug_info_says_why_there_is_no_line() {
-    let dir = example_build::build(
-        example_build::FIXTURES,
-        &["--release", "--example", "crash"],
-    );
-    let exe = dir.join("release").join("examples").join("crash");
+    let exe = release_crash_example();
     let stripped = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("crash-nodebug");
     let st = std::process::Command::new(target::binutil("objcopy"))
         .arg("--strip-debug")
@@ -478,13 +485,7 @@ fn a_report_without_debug_info_says_why_there_is_no_line() {
         .status()
         .expect("objcopy");
     assert!(st.success());
-    let mut cmd = std::process::Command::new(&stripped);
-    cmd.arg("null")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let child_support::Finished { status, stderr, .. } =
-        child_support::run_test_child(&mut cmd, child_support::deadline(120), "no debug info");
+    let (status, stderr) = run_program(&stripped, "null", "no debug info");
     assert_eq!(status.signal(), Some(libc::SIGSEGV), "{stderr}");
     let frames = trace(&stderr);
     let ours: Vec<&&str> = frames
