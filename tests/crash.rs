@@ -459,8 +459,7 @@ fn the_symbolizer_process_names_itself() {
     let line = o
         .report
         .lines()
-        .filter(|l| l.starts_with("child comm="))
-        .last()
+        .rfind(|l| l.starts_with("child comm="))
         .unwrap_or_else(|| panic!("no child found:\n{}", o.report));
     // Under qemu-user the emulator answers /proc/self/stat with arg_start and arg_end 0 (and
     // the kernel shows the emulator's command line): only the name can be checked there.

@@ -100,8 +100,11 @@ pub(crate) fn demangle_any_to(name: &[u8], out: &mut FixedBuf<'_>) {
 /// An object's parsed DWARF, with its split DWARF units (`.dwo` files) by id.
 struct Loaded {
     ctx: Context,
-    dwos: Vec<(gimli::DwoId, Arc<gimli::Dwarf<Reader>>)>,
+    dwos: Dwos,
 }
+
+/// The split units' DWARF (each `.dwo` file joined to its parent), by DWO id.
+type Dwos = Vec<(gimli::DwoId, Arc<gimli::Dwarf<Reader>>)>;
 
 /// Reads and parses an object's DWARF, and the `.dwo` files of its split units. Any section
 /// that cannot be read (or decompressed) fails the whole object, and so does a `.dwo` that is
@@ -117,9 +120,7 @@ fn load_context(src: &super::index::DwarfFile) -> Result<Loaded, NoLine> {
 
 /// The `.dwo` file of each split unit of `dwarf` (`DW_AT_dwo_name`, relative to
 /// `DW_AT_comp_dir`), checked against the skeleton's DWO id and joined to its parent.
-fn load_dwos(
-    dwarf: &gimli::Dwarf<Reader>,
-) -> Result<Vec<(gimli::DwoId, Arc<gimli::Dwarf<Reader>>)>, NoLine> {
+fn load_dwos(dwarf: &gimli::Dwarf<Reader>) -> Result<Dwos, NoLine> {
     let mut dwos = Vec::new();
     let mut units = dwarf.units();
     while let Some(header) = units.next().map_err(|_| NoLine::BadDwarf)? {
