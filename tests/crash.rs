@@ -323,7 +323,12 @@ fn check_inlined_report(report: &str, exe: &std::path::Path) {
         .lines()
         .find(|l| l.starts_with("RIP: ") || l.starts_with("pc : "))
         .unwrap_or_else(|| panic!("no pc line:\n{report}"));
-    let innermost = pc_line.split(" : ").nth(1).unwrap_or("");
+    // `RIP: 0x... : name` (x86-64), `pc : 0x... : name` (aarch64).
+    let after = pc_line
+        .strip_prefix("RIP: ")
+        .or_else(|| pc_line.strip_prefix("pc : "))
+        .unwrap_or(pc_line);
+    let innermost = after.split(" : ").nth(1).unwrap_or("");
     assert_eq!(
         last_segment(innermost.split([',', '+']).next().unwrap()),
         their_names[0],
