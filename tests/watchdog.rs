@@ -132,6 +132,12 @@ fn scenario(name: &str) {
                 worker("sleepy", blocked_stall, Duration::from_millis(1500))
             };
             w.join().unwrap();
+            // The callback runs after the report is written, which resolves file:line first
+            // (the DWARF of this binary: seconds under qemu-user): wait for it.
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while seen.lock().unwrap().is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             // A few more ticks: a single report, whatever happens next.
             std::thread::sleep(Duration::from_millis(200));
             for l in seen.lock().unwrap().iter() {

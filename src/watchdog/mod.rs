@@ -12,12 +12,16 @@
 //! busy: the thread used 1.196s of cpu in the last 1.200s
 //! thread "worker" tid 4243, state R (running), cpu 3.012s
 //! Call Trace:
-//!  #0 0x55d0c0a3d1f0 : myapp::checksum+0x1d/0x80 [myapp+0x1d1f0]
+//!  #0 [inlined] myapp::crc_step at src/crc.rs:40:9
+//!  #0 0x55d0c0a3d1f0 : myapp::checksum+0x1d/0x80 [myapp+0x1d1f0] at src/crc.rs:12:5
 //!  ...
 //! ---[ end of watchdog report ]---
 //! ```
 //!
-//! * its stack, captured through [`crate::threads`]'s signal;
+//! * its stack, captured through [`crate::threads`]'s signal, with file:line and inlined
+//!   functions (innermost first), resolved on the monitor thread: the first report that meets
+//!   an object parses its DWARF, once (a fraction of a second for most programs, during which
+//!   the monitor checks nothing else);
 //! * whether it was **busy** (its CPU time grew during the stall, by at least a tenth of the
 //!   time the monitor watched it, or it is runnable: the kernel's soft lockup,
 //!   `BUG: soft lockup - CPU#1 stuck for 22s!`) or **blocked** (neither: the kernel's hung
