@@ -11,6 +11,7 @@ mod target;
 use selftrace::watchdog::{self, Action};
 use std::hint::black_box;
 use std::os::unix::process::ExitStatusExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,9 +85,23 @@ fn worker(
             healthy(&w, Duration::from_millis(200));
             stall(stall_for);
             healthy(&w, Duration::from_millis(400));
+            // The monitor notices the recovery on a tick after its report and callback, which
+            // resolve file:line first (seconds under qemu-user): go on petting until then.
+            if AWAIT_CALLBACK.load(Ordering::SeqCst) {
+                let deadline = Instant::now() + Duration::from_secs(300);
+                while !CALLBACK_RAN.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    healthy(&w, Duration::from_millis(20));
+                }
+                healthy(&w, Duration::from_millis(400));
+            }
         })
         .unwrap()
 }
+
+/// Set by scenarios with a callback: workers pet until [`CALLBACK_RAN`].
+static AWAIT_CALLBACK: AtomicBool = AtomicBool::new(false);
+/// Set by the callback of the `busy` and `blocked` scenarios.
+static CALLBACK_RAN: AtomicBool = AtomicBool::new(false);
 
 fn scenario(name: &str) {
     println!();
@@ -114,6 +129,7 @@ fn scenario(name: &str) {
                             .collect()
                     })
                     .unwrap_or_default();
+                CALLBACK_RAN.store(true, Ordering::SeqCst);
                 s2.lock().unwrap().push(format!(
                     "callback {} busy={} stall_fn={}",
                     s.name,
@@ -126,6 +142,7 @@ fn scenario(name: &str) {
                 .action(callback)
                 .install()
                 .expect("watchdog");
+            AWAIT_CALLBACK.store(true, Ordering::SeqCst);
             let w = if name == "busy" {
                 worker("cruncher", busy_stall, Duration::from_millis(1500))
             } else {
