@@ -21,7 +21,8 @@
 //! * its stack, captured through [`crate::threads`]'s signal, with file:line and inlined
 //!   functions (innermost first), resolved on the monitor thread: the first report that meets
 //!   an object parses its DWARF, once (a fraction of a second for most programs, during which
-//!   the monitor checks nothing else);
+//!   the monitor checks no other thread; a helper thread keeps the clock that [`pet`] reads
+//!   going, so recoveries are timed right);
 //! * whether it was **busy** (its CPU time grew during the stall, by at least a tenth of the
 //!   time the monitor watched it, or it is runnable: the kernel's soft lockup,
 //!   `BUG: soft lockup - CPU#1 stuck for 22s!`) or **blocked** (neither: the kernel's hung
@@ -51,7 +52,7 @@
 use crate::sys;
 use crate::threads;
 use crate::Error;
-use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use core::time::Duration;
 use std::cell::Cell;
 use std::fmt;
@@ -400,7 +401,7 @@ fn monitor() {
     loop {
         std::thread::sleep(Duration::from_millis(PERIOD_MS.load(Ordering::Relaxed)));
         let now = now_ms();
-        TICK.store(now, Ordering::Relaxed);
+        TICK.fetch_max(now, Ordering::Relaxed);
         let slots: Vec<Arc<Slot>> = match REGISTRY.lock() {
             Ok(r) => r.clone(),
             Err(_) => continue,
@@ -464,7 +465,27 @@ fn check(slot: &Slot, now: u64) {
         stack_end,
         thread,
     };
-    report(&stall);
+    // The report resolves file:line (the first one in an object parses its DWARF) and the
+    // action may be the program's own callback: meanwhile a helper keeps the clock that pets
+    // read going, so that a pet during the report is timed right (a recovery's duration).
+    let reporting = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let _ticker = std::thread::Builder::new()
+            .name("watchdog-tick".into())
+            .spawn_scoped(scope, || {
+                while reporting.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(PERIOD_MS.load(Ordering::Relaxed)));
+                    TICK.fetch_max(now_ms(), Ordering::Relaxed);
+                }
+            });
+        report_and_act(&stall);
+        reporting.store(false, Ordering::Relaxed);
+    });
+}
+
+/// Writes the report of `stall`, then takes the configured [`Action`].
+fn report_and_act(stall: &Stall) {
+    report(stall);
     let action = ACTION
         .lock()
         .ok()
@@ -472,7 +493,7 @@ fn check(slot: &Slot, now: u64) {
         .unwrap_or_default();
     match action {
         Action::Report => {}
-        Action::Callback(f) => f(&stall),
+        Action::Callback(f) => f(stall),
         Action::Abort => {
             let fd = FD.load(Ordering::Relaxed);
             let _ = sys::write_all(fd, b"watchdog: aborting (Action::Abort)\n");
