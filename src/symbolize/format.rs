@@ -287,6 +287,27 @@ pub(crate) fn glibc_line_for(
     demangle: bool,
     write_name: &mut dyn FnMut(&mut FixedBuf<'_>, SymbolName),
 ) {
+    if let Some(why) = sym.and_then(|s| s.source.unknown_reason()) {
+        // The object there is not (or may not be) the one indexed: marked, never named.
+        out.push_bytes(b"??(");
+        out.push_str(why);
+        match line {
+            GlibcLine::Strings => out.push_bytes(b") ["),
+            GlibcLine::Fd { space: true } => out.push_bytes(b") [0x"),
+            GlibcLine::Fd { space: false } => out.push_bytes(b")[0x"),
+        }
+        match line {
+            GlibcLine::Strings => {
+                push_pointer(out, addr);
+                out.push_bytes(b"]");
+            }
+            GlibcLine::Fd { .. } => {
+                out.push_hex(addr);
+                out.push_bytes(b"]\n");
+            }
+        }
+        return;
+    }
     let described = sym.filter(|s| !s.glibc_path.is_empty());
     match (described, line) {
         (Some(s), GlibcLine::Strings) => {
@@ -451,7 +472,7 @@ pub(crate) fn write_truncation(w: &mut FixedBuf<'_>, t: &crate::Truncation) {
     w.push_str(t.reason.as_str());
     w.push_bytes(b" at ");
     w.push_0x(t.pc);
-    if let Some(s) = super::symbolize(t.pc) {
+    if let Some(s) = super::symbolize(t.pc).filter(|s| !s.source.is_stale()) {
         w.push_bytes(b" [");
         w.push_str(crate::modules::short_name(s.path));
         w.push_bytes(b"+");
@@ -473,6 +494,12 @@ pub(crate) fn kernel_frame_for(
         out.push_bytes(b"??");
         return;
     };
+    if let Some(why) = s.source.unknown_reason() {
+        out.push_bytes(b"?? (");
+        out.push_str(why);
+        out.push_bytes(b")");
+        return;
+    }
     match s.name {
         Some(name) => {
             if opts.demangle {

@@ -26,7 +26,8 @@
 //! path), or when its CRC32 is the one `.gnu_debuglink` names (as gdb does). Objects whose file is gone (deleted after load) get no names; the vDSO's names are read
 //! from its image in memory.
 //!
-//! Tables are never freed: a table is built once per distinct object (path + build-id) and
+//! Tables are never freed: a table is built once per distinct object (path, build-id, and the
+//! file's device, inode, size and modification time) and
 //! leaked, with its file mapping, so that a [`Symbol`](super::Symbol) can hold `'static`
 //! references. dlopen/dlclose cycles of the same library reuse its table.
 #![allow(unsafe_code)]
@@ -280,6 +281,31 @@ pub enum SymbolSource {
     /// Not known yet: the background indexer has not built this object's table (see
     /// [`set_background_index`](super::set_background_index)); no name is given meanwhile.
     Pending,
+    /// The object indexed at the address was unloaded since the index was built (another one
+    /// may lie there now), and the lookup could not refresh the index (in a signal handler, or
+    /// with [`set_auto_refresh`](crate::set_auto_refresh) off): no path, no name.
+    Changed,
+    /// Whether the object indexed at the address is still the one loaded there could not be
+    /// told without locks (glibc without `_dl_find_object`, before 2.35, and an object without
+    /// a build-id), and the lookup could not refresh: no path, no name.
+    Unverified,
+}
+
+impl SymbolSource {
+    /// Whether the symbol says nothing of the object because the object at the address is
+    /// not (or may not be) the one indexed.
+    pub fn is_stale(self) -> bool {
+        matches!(self, SymbolSource::Changed | SymbolSource::Unverified)
+    }
+
+    /// Why the object is unknown, for a `?? (why)` mark; `None` unless [`Self::is_stale`].
+    pub fn unknown_reason(self) -> Option<&'static str> {
+        match self {
+            SymbolSource::Changed => Some("object changed since snapshot"),
+            SymbolSource::Unverified => Some("object not verifiable since snapshot"),
+            _ => None,
+        }
+    }
 }
 
 /// The file that holds an object's DWARF, and what identifies it, so that `lines` opens the
@@ -382,6 +408,9 @@ struct Key {
     path: Box<str>,
     build_id: Box<[u8]>,
     glibc_path: Box<str>,
+    /// Another file at the same path (rebuilt, without a build-id or with the same one) is
+    /// another object.
+    file: Option<crate::modules::FileId>,
 }
 
 /// An object's place in the index: what identifies it (known at once) and its tables, built
@@ -471,6 +500,7 @@ pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> &'sta
         path: o.path.as_str().into(),
         build_id: o.build_id.clone().unwrap_or_default().into(),
         glibc_path: glibc_path.as_str().into(),
+        file: o.file,
     };
     let later = !o.is_vdso && o.range.len() >= background;
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());

@@ -450,7 +450,8 @@ fn resolve_symbols(obj: &'static ObjectSymbols, svma: u64, sym: Option<SymbolNam
 impl BacktraceFrame {
     /// Resolves one captured address.
     pub fn resolve(addr: usize, kind: FrameKind) -> BacktraceFrame {
-        let sym = super::lookup_frame(addr, kind, Mode::All);
+        // An object that is not (or may not be) the one indexed there: nothing known.
+        let sym = super::lookup_frame(addr, kind, Mode::All).filter(|s| !s.source.is_stale());
         let probe = sym.map_or(kind.lookup_address(addr), |s| s.addr);
         let mut frame = BacktraceFrame {
             addr,
@@ -461,7 +462,7 @@ impl BacktraceFrame {
             no_line: None,
         };
         let Some(sym) = sym else { return frame };
-        let Some((obj, bias)) = super::object_for(probe) else {
+        let Some((obj, bias)) = super::object_for(probe, &sym) else {
             return frame;
         };
         let svma = probe.wrapping_sub(bias) as u64;

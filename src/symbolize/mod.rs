@@ -107,13 +107,18 @@ pub struct Symbol {
 }
 
 /// `name+0x1d/0x80 [libfoo.so]` as the kernel writes a frame, the name demangled (Rust legacy
-/// and v0; other names as they are); `[libfoo.so+0x2e40]` without a symbol.
+/// and v0; other names as they are); `[libfoo.so+0x2e40]` without a symbol;
+/// `?? (object changed since snapshot)` where the object indexed there was unloaded (see
+/// [`SymbolSource::Changed`]).
 ///
 /// # Async-signal safety
 /// Async-signal-safe when the formatter's writer is: the name is demangled into a 1 KiB stack
 /// buffer (a longer name is cut).
 impl core::fmt::Display for Symbol {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if let Some(why) = self.source.unknown_reason() {
+            return write!(f, "?? ({why})");
+        }
         let mut buf = [0u8; 1024];
         match self.demangle_into(&mut buf) {
             Some(name) => {
@@ -130,6 +135,22 @@ impl core::fmt::Display for Symbol {
 }
 
 impl Symbol {
+    /// An address in an object that is no longer the one indexed there (see
+    /// [`SymbolSource::Changed`]): no path, no name.
+    fn unknown_object(addr: usize, source: SymbolSource) -> Symbol {
+        Symbol {
+            addr,
+            path: "",
+            glibc_path: "",
+            bias: 0,
+            build_id: &[],
+            name: None,
+            start: 0,
+            size: 0,
+            source,
+        }
+    }
+
     /// `addr - start`: the offset into the symbol (0 when there is no symbol).
     pub fn offset(&self) -> usize {
         if self.name.is_some() {
@@ -183,6 +204,8 @@ struct Entry {
     range: Range<usize>,
     bias: usize,
     syms: &'static Slot,
+    /// What tells this object from another one loaded at its addresses after the snapshot.
+    identity: crate::modules::Identity,
 }
 
 /// The published index: objects sorted by start address.
@@ -223,6 +246,7 @@ pub(crate) fn rebuild() {
             range: o.range.clone(),
             bias: o.bias,
             syms: index::for_object(o, background),
+            identity: o.identity(),
         })
         .collect();
     INDEX.update(false, |old| {
@@ -288,21 +312,25 @@ pub(crate) fn ensure() {
     rebuild();
 }
 
-/// Normal context: if some address lies in no indexed object and the loader's list changed,
-/// refresh and rebuild (a `dlopen` since the last refresh).
+/// Normal context: if the loader loaded or unloaded objects since the snapshot (its
+/// `dlpi_adds`/`dlpi_subs` counters moved: about 20 ns to ask), refresh and rebuild, so that no
+/// address is named after an object that was unloaded, even where another one now lies at its
+/// address. Then waits for the objects of `addrs` that the background indexer has not
+/// finished.
 pub(crate) fn ensure_covers(addrs: &[usize]) {
     ensure();
-    let missing =
-        INDEX.read(|i| i.is_some_and(|i| addrs.iter().any(|&a| a != 0 && i.find(a).is_none())));
-    if missing {
-        let stale = crate::modules::with_current(|s| s.is_some_and(|s| s.is_stale()));
-        if stale {
-            crate::refresh();
-            rebuild();
-        }
+    if crate::modules::with_current(|s| s.is_some_and(|s| s.is_stale())) {
+        crate::refresh();
     }
     // The objects of these addresses that the background indexer has not finished.
     wait_indexed(Some(addrs));
+}
+
+/// Normal context, proven by the caller: refreshes the snapshot if the loader's objects
+/// changed, and the unwinder and the index with it.
+fn refresh_now() {
+    crate::refresh();
+    ensure();
 }
 
 /// Looks up `addr` in the index: `None` outside every loaded object (or before the index is
@@ -311,9 +339,21 @@ pub(crate) fn ensure_covers(addrs: &[usize]) {
 /// The address is looked up as given: for a return address of a captured stack, pass
 /// `addr - 1` (see [`FrameKind`]).
 ///
+/// # Objects unloaded since the index was built
+/// An object that can be unloaded (`dlopen`ed after program start) is checked to be still the
+/// one indexed at `addr`: a library loaded since where an unloaded one was (the kernel reuses
+/// the hole) is never named after the old one. Where the check fails, a caller in proven
+/// normal context (no signal handler below it on its thread's stack, automatic refresh on:
+/// [`crate::set_auto_refresh`]) refreshes the index and looks again; anywhere else the symbol
+/// comes back with no path and no name, its [`Symbol::source`] saying why
+/// ([`SymbolSource::Changed`], [`SymbolSource::Unverified`]). So does an address in an object
+/// loaded after the index was built: refreshed in normal context, `None` elsewhere.
+///
 /// # Async-signal safety
 /// Async-signal-safe: a lock-free read of the published index and two binary searches; no
-/// allocation, no lock, no panic, no system call. About 40 ns.
+/// allocation, no lock, no panic. About 40 ns in objects that are never unloaded; in a
+/// `dlopen`ed object the check above adds `_dl_find_object` and one `process_vm_readv` (about
+/// a microsecond). Only the refresh in proven normal context allocates and locks.
 pub fn symbolize(addr: usize) -> Option<Symbol> {
     lookup(addr, Mode::All)
 }
@@ -327,8 +367,28 @@ pub fn symbolize_exported(addr: usize) -> Option<Symbol> {
     lookup(addr, Mode::Exported)
 }
 
+/// Looks `addr` up; where the object there is not the one indexed (or an object the index does
+/// not know lies there) and the caller is in proven normal context, refreshes and looks again
+/// (the second lookup trusts an object that cannot be verified without locks: the refresh just
+/// saw the loader's list).
 pub(crate) fn lookup(addr: usize, mode: Mode) -> Option<Symbol> {
-    INDEX.read(|i| lookup_in(i?, addr, mode))
+    let (indexed, sym) = INDEX.read(|i| match i {
+        Some(i) => (true, lookup_in(i, addr, mode, false)),
+        None => (false, None),
+    });
+    let stale = match sym {
+        Some(s) => s.source.is_stale(),
+        None => indexed && matches!(crate::sys::dl_find_object(addr), Ok(Some(_))),
+    };
+    if !stale {
+        return sym;
+    }
+    let mut again = None;
+    crate::unwind::in_normal_context(|| {
+        refresh_now();
+        again = Some(INDEX.read(|i| lookup_in(i?, addr, mode, true)));
+    });
+    again.unwrap_or(sym)
 }
 
 /// The symbol of a captured frame: looked up at [`FrameKind::lookup_address`]; for a return
@@ -354,8 +414,19 @@ pub(crate) fn lookup_frame(addr: usize, kind: FrameKind, mode: Mode) -> Option<S
     sym
 }
 
-fn lookup_in(i: &Index, addr: usize, mode: Mode) -> Option<Symbol> {
+/// The lookup in one index. The object found there is checked to be still the one loaded
+/// ([`crate::modules::Identity::verify`]); if not, the symbol says so
+/// ([`SymbolSource::Changed`], [`SymbolSource::Unverified`] unless `trust_unverified`) and
+/// names nothing.
+fn lookup_in(i: &Index, addr: usize, mode: Mode, trust_unverified: bool) -> Option<Symbol> {
+    use crate::modules::Verdict;
     let e = i.find(addr)?;
+    match e.identity.verify(addr) {
+        Verdict::Same => {}
+        Verdict::Unverified if trust_unverified => {}
+        Verdict::Unverified => return Some(Symbol::unknown_object(addr, SymbolSource::Unverified)),
+        Verdict::Changed => return Some(Symbol::unknown_object(addr, SymbolSource::Changed)),
+    }
     let svma = addr.wrapping_sub(e.bias) as u64;
     let tables = e.syms.get();
     let found = tables.and_then(|o| match mode {
@@ -389,7 +460,7 @@ impl Symbolizer<'_> {
     /// # Async-signal safety
     /// Async-signal-safe.
     pub fn symbolize(&self, addr: usize) -> Option<Symbol> {
-        lookup_in(self.index?, addr, Mode::All)
+        lookup_in(self.index?, addr, Mode::All, false)
     }
 
     /// Like [`symbolize_exported`].
@@ -397,11 +468,13 @@ impl Symbolizer<'_> {
     /// # Async-signal safety
     /// Async-signal-safe.
     pub fn symbolize_exported(&self, addr: usize) -> Option<Symbol> {
-        lookup_in(self.index?, addr, Mode::Exported)
+        lookup_in(self.index?, addr, Mode::Exported, false)
     }
 
-    pub(crate) fn lookup(&self, addr: usize, mode: Mode) -> Option<Symbol> {
-        lookup_in(self.index?, addr, mode)
+    /// A lookup for a caller that saw the loader's list unchanged since the snapshot just
+    /// before (an object that cannot be verified without locks is trusted).
+    pub(crate) fn lookup_trusted(&self, addr: usize, mode: Mode) -> Option<Symbol> {
+        lookup_in(self.index?, addr, mode, true)
     }
 }
 
@@ -508,8 +581,15 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
     };
     let mut buf = vec![0u8; 4096];
     let mut raw = vec![0u8; names::MAX_NAME];
-    let syms: Vec<Option<Symbol>> =
-        with_symbolizer(|s| addrs.iter().map(|&a| s.lookup(a, mode)).collect());
+    let lookup_all = || -> Vec<Option<Symbol>> {
+        with_symbolizer(|s| addrs.iter().map(|&a| s.lookup_trusted(a, mode)).collect())
+    };
+    let mut syms = lookup_all();
+    if syms.iter().flatten().any(|s| s.source.is_stale()) {
+        // Another thread loaded a library where one was unloaded since the check above.
+        ensure_covers(addrs);
+        syms = lookup_all();
+    }
     addrs
         .iter()
         .zip(syms)
@@ -606,12 +686,13 @@ fn index_totals() -> (usize, usize, usize) {
     })
 }
 
-/// The DWARF-bearing file and symbol table for `addr`'s object (normal context, for `lines`).
+/// The DWARF-bearing file and symbol table for `addr`'s object (normal context, for `lines`),
+/// if it is the object `sym` was found in (a refresh in between may have changed the index).
 /// Waits for the background indexer where needed.
-pub(crate) fn object_for(addr: usize) -> Option<(&'static ObjectSymbols, usize)> {
+pub(crate) fn object_for(addr: usize, sym: &Symbol) -> Option<(&'static ObjectSymbols, usize)> {
     let (slot, bias) = INDEX.read(|i| {
         let e = i?.find(addr)?;
-        Some((e.syms, e.bias))
+        (e.bias == sym.bias && core::ptr::eq(&*e.syms.path, sym.path)).then_some((e.syms, e.bias))
     })?;
     background::wait(slot);
     Some((slot.get()?, bias))

@@ -129,6 +129,9 @@ pub(crate) struct FoundObject {
     pub map_end: usize,
     /// The object's `PT_GNU_EH_FRAME` segment in memory (0 if none).
     pub eh_frame_hdr: usize,
+    /// The object's `struct link_map` (`<link.h>`: `l_addr`, then `l_name`); memory of the
+    /// loader's that a concurrent `dlclose` frees: read it only with [`read_memory`].
+    pub link_map: usize,
 }
 
 /// `_dl_find_object(3)`: the loaded object containing `addr`. Lock-free and async-signal-safe.
@@ -155,6 +158,7 @@ pub(crate) fn dl_find_object(addr: usize) -> Result<Option<FoundObject>, ()> {
         map_start: out.map_start as usize,
         map_end: out.map_end as usize,
         eh_frame_hdr: out.eh_frame as usize,
+        link_map: out.link_map as usize,
     }))
 }
 
@@ -268,10 +272,32 @@ pub(crate) fn dl_iterate_phdr(mut f: impl FnMut(&PhdrInfo<'_>)) -> (u64, u64) {
     ctx.counters
 }
 
-/// glibc's counters of objects loaded and unloaded so far (`dlpi_adds`, `dlpi_subs`).
+/// glibc's counters of objects loaded and unloaded so far (`dlpi_adds`, `dlpi_subs`): they
+/// move whenever the set of loaded objects changes, which is how a normal-context caller tells
+/// cheaply that a snapshot is stale.
+///
+/// Stops at the first object (every object reports the same counters): the cost is the
+/// loader's lock and one callback, about 20 ns when nobody else holds the lock.
+///
+/// Not async-signal-safe: it takes the loader's lock.
 pub(crate) fn dl_load_counters() -> (u64, u64) {
-    // Iterating all objects just to read the counters is cheap (microseconds).
-    dl_iterate_phdr(|_| {})
+    unsafe extern "C" fn callback(
+        info: *mut libc::dl_phdr_info,
+        size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        if size >= core::mem::size_of::<libc::dl_phdr_info>() {
+            // SAFETY: data is the &mut (u64, u64) passed below; info is valid for the
+            // callback's duration and, by `size`, has the counters.
+            unsafe { *(data as *mut (u64, u64)) = ((*info).dlpi_adds, (*info).dlpi_subs) };
+        }
+        // Non-zero: stop the iteration here.
+        1
+    }
+    let mut counters = (0u64, 0u64);
+    // SAFETY: callback matches the expected signature and only uses `counters` during the call.
+    unsafe { libc::dl_iterate_phdr(Some(callback), (&mut counters as *mut (u64, u64)).cast()) };
+    counters
 }
 
 /// Start of the vDSO (`getauxval(AT_SYSINFO_EHDR)`), 0 if there is none.

@@ -7,7 +7,7 @@
 
 use super::tables::UnwindData;
 use super::cache::RuleCache;
-use crate::modules::Snapshot;
+use crate::modules::{Identity, Snapshot, Verdict};
 use crate::published::Published;
 use crate::sys;
 use core::ops::Range;
@@ -19,8 +19,8 @@ pub(crate) struct ObjectCheck {
     pub(crate) text: Range<usize>,
     /// Further executable segments (rare).
     pub(crate) more_exec: Vec<Range<usize>>,
-    /// The address `_dl_find_object` reports as this object's `.eh_frame_hdr`; 0 if none.
-    pub(crate) eh_frame_hdr: usize,
+    /// What tells this object from another one loaded later at its addresses.
+    pub(crate) identity: Identity,
     /// Never unloaded (the main program, the vDSO, objects mapped at start): no check needed,
     /// and the unwind tables are read in place.
     pub(crate) permanent: bool,
@@ -67,7 +67,7 @@ impl State {
                 range: o.range.clone(),
                 text: o.exec.first().cloned().unwrap_or(0..0),
                 more_exec: o.exec.iter().skip(1).cloned().collect(),
-                eh_frame_hdr: o.eh_frame_hdr.as_ref().map_or(0, |r| r.start),
+                identity: o.identity(),
                 permanent: o.permanent,
                 unwind,
             });
@@ -141,18 +141,13 @@ impl State {
         find_in(&self.objects, pc)
     }
 
-    /// Whether object `i` is still the object that was loaded when the state was built.
-    /// Uses `_dl_find_object` (lock-free); without it, objects are trusted.
+    /// Whether object `i` is still the object that was loaded when the state was built, and
+    /// not another one loaded since at the same address (whose code the tables of the old one
+    /// must not unwind; see [`Identity::verify`]). An object that cannot be verified
+    /// (no `_dl_find_object` and no build-id) is trusted: the walk's reads are checked anyway.
     pub(crate) fn still_loaded(&self, i: usize, pc: usize) -> bool {
         let o = &self.objects[i];
-        if o.permanent {
-            return true;
-        }
-        match sys::dl_find_object(pc) {
-            Err(()) => true,
-            Ok(None) => false,
-            Ok(Some(found)) => found.eh_frame_hdr == o.eh_frame_hdr,
-        }
+        o.permanent || o.identity.verify(pc) != Verdict::Changed
     }
 
     /// Whether `addr` is one of the known signal trampolines.

@@ -12,7 +12,8 @@ pub(crate) struct Outcome {
     pub(crate) end: WalkEnd,
     /// The walk crossed a signal trampoline: it ran inside a signal handler.
     pub(crate) signal_frames: usize,
-    /// A pc lay in an object the loader knows but the published snapshot does not.
+    /// A pc lay in an object the loader knows but the published snapshot does not (loaded
+    /// since, or loaded where an object of the snapshot was unloaded).
     pub(crate) unknown_object: bool,
     /// `init()` had published an unwinder when the walk ran.
     pub(crate) initialized: bool,

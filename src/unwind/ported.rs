@@ -8,7 +8,7 @@ use super::{entry, walk};
 
 pub(crate) use super::memory::thread_stack;
 pub use super::refresh::set_auto_refresh;
-pub(crate) use super::refresh::{prepare, rebuild};
+pub(crate) use super::refresh::{in_normal_context, prepare, rebuild};
 pub use super::stats::stats;
 
 /// Captures the caller's stack (see [`super::Capture::walk`]); writes how the walk ended

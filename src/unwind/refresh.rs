@@ -80,18 +80,51 @@ pub(crate) fn finish(start: &Start, buf: &mut [usize], mode: UnwindMode, out: &m
         walk::walk(start, buf, mode, true, out);
     }
 }
+/// Runs `refresh` if the calling thread is in proven normal context: automatic refresh is on,
+/// this thread is not refreshing already, and no signal handler runs below on its stack (see
+/// [`no_signal_frame_above`]). Returns whether it ran. For the lookups of names that find an
+/// object changed since the snapshot (`symbolize`), which are async-signal-safe otherwise.
+#[inline(never)]
+pub(crate) fn in_normal_context(refresh: impl FnOnce()) -> bool {
+    if !AUTO_REFRESH.load(Ordering::Relaxed) || IN_REFRESH.try_with(Cell::get).unwrap_or(true) {
+        return false;
+    }
+    let here = 0u8;
+    let sp = core::hint::black_box(&here) as *const u8 as usize;
+    if !no_signal_frame_above(sp) {
+        return false;
+    }
+    let _ = IN_REFRESH.try_with(|c| c.set(true));
+    refresh();
+    let _ = IN_REFRESH.try_with(|c| c.set(false));
+    true
+}
+
 /// Whether the current thread's stack, from `sp` to its top, holds no return address into a
 /// signal trampoline, i.e. no signal handler is running below us on this stack. `false` when
 /// unsure (stack bounds unknown, `sp` on another stack such as an alternate signal stack).
 fn no_signal_frame_above(sp: usize) -> bool {
-    let Some(stack) = memory::thread_stack() else {
+    let stack = crate::sys::own_stack_above(sp)
+        .map(|(low, high)| low..high)
+        .or_else(memory::thread_stack);
+    let Some(stack) = stack else {
         return false;
     };
     if !stack.contains(&sp) {
         return false;
     }
-    let mut restorers = [0usize; 8];
-    let n = crate::sys::signal_restorers(&mut restorers);
+    // The handlers' `sa_restorer`s, and the vDSO's trampoline where the kernel returns through
+    // it (aarch64: glibc installs no `sa_restorer` there).
+    let mut restorers = [0usize; 16];
+    let mut n = crate::sys::signal_restorers(&mut restorers[..8]);
+    super::objects::with_state(|s| {
+        for &r in s.map_or(&[][..], |s| &s.restorers[..]) {
+            if r != 0 && !restorers[..n].contains(&r) && n < restorers.len() {
+                restorers[n] = r;
+                n += 1;
+            }
+        }
+    });
     let restorers = &restorers[..n];
     let mut addr = sp & !(core::mem::size_of::<usize>() - 1);
     while addr + core::mem::size_of::<usize>() <= stack.end {

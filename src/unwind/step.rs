@@ -56,8 +56,10 @@ impl Walker<'_, '_> {
                     self.current = state.objects[i].range.clone();
                     return self.cfi_step(state, i, regs, exact, out);
                 }
-                // Unloaded since the snapshot: its tables may be gone; only the checked
-                // frame-pointer rule applies.
+                // Unloaded since the snapshot (and maybe another object loaded there): its
+                // tables may be gone or another object's; only the checked frame-pointer rule
+                // applies. In normal context the capture refreshes and walks again.
+                out.unknown_object = true;
                 self.no_cfi_step(regs, exact, out, false)
             }
             None => {

@@ -56,6 +56,12 @@ pub(crate) fn prepare() {}
 /// Nothing to rebuild.
 pub(crate) fn rebuild() {}
 
+/// Normal context cannot be proven without a port (the thread's stack is not known): never
+/// runs `refresh`.
+pub(crate) fn in_normal_context(_refresh: impl FnOnce()) -> bool {
+    false
+}
+
 /// Unknown.
 pub(crate) fn thread_stack() -> Option<core::ops::Range<usize>> {
     None
