@@ -399,7 +399,10 @@ fn scenario(name: &str) {
                 threads::capture(tid, &mut frames, Duration::from_millis(300)).map(|w| w.frames);
             println!("capture {r:?}");
             let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_millis(300));
-            println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            println!(
+                "summary {} {} {} {} {}",
+                s.threads, s.stacks, s.timeouts, s.gone, s.not_asked
+            );
             stop.store(true, Ordering::SeqCst);
         }
         "exiting" => {
@@ -635,6 +638,43 @@ fn scenario(name: &str) {
             }
             crash_here();
         }
+        "crash-1000-blocked" => {
+            // 1,000 threads that block the request signal, then a crash with every thread: the
+            // report lists each as such at once (it does not wait a timeout for each), and a
+            // handler of the program's, chained after the report, says how long it took.
+            install_elapsed_reporter();
+            selftrace::crash::builder()
+                .all_threads(true)
+                .install()
+                .expect("install");
+            let sig = threads::signal().expect("installed");
+            let ready = Arc::new(AtomicUsize::new(0));
+            for _ in 0..1000 {
+                let r = ready.clone();
+                std::thread::Builder::new()
+                    .name("blk".into())
+                    .stack_size(64 * 1024)
+                    .spawn(move || {
+                        // SAFETY: blocks one signal in this thread's mask.
+                        unsafe {
+                            let mut set: libc::sigset_t = std::mem::zeroed();
+                            libc::sigemptyset(&mut set);
+                            libc::sigaddset(&mut set, sig);
+                            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                        }
+                        r.fetch_add(1, Ordering::SeqCst);
+                        loop {
+                            std::thread::park();
+                        }
+                    })
+                    .expect("spawn");
+            }
+            while ready.load(Ordering::SeqCst) < 1000 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            CRASH_AT_NS.store(monotonic_ns(), Ordering::SeqCst);
+            crash_here();
+        }
         "alloc" => {
             // The stack-request handler, in a thread that counts its allocations.
             let counted = Arc::new(AtomicUsize::new(usize::MAX));
@@ -729,7 +769,10 @@ fn scenario(name: &str) {
                 start.elapsed().as_millis()
             );
             let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_millis(300));
-            println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            println!(
+                "summary {} {} {} {} {}",
+                s.threads, s.stacks, s.timeouts, s.gone, s.not_asked
+            );
             let state = threads::info(tid).map(|i| i.state as char);
             println!("still stopped {state:?}");
             write_byte(cmd_w);
@@ -963,6 +1006,41 @@ fn crash_here() {
 
 static BASELINE: AtomicUsize = AtomicUsize::new(0);
 
+/// When the scenario crashed (`CLOCK_MONOTONIC`, ns).
+static CRASH_AT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A SIGSEGV handler installed before selftrace's: the crash handler chains to it after its
+/// report, and it prints how long the crash handler took since [`CRASH_AT_NS`].
+fn install_elapsed_reporter() {
+    extern "C" fn report(_sig: i32) {
+        let ms = (monotonic_ns() - CRASH_AT_NS.load(Ordering::SeqCst)) / 1_000_000;
+        let mut buf = [0u8; 64];
+        let mut w = selftrace::symbolize::FixedBuf::new(&mut buf);
+        w.push_bytes(b"crash handler took ");
+        w.push_dec(ms);
+        w.push_bytes(b" ms\n");
+        // SAFETY: writing a valid buffer to stderr.
+        unsafe { libc::write(2, w.as_bytes().as_ptr().cast(), w.len()) };
+    }
+    // SAFETY: installs a plain handler.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = report as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+    }
+}
+
 /// A SIGSEGV handler installed before selftrace's: the crash handler chains to it after its
 /// report, and it prints how many allocations counting threads made since the baseline.
 fn install_count_reporter() {
@@ -1146,11 +1224,13 @@ fn a_thread_with_the_signal_blocked_times_out() {
     let o = run("blocked");
     assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
     assert!(o.stdout.contains("capture Err(Timeout)"), "{}", o.stdout);
+    // The dump does not ask it (nor wait for it): it lists it with the reason.
     let b = block(&o.stdout, "masked");
     assert!(b.contains("state R (running)"), "{b}");
-    assert!(b.contains(" no stack (timeout)"), "{b}");
+    assert!(b.contains(" no stack (request signal blocked)"), "{b}");
     let (summary, v) = summary(&o.stdout);
-    assert_eq!(v[2], 1, "{summary}");
+    assert_eq!(v[2], 0, "{summary}");
+    assert_eq!(v[4], 1, "{summary}");
     assert_eq!(v[1], v[0] - 1, "{summary}");
 }
 
@@ -1264,7 +1344,10 @@ fn a_crash_report_lists_every_thread() {
     );
     let masked = block(others, "masked");
     assert!(masked.contains("state R (running)"), "{masked}");
-    assert!(masked.contains(" no stack (timeout)"), "{masked}");
+    assert!(
+        masked.contains(" no stack (request signal blocked)"),
+        "{masked}"
+    );
     // One block: a single end line, at the end.
     assert_eq!(r.matches("---[ end of report ]---").count(), 1, "{r}");
     // (qemu-user adds its own line when the program dies by a signal.)
@@ -1278,6 +1361,36 @@ fn a_crash_report_lists_every_thread() {
         r.trim_end()
     };
     assert!(r_end.ends_with("---[ end of report ]---"), "{r}");
+}
+
+#[test]
+fn a_crash_with_a_thousand_threads_blocking_the_request_signal_ends_at_once() {
+    let o = run("crash-1000-blocked");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}\n{}", o.stdout, o.stderr);
+    let r = &o.stderr;
+    let took: u64 = r
+        .lines()
+        .find_map(|l| l.strip_prefix("crash handler took "))
+        .and_then(|v| v.trim_end_matches(" ms").parse().ok())
+        .unwrap_or_else(|| panic!("no handler time in:\n{r}"));
+    eprintln!("crash handler with 1000 threads blocking the request signal: {took} ms");
+    // Each of them listed at once, with the reason.
+    let lines: Vec<&str> = r.lines().collect();
+    let mut blocked = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if l.starts_with("thread \"blk\" tid ") {
+            assert_eq!(
+                lines.get(i + 1).copied(),
+                Some(" no stack (request signal blocked)"),
+                "{l}"
+            );
+            blocked += 1;
+        }
+    }
+    assert_eq!(blocked, 1000, "{r}");
+    assert!(r.contains("---[ end of report ]---"), "{r}");
+    // Bounded: it took 63.7 s (1 s per 16 threads) when each was asked and waited for.
+    assert!(took < 10_000, "{took} ms");
 }
 
 #[test]
@@ -1397,9 +1510,10 @@ fn a_stopped_thread_times_out_and_answers_once_resumed() {
     assert!((300..30_000).contains(&ms), "{}", o.stdout);
     let b = block(&o.stdout, "stopme");
     assert!(b.contains("state t (tracing stop)"), "{b}");
-    assert!(b.contains(" no stack (timeout)"), "{b}");
+    assert!(b.contains(" no stack (stopped)"), "{b}");
     let (summary, v) = summary(&o.stdout);
-    assert_eq!(v[2], 1, "{summary}");
+    assert_eq!(v[2], 0, "{summary}");
+    assert_eq!(v[4], 1, "{summary}");
     assert_eq!(v[1], v[0] - 1, "{summary}");
     // Detached, the thread answers again: its exact pc in the spin loop.
     assert!(o.stdout.contains("detach Some(0)"), "{}", o.stdout);

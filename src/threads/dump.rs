@@ -33,6 +33,12 @@ use crate::sys;
 pub(crate) const MAX_THREADS: usize = 4096;
 /// Requests in flight at once during a dump.
 const WINDOW: usize = 16;
+/// All the threads of one dump together wait at most this many times one thread's timeout
+/// for answers (as the minidump writer does); past that, each thread still asked gets
+/// [`GRACE_NS`], so a dump ends in bounded time whatever the threads do.
+const OVERALL_TIMEOUTS: u64 = 4;
+/// How long a thread asked after the dump's overall deadline has to answer.
+const GRACE_NS: u64 = 10_000_000;
 
 /// What one dump saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,8 +48,13 @@ pub struct DumpSummary {
     pub threads: usize,
     /// Threads whose stack was captured.
     pub stacks: usize,
-    /// Threads that did not answer in time (signal blocked, stopped, uninterruptible sleep).
+    /// Threads that did not answer in time (uninterruptible sleep, a handler that does not
+    /// return, the dump's overall deadline passed).
     pub timeouts: usize,
+    /// Threads not asked because they could not answer: the request signal blocked or ignored
+    /// in them, or stopped; listed at once with the reason (`no stack (request signal
+    /// blocked)`), without waiting for a timeout.
+    pub not_asked: usize,
     /// Threads that exited while the dump ran.
     pub gone: usize,
     /// Threads not listed because there were more than the dump holds (4096).
@@ -146,6 +157,11 @@ pub(crate) fn thread_body(
         }
         Answer::Timeout => out.line(|w| w.push_bytes(b" no stack (timeout)")),
         Answer::Gone => out.line(|w| w.push_bytes(b" no stack (exited)")),
+        Answer::Cannot(why) => out.line(|w| {
+            w.push_bytes(b" no stack (");
+            w.push_str(why.as_str());
+            w.push_bytes(b")");
+        }),
     }
 }
 
@@ -168,8 +184,17 @@ fn capture_myself(frames: &mut [usize]) -> Answer {
     Answer::Frames(walk.frames, walk.end)
 }
 
-/// Posts a request for `tid` (or settles it at once: gone, or the caller itself).
-fn post(tid: i32, info: Option<&ThreadInfo>, timeout_ns: u64) -> Pending {
+/// The deadline of a request posted now: its own timeout, cut at the dump's overall deadline
+/// (but at least [`GRACE_NS`]).
+fn deadline(timeout_ns: u64, overall: u64) -> u64 {
+    let now = sys::monotonic_ns();
+    now.saturating_add(timeout_ns)
+        .min(overall.max(now.saturating_add(GRACE_NS)))
+}
+
+/// Posts a request for `tid` (or settles it at once: gone, cannot answer, or the caller
+/// itself).
+fn post(tid: i32, info: Option<&ThreadInfo>, timeout_ns: u64, overall: u64) -> Pending {
     match info {
         None => return Pending::Answered(Answer::Gone),
         Some(i) if i.state == b'Z' || i.state == b'X' => return Pending::Answered(Answer::Gone),
@@ -180,22 +205,32 @@ fn post(tid: i32, info: Option<&ThreadInfo>, timeout_ns: u64) -> Pending {
     {
         return Pending::Myself;
     }
+    // A thread that blocks the signal (or is stopped) would only make us wait for the deadline.
+    if let Some(why) = super::cannot_answer(tid) {
+        return Pending::Answered(Answer::Cannot(why));
+    }
     match request::post(tid) {
-        Ok(Some(t)) => Pending::Posted(t, sys::monotonic_ns().saturating_add(timeout_ns)),
+        Ok(Some(t)) => Pending::Posted(t, deadline(timeout_ns, overall)),
         Ok(None) => Pending::NoSlot,
         Err(a) => Pending::Answered(a),
     }
 }
 
 /// Settles a window entry into an answer, with its frames in `frames`.
-fn settle(p: Pending, tid: i32, timeout_ns: u64, frames: &mut [usize]) -> (Answer, bool) {
+fn settle(
+    p: Pending,
+    tid: i32,
+    timeout_ns: u64,
+    overall: u64,
+    frames: &mut [usize],
+) -> (Answer, bool) {
     match p {
         Pending::Posted(t, deadline) => (request::wait_one(&t, deadline, frames), true),
         Pending::Answered(a) => (a, true),
         Pending::Myself => (capture_myself(frames), false),
         Pending::Empty => (Answer::Timeout, true),
         Pending::NoSlot => {
-            let deadline = sys::monotonic_ns().saturating_add(timeout_ns);
+            let deadline = deadline(timeout_ns, overall);
             loop {
                 match request::post(tid) {
                     Ok(Some(t)) => return (request::wait_one(&t, deadline, frames), true),
@@ -238,6 +273,7 @@ pub(crate) fn threads_section(
     }
     let tids = &mut tids[..n];
     tids.sort_unstable();
+    let overall = sys::monotonic_ns().saturating_add(timeout_ns.saturating_mul(OVERALL_TIMEOUTS));
     let mut window = [Pending::Empty; WINDOW];
     let mut infos: [Option<ThreadInfo>; WINDOW] = [None; WINDOW];
     let mut frames = [0usize; request::SLOT_FRAMES];
@@ -246,11 +282,12 @@ pub(crate) fn threads_section(
         while posted < n && posted - printed < WINDOW {
             let info = proc::info(tids[posted]);
             infos[posted % WINDOW] = info;
-            window[posted % WINDOW] = post(tids[posted], info.as_ref(), timeout_ns);
+            window[posted % WINDOW] = post(tids[posted], info.as_ref(), timeout_ns, overall);
             posted += 1;
         }
         let k = printed % WINDOW;
-        let (answer, first_exact) = settle(window[k], tids[printed], timeout_ns, &mut frames);
+        let (answer, first_exact) =
+            settle(window[k], tids[printed], timeout_ns, overall, &mut frames);
         window[k] = Pending::Empty;
         out.line(|_| {});
         thread_header(out, tids[printed], infos[k].as_ref());
@@ -260,6 +297,7 @@ pub(crate) fn threads_section(
             Answer::Frames(..) => summary.stacks += 1,
             Answer::Timeout => summary.timeouts += 1,
             Answer::Gone => summary.gone += 1,
+            Answer::Cannot(_) => summary.not_asked += 1,
         }
     }
     if summary.not_listed > 0 {

@@ -119,6 +119,9 @@ pub(crate) enum Answer {
     Gone,
     /// No answer by the deadline.
     Timeout,
+    /// Not asked: the thread cannot take the request signal now (blocked or ignored, or the
+    /// thread is stopped), so asking would only wait for the deadline (dumps only).
+    Cannot(super::proc::NoAnswer),
 }
 
 /// Claims a slot for `tid`, publishes the request and signals the thread. `Err(Answer::Gone)`
