@@ -119,8 +119,8 @@ pub(crate) enum Answer {
     Gone,
     /// No answer by the deadline.
     Timeout,
-    /// Not asked: the thread cannot take the request signal now (blocked or ignored, or the
-    /// thread is stopped), so asking would only wait for the deadline (dumps only).
+    /// No answer from a thread whose status said it cannot take the request signal now
+    /// (blocked or ignored, or the thread stopped), after a short grace (dumps only).
     Cannot(super::proc::NoAnswer),
 }
 
