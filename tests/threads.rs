@@ -1034,9 +1034,11 @@ fn forked_child(report: i32) -> ! {
     unsafe { libc::dup2(report, 2) };
     let devnull = std::fs::File::create("/dev/null").unwrap();
     let step = |k: i32, f: &mut dyn FnMut() -> bool| {
+        write_fd(2, &format!("step {k}\n"));
         let t = std::time::Instant::now();
         let ok = f();
         let ms = t.elapsed().as_millis();
+        write_fd(2, &format!("step {k} took {ms} ms\n"));
         if !ok || ms >= 1000 {
             write_fd(2, &format!("step {k} ok {ok} took {ms} ms\n"));
             // SAFETY: leaves without running the parent's exit handlers.
@@ -1045,8 +1047,14 @@ fn forked_child(report: i32) -> ! {
     };
     step(0, &mut || threads::dump_all(&devnull).stacks >= 1);
     step(1, &mut || {
-        let bt = selftrace::Backtrace::capture();
-        bt.to_string().contains("forked_child")
+        let t = std::time::Instant::now();
+        let mut bt = selftrace::Backtrace::new_unresolved();
+        let walked = t.elapsed().as_millis();
+        bt.resolve();
+        let resolved = t.elapsed().as_millis();
+        let ok = bt.to_string().contains("forked_child");
+        write_fd(2, &format!("walked {walked} resolved {resolved} ms\n"));
+        ok
     });
     step(2, &mut || match selftrace::profile::start(999) {
         Ok(p) => {
@@ -1083,11 +1091,15 @@ fn fork_storm() {
         .install()
         .expect("crash install");
     let stop = Arc::new(AtomicBool::new(false));
+    // Rounds of each worker (the forks start once each went round twice: the first
+    // symbolization of a process parses the DWARF and builds the symbol tables, slowly).
+    let rounds: Arc<[AtomicUsize; 4]> = Arc::new([const { AtomicUsize::new(0) }; 4]);
     let mut workers = Vec::new();
     let spinner_tid = spawn_named("spinner", caller_spin);
     // Captures and symbolizes (names and lines: the DWARF caches' locks).
-    for _ in 0..2 {
+    for k in 0..2 {
         let stop = stop.clone();
+        let rounds = rounds.clone();
         workers.push(std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let bt = selftrace::Backtrace::capture();
@@ -1095,16 +1107,19 @@ fn fork_storm() {
                 let mut frames = [0usize; 64];
                 let _ = threads::capture(spinner_tid, &mut frames, Duration::from_secs(1));
                 black_box(names(&frames[..8]));
+                rounds[k].fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
     // Dumps every thread (the output lock).
     {
         let stop = stop.clone();
+        let rounds = rounds.clone();
         workers.push(std::thread::spawn(move || {
             let devnull = std::fs::File::create("/dev/null").unwrap();
             while !stop.load(Ordering::Relaxed) {
                 threads::dump_all(&devnull);
+                rounds[2].fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
@@ -1114,16 +1129,21 @@ fn fork_storm() {
     {
         let stop = stop.clone();
         let profiler = profiler.clone();
+        let rounds = rounds.clone();
         workers.push(std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 if let Some(p) = profiler.lock().unwrap().as_ref() {
                     black_box(p.take().samples.len());
                 }
+                rounds[3].fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(5));
             }
         }));
     }
-    std::thread::sleep(Duration::from_millis(200));
+    black_box(selftrace::Backtrace::capture().to_string());
+    while rounds.iter().any(|r| r.load(Ordering::Relaxed) < 2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let dir = std::env::temp_dir();
     let (mut ok, mut stuck, mut failed) = (0, 0, 0);
     let mut notes = Vec::new();
@@ -1131,6 +1151,8 @@ fn fork_storm() {
     let mut forked = 0;
     let start = std::time::Instant::now();
     let mut gave_up = false;
+    // The longest dump_all, Backtrace::capture, profiler and crash report of a child.
+    let mut max_ms = [0u64; 4];
     while (forked < FORKS && !gave_up) || !running.is_empty() {
         while forked < FORKS && running.len() < FORK_WINDOW && !gave_up {
             let path = dir.join(format!("selftrace-fork-{}-{forked}", std::process::id()));
@@ -1192,6 +1214,16 @@ fn fork_storm() {
                 .find_map(|l| l.strip_prefix("crash at "))
                 .and_then(|v| v.parse::<u64>().ok());
             let report_ms = crash_at.map(|t| died_at.saturating_sub(t) / 1_000_000);
+            for (k, m) in max_ms.iter_mut().enumerate().take(3) {
+                let took = text.lines().find_map(|l| {
+                    l.strip_prefix(&format!("step {k} took "))?
+                        .strip_suffix(" ms")?
+                        .parse::<u64>()
+                        .ok()
+                });
+                *m = (*m).max(took.unwrap_or(0));
+            }
+            max_ms[3] = max_ms[3].max(report_ms.unwrap_or(0));
             let good = libc::WIFSIGNALED(status)
                 && libc::WTERMSIG(status) == libc::SIGSEGV
                 && text.contains("------------[ selftrace: fatal signal ]------------")
@@ -1222,6 +1254,7 @@ fn fork_storm() {
     for n in &notes {
         println!("{n}");
     }
+    println!("longest dump_all, Backtrace::capture, profiler, crash report: {max_ms:?} ms");
     println!(
         "fork results: forked {forked} ok {ok} stuck {stuck} failed {failed} in {} ms",
         start.elapsed().as_millis()

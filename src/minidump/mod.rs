@@ -303,6 +303,12 @@ static STATE: Shared = Shared(UnsafeCell::new(State {
 /// The thread writing a dump (0 = none).
 static BUSY: AtomicI32 = AtomicI32::new(0);
 
+/// In a forked child (one thread): a dump that a thread of the parent was writing is not
+/// being written here.
+pub(crate) fn after_fork() {
+    BUSY.store(0, Ordering::Release);
+}
+
 // ---- the file ------------------------------------------------------------------------------
 
 /// The dump file: positioned writes relative to where the dump starts. Offsets are computed in
@@ -470,11 +476,16 @@ pub(crate) fn write(
         return Err(Error::Unsupported("minidumps on this architecture"));
     }
     let me = sys::gettid();
-    if BUSY
-        .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        return Err(Error::InvalidInput("another minidump is being written"));
+    if let Err(holder) = BUSY.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+        // A writer that is not a thread of this process (a forked child's parent's) writes
+        // nothing here: its state is taken over.
+        if !crate::fork::holder_gone(holder)
+            || BUSY
+                .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return Err(Error::InvalidInput("another minidump is being written"));
+        }
     }
     // SAFETY: BUSY is ours: nobody else uses the state until we clear it.
     let st = unsafe { &mut *STATE.0.get() };

@@ -185,6 +185,18 @@ pub fn uninstall() -> Result<(), Error> {
     })
 }
 
+/// In a forked child (one thread; see `crate::fork`): stack requests of the parent's threads are
+/// gone, and an installation another thread of the parent had under way is settled (as
+/// installed if it got as far as publishing the signal), so that the child does not wait for
+/// it.
+pub(crate) fn after_fork() {
+    request::after_fork();
+    if INSTALL.load(Ordering::Relaxed) == 1 {
+        let installed = request::SIGNAL.load(Ordering::Relaxed) != 0;
+        INSTALL.store(if installed { 2 } else { 0 }, Ordering::Release);
+    }
+}
+
 /// The signal stacks are requested with, if the handler is installed.
 pub fn signal() -> Option<i32> {
     match request::SIGNAL.load(Ordering::Acquire) {

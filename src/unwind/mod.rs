@@ -90,7 +90,9 @@ use unsupported as imp;
 
 mod types;
 
-pub(crate) use imp::{is_signal_trampoline, prepare, rebuild, regs_from_ucontext, thread_stack};
+pub(crate) use imp::{
+    after_fork, is_signal_trampoline, prepare, rebuild, regs_from_ucontext, thread_stack,
+};
 pub use imp::{set_auto_refresh, stats};
 pub use types::{
     Regs, StopReason, Truncation, UnwindMode, UnwindStats, Walk, WalkEnd, MAX_FRAMES,
