@@ -101,6 +101,7 @@ extern crate self as selftrace;
 
 pub mod crash;
 mod error;
+mod fork;
 pub mod minidump;
 pub mod modules;
 #[cfg(feature = "profile")]

@@ -257,6 +257,11 @@ impl Snapshot {
 }
 
 static CURRENT: Published<Snapshot> = Published::new();
+
+/// In a forked child: the reads of the parent's other threads ended with them.
+pub(crate) fn after_fork() {
+    CURRENT.after_fork();
+}
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// Takes a new snapshot of the loaded objects. Allocates; not async-signal-safe.

@@ -26,7 +26,6 @@
 
 use crate::sys;
 use core::sync::atomic::{compiler_fence, AtomicBool, AtomicPtr, AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Reader slots per cell.
@@ -62,7 +61,9 @@ pub(crate) struct Published<T> {
     /// Readers without a slot.
     readers: AtomicUsize,
     slots: [Slot; SLOTS],
-    writer: Mutex<()>,
+    /// Serialises writers; taken over from a writer that is gone (a thread of the parent of a
+    /// forked child).
+    writer: crate::fork::ForkMutex<()>,
 }
 
 /// How long a writer waits for readers of the old value before it gives up and leaks it.
@@ -81,7 +82,7 @@ impl<T> Published<T> {
                     state: AtomicUsize::new(0),
                 }
             }; SLOTS],
-            writer: Mutex::new(()),
+            writer: crate::fork::ForkMutex::new(()),
         }
     }
 
@@ -172,12 +173,11 @@ impl<T> Published<T> {
     ) -> bool {
         let _guard = if try_only {
             match self.writer.try_lock() {
-                Ok(g) => g,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return false,
+                Some(g) => g,
+                None => return false,
             }
         } else {
-            self.writer.lock().unwrap_or_else(|p| p.into_inner())
+            self.writer.lock()
         };
         let old = self.ptr.load(Ordering::Acquire);
         // SAFETY: only writers (serialised by the lock we hold) free values, so `old` is live.
@@ -228,6 +228,22 @@ impl<T> Published<T> {
             drop(unsafe { Box::from_raw(old) });
         }
         true
+    }
+}
+
+impl<T> Published<T> {
+    /// In a forked child, which has one thread (the `pthread_atfork` child handler): the reads
+    /// that the parent's other threads had in progress ended with them. Their slots are free
+    /// and the shared counter is zero, or a writer would wait for them (2 s) and leak.
+    pub(crate) fn after_fork(&self) {
+        let tp = sys::thread_pointer();
+        for s in &self.slots {
+            if tp == 0 || s.owner.load(Ordering::Relaxed) != tp {
+                s.state.store(0, Ordering::Relaxed);
+                s.owner.store(0, Ordering::Relaxed);
+            }
+        }
+        self.readers.store(0, Ordering::SeqCst);
     }
 }
 

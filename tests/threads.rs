@@ -399,7 +399,10 @@ fn scenario(name: &str) {
                 threads::capture(tid, &mut frames, Duration::from_millis(300)).map(|w| w.frames);
             println!("capture {r:?}");
             let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_millis(300));
-            println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            println!(
+                "summary {} {} {} {} {}",
+                s.threads, s.stacks, s.timeouts, s.gone, s.could_not_answer
+            );
             stop.store(true, Ordering::SeqCst);
         }
         "exiting" => {
@@ -418,7 +421,8 @@ fn scenario(name: &str) {
             .map(|w| w.frames);
             println!("exited capture {r:?}");
             // A thread that is listed and asked, but exits before it can answer (it has the
-            // signal blocked): gone, not a timeout.
+            // signal blocked): gone, or (if it is not gone within the short grace a thread that
+            // blocks the signal gets) listed as blocking it; never a timeout.
             let stop = Arc::new(AtomicBool::new(false));
             let ready = Arc::new(AtomicBool::new(false));
             let (s2, r2) = (stop.clone(), ready.clone());
@@ -635,6 +639,45 @@ fn scenario(name: &str) {
             }
             crash_here();
         }
+        #[cfg(feature = "profile")]
+        "fork-storm" => fork_storm(),
+        "crash-1000-blocked" => {
+            // 1,000 threads that block the request signal, then a crash with every thread: the
+            // report lists each as such after a short grace (not a timeout each), and a
+            // handler of the program's, chained after the report, says how long it took.
+            install_elapsed_reporter();
+            selftrace::crash::builder()
+                .all_threads(true)
+                .install()
+                .expect("install");
+            let sig = threads::signal().expect("installed");
+            let ready = Arc::new(AtomicUsize::new(0));
+            for _ in 0..1000 {
+                let r = ready.clone();
+                std::thread::Builder::new()
+                    .name("blk".into())
+                    .stack_size(64 * 1024)
+                    .spawn(move || {
+                        // SAFETY: blocks one signal in this thread's mask.
+                        unsafe {
+                            let mut set: libc::sigset_t = std::mem::zeroed();
+                            libc::sigemptyset(&mut set);
+                            libc::sigaddset(&mut set, sig);
+                            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                        }
+                        r.fetch_add(1, Ordering::SeqCst);
+                        loop {
+                            std::thread::park();
+                        }
+                    })
+                    .expect("spawn");
+            }
+            while ready.load(Ordering::SeqCst) < 1000 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            CRASH_AT_NS.store(monotonic_ns(), Ordering::SeqCst);
+            crash_here();
+        }
         "alloc" => {
             // The stack-request handler, in a thread that counts its allocations.
             let counted = Arc::new(AtomicUsize::new(usize::MAX));
@@ -729,7 +772,10 @@ fn scenario(name: &str) {
                 start.elapsed().as_millis()
             );
             let s = threads::dump_all_with_timeout(borrowed(1), Duration::from_millis(300));
-            println!("summary {} {} {}", s.threads, s.stacks, s.timeouts);
+            println!(
+                "summary {} {} {} {} {}",
+                s.threads, s.stacks, s.timeouts, s.gone, s.could_not_answer
+            );
             let state = threads::info(tid).map(|i| i.state as char);
             println!("still stopped {state:?}");
             write_byte(cmd_w);
@@ -963,6 +1009,302 @@ fn crash_here() {
 
 static BASELINE: AtomicUsize = AtomicUsize::new(0);
 
+// ---- fork while selftrace's locks are held ---------------------------------------------------
+
+/// Forks this many children.
+#[cfg(feature = "profile")]
+const FORKS: usize = 200;
+/// Children alive at once.
+#[cfg(feature = "profile")]
+const FORK_WINDOW: usize = 4;
+
+/// Writes `text` to `fd` with one `write` (a forked child writes no other way).
+fn write_fd(fd: i32, text: &str) {
+    // SAFETY: writing a valid buffer.
+    unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
+}
+
+/// What a forked child does, each step within a second (else it exits with `20 + step`):
+/// `dump_all`, `Backtrace::capture` (symbolized, with lines), a profiler's start, take and
+/// stop; then it crashes, the crash handler writing its report to `report` (its stderr), after
+/// a line with the time of the crash.
+#[cfg(feature = "profile")]
+fn forked_child(report: i32) -> ! {
+    // SAFETY: the report file becomes this child's stderr (the crash report's fd).
+    unsafe { libc::dup2(report, 2) };
+    let devnull = std::fs::File::create("/dev/null").unwrap();
+    let step = |k: i32, f: &mut dyn FnMut() -> bool| {
+        write_fd(2, &format!("step {k}\n"));
+        let t = std::time::Instant::now();
+        let ok = f();
+        let ms = t.elapsed().as_millis();
+        write_fd(2, &format!("step {k} took {ms} ms\n"));
+        if !ok || ms >= 1000 {
+            write_fd(2, &format!("step {k} ok {ok} took {ms} ms\n"));
+            // SAFETY: leaves without running the parent's exit handlers.
+            unsafe { libc::_exit(20 + k) };
+        }
+    };
+    step(0, &mut || threads::dump_all(&devnull).stacks >= 1);
+    step(1, &mut || {
+        let t = std::time::Instant::now();
+        let mut bt = selftrace::Backtrace::new_unresolved();
+        let walked = t.elapsed().as_millis();
+        bt.resolve();
+        let resolved = t.elapsed().as_millis();
+        let ok = bt.to_string().contains("forked_child");
+        write_fd(2, &format!("walked {walked} resolved {resolved} ms\n"));
+        ok
+    });
+    step(2, &mut || match selftrace::profile::start(999) {
+        Ok(p) => {
+            let _ = p.take();
+            let _ = p.stop();
+            true
+        }
+        Err(e) => {
+            write_fd(2, &format!("profile::start: {e}\n"));
+            false
+        }
+    });
+    write_fd(2, &format!("crash at {}\n", monotonic_ns()));
+    crash_here();
+    // SAFETY: not reached (the crash kills the child).
+    unsafe { libc::_exit(3) }
+}
+
+/// One child of [`fork_storm`]: its pid, report file and when it was forked.
+#[cfg(feature = "profile")]
+struct Forked {
+    pid: i32,
+    report: std::fs::File,
+    at: std::time::Instant,
+}
+
+/// Forks [`FORKS`] children while threads capture, symbolize, dump and profile; each must
+/// finish [`forked_child`]'s steps and its crash report within a second each. A child that
+/// takes over 5 s is killed and counted as stuck. Prints `fork results ...`.
+#[cfg(feature = "profile")]
+fn fork_storm() {
+    selftrace::crash::builder()
+        .symbolizer_timeout(Duration::from_secs(3))
+        .install()
+        .expect("crash install");
+    let stop = Arc::new(AtomicBool::new(false));
+    // Rounds of each worker (the forks start once each went round twice: the first
+    // symbolization of a process parses the DWARF and builds the symbol tables, slowly).
+    let rounds: Arc<[AtomicUsize; 4]> = Arc::new([const { AtomicUsize::new(0) }; 4]);
+    let mut workers = Vec::new();
+    let spinner_tid = spawn_named("spinner", caller_spin);
+    // Captures and symbolizes (names and lines: the DWARF caches' locks).
+    for k in 0..2 {
+        let stop = stop.clone();
+        let rounds = rounds.clone();
+        workers.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let bt = selftrace::Backtrace::capture();
+                black_box(bt.to_string());
+                let mut frames = [0usize; 64];
+                let _ = threads::capture(spinner_tid, &mut frames, Duration::from_secs(1));
+                black_box(names(&frames[..8]));
+                rounds[k].fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Dumps every thread (the output lock).
+    {
+        let stop = stop.clone();
+        let rounds = rounds.clone();
+        workers.push(std::thread::spawn(move || {
+            let devnull = std::fs::File::create("/dev/null").unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                threads::dump_all(&devnull);
+                rounds[2].fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Profiles, taking a profile (aggregation, symbolization) over and over.
+    let profiler = selftrace::profile::start(499).expect("profiler");
+    let profiler = Arc::new(Mutex::new(Some(profiler)));
+    {
+        let stop = stop.clone();
+        let profiler = profiler.clone();
+        let rounds = rounds.clone();
+        workers.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(p) = profiler.lock().unwrap().as_ref() {
+                    black_box(p.take().samples.len());
+                }
+                rounds[3].fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }));
+    }
+    black_box(selftrace::Backtrace::capture().to_string());
+    while rounds.iter().any(|r| r.load(Ordering::Relaxed) < 2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dir = std::env::temp_dir();
+    let (mut ok, mut stuck, mut failed) = (0, 0, 0);
+    let mut notes = Vec::new();
+    let mut running: Vec<Forked> = Vec::new();
+    let mut forked = 0;
+    let start = std::time::Instant::now();
+    let mut gave_up = false;
+    // The longest dump_all, Backtrace::capture, profiler and crash report of a child.
+    let mut max_ms = [0u64; 4];
+    while (forked < FORKS && !gave_up) || !running.is_empty() {
+        while forked < FORKS && running.len() < FORK_WINDOW && !gave_up {
+            let path = dir.join(format!("selftrace-fork-{}-{forked}", std::process::id()));
+            let report = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            let _ = std::fs::remove_file(&path);
+            use std::os::fd::AsRawFd;
+            let fd = report.as_raw_fd();
+            // SAFETY: the child runs `forked_child` and never returns.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                forked_child(fd);
+            }
+            running.push(Forked {
+                pid,
+                report,
+                at: std::time::Instant::now(),
+            });
+            forked += 1;
+        }
+        if forked < FORKS && stuck >= 20 && !gave_up {
+            notes.push(format!("gave up after {forked} forks: 20 stuck"));
+            gave_up = true;
+        }
+        let mut i = 0;
+        while i < running.len() {
+            let c = &running[i];
+            let mut status = 0;
+            // SAFETY: polls our child into a valid int.
+            let r = unsafe { libc::waitpid(c.pid, &mut status, libc::WNOHANG) };
+            let died_at = monotonic_ns();
+            if r == 0 {
+                if c.at.elapsed() > Duration::from_secs(5) {
+                    // SAFETY: our child.
+                    unsafe { libc::kill(c.pid, libc::SIGKILL) };
+                    // SAFETY: reaps it.
+                    unsafe { libc::waitpid(c.pid, &mut status, 0) };
+                    let c = running.swap_remove(i);
+                    let text = read_back(c.report);
+                    stuck += 1;
+                    if notes.len() < 10 {
+                        notes.push(format!("stuck child {}:\n{text}", c.pid));
+                    }
+                    continue;
+                }
+                i += 1;
+                continue;
+            }
+            let c = running.swap_remove(i);
+            let text = read_back(c.report);
+            let crash_at = text
+                .lines()
+                .find_map(|l| l.strip_prefix("crash at "))
+                .and_then(|v| v.parse::<u64>().ok());
+            let report_ms = crash_at.map(|t| died_at.saturating_sub(t) / 1_000_000);
+            for (k, m) in max_ms.iter_mut().enumerate().take(3) {
+                let took = text.lines().find_map(|l| {
+                    l.strip_prefix(&format!("step {k} took "))?
+                        .strip_suffix(" ms")?
+                        .parse::<u64>()
+                        .ok()
+                });
+                *m = (*m).max(took.unwrap_or(0));
+            }
+            max_ms[3] = max_ms[3].max(report_ms.unwrap_or(0));
+            let good = libc::WIFSIGNALED(status)
+                && libc::WTERMSIG(status) == libc::SIGSEGV
+                && text.contains("------------[ selftrace: fatal signal ]------------")
+                && text.contains("crash_here")
+                && text.contains("---[ end of report ]---")
+                && report_ms.is_some_and(|ms| ms < 1000);
+            if good {
+                ok += 1;
+            } else {
+                failed += 1;
+                if notes.len() < 10 {
+                    notes.push(format!(
+                        "child {} status {status:#x} (exit {}), crash report in {report_ms:?} ms:\n{text}",
+                        c.pid,
+                        if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 },
+                    ));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::SeqCst);
+    spinner::STOP.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.join().unwrap();
+    }
+    drop(profiler.lock().unwrap().take());
+    for n in &notes {
+        println!("{n}");
+    }
+    println!("longest dump_all, Backtrace::capture, profiler, crash report: {max_ms:?} ms");
+    println!(
+        "fork results: forked {forked} ok {ok} stuck {stuck} failed {failed} in {} ms",
+        start.elapsed().as_millis()
+    );
+}
+
+#[cfg(feature = "profile")]
+fn read_back(mut f: std::fs::File) -> String {
+    use std::io::Seek;
+    let mut s = String::new();
+    let _ = f.seek(std::io::SeekFrom::Start(0));
+    let _ = f.read_to_string(&mut s);
+    s
+}
+
+/// When the scenario crashed (`CLOCK_MONOTONIC`, ns).
+static CRASH_AT_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A SIGSEGV handler installed before selftrace's: the crash handler chains to it after its
+/// report, and it prints how long the crash handler took since [`CRASH_AT_NS`].
+fn install_elapsed_reporter() {
+    extern "C" fn report(_sig: i32) {
+        let ms = (monotonic_ns() - CRASH_AT_NS.load(Ordering::SeqCst)) / 1_000_000;
+        let mut buf = [0u8; 64];
+        let mut w = selftrace::symbolize::FixedBuf::new(&mut buf);
+        w.push_bytes(b"crash handler took ");
+        w.push_dec(ms);
+        w.push_bytes(b" ms\n");
+        // SAFETY: writing a valid buffer to stderr.
+        unsafe { libc::write(2, w.as_bytes().as_ptr().cast(), w.len()) };
+    }
+    // SAFETY: installs a plain handler.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = report as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+    }
+}
+
 /// A SIGSEGV handler installed before selftrace's: the crash handler chains to it after its
 /// report, and it prints how many allocations counting threads made since the baseline.
 fn install_count_reporter() {
@@ -1146,11 +1488,13 @@ fn a_thread_with_the_signal_blocked_times_out() {
     let o = run("blocked");
     assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
     assert!(o.stdout.contains("capture Err(Timeout)"), "{}", o.stdout);
+    // The dump does not wait a timeout for it: it lists it with the reason.
     let b = block(&o.stdout, "masked");
     assert!(b.contains("state R (running)"), "{b}");
-    assert!(b.contains(" no stack (timeout)"), "{b}");
+    assert!(b.contains(" no stack (request signal blocked)"), "{b}");
     let (summary, v) = summary(&o.stdout);
-    assert_eq!(v[2], 1, "{summary}");
+    assert_eq!(v[2], 0, "{summary}");
+    assert_eq!(v[4], 1, "{summary}");
     assert_eq!(v[1], v[0] - 1, "{summary}");
 }
 
@@ -1165,10 +1509,13 @@ fn threads_that_exit_are_gone_and_dumps_go_on() {
     );
     assert!(o.stdout.contains("dumps done"), "{}", o.stdout);
     let leaver = block(&o.stdout, "leaver");
-    assert!(leaver.contains(" no stack (exited)"), "{leaver}");
+    assert!(
+        leaver.contains(" no stack (exited)")
+            || leaver.contains(" no stack (request signal blocked)"),
+        "{leaver}"
+    );
     let (summary, v) = summary(&o.stdout);
     assert_eq!(v[2], 0, "{summary}");
-    assert!(v[3] >= 1, "{summary}");
 }
 
 #[test]
@@ -1264,7 +1611,10 @@ fn a_crash_report_lists_every_thread() {
     );
     let masked = block(others, "masked");
     assert!(masked.contains("state R (running)"), "{masked}");
-    assert!(masked.contains(" no stack (timeout)"), "{masked}");
+    assert!(
+        masked.contains(" no stack (request signal blocked)"),
+        "{masked}"
+    );
     // One block: a single end line, at the end.
     assert_eq!(r.matches("---[ end of report ]---").count(), 1, "{r}");
     // (qemu-user adds its own line when the program dies by a signal.)
@@ -1278,6 +1628,56 @@ fn a_crash_report_lists_every_thread() {
         r.trim_end()
     };
     assert!(r_end.ends_with("---[ end of report ]---"), "{r}");
+}
+
+#[test]
+fn a_crash_with_a_thousand_threads_blocking_the_request_signal_ends_at_once() {
+    let o = run("crash-1000-blocked");
+    assert_eq!(o.signal, Some(libc::SIGSEGV), "{}\n{}", o.stdout, o.stderr);
+    let r = &o.stderr;
+    let took: u64 = r
+        .lines()
+        .find_map(|l| l.strip_prefix("crash handler took "))
+        .and_then(|v| v.trim_end_matches(" ms").parse().ok())
+        .unwrap_or_else(|| panic!("no handler time in:\n{r}"));
+    eprintln!("crash handler with 1000 threads blocking the request signal: {took} ms");
+    // Each of them listed, with the reason.
+    let lines: Vec<&str> = r.lines().collect();
+    let mut blocked = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if l.starts_with("thread \"blk\" tid ") {
+            assert_eq!(
+                lines.get(i + 1).copied(),
+                Some(" no stack (request signal blocked)"),
+                "{l}"
+            );
+            blocked += 1;
+        }
+    }
+    assert_eq!(blocked, 1000, "{r}");
+    assert!(r.contains("---[ end of report ]---"), "{r}");
+    // Bounded: it took 63.7 s (1 s per 16 threads) when each was asked and waited for.
+    assert!(took < 10_000, "{took} ms");
+}
+
+/// Forks while other threads hold selftrace's locks (the output lock, the DWARF and symbol
+/// caches, the profiler's): every child's `dump_all`, `Backtrace::capture`, profiler and crash
+/// report each finish within a second (before the fix: children stalled 10 s on the output
+/// lock, or forever on a cache's mutex).
+#[test]
+#[cfg(feature = "profile")]
+#[ignore = "fork safety: in progress"]
+fn forked_children_are_never_stuck_on_a_lock_of_the_parent() {
+    let o = run("fork-storm");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("fork results: "))
+        .unwrap_or_else(|| panic!("no results:\n{}\n{}", o.stdout, o.stderr));
+    eprintln!("{line}");
+    let want = "fork results: forked 200 ok 200 stuck 0 failed 0 in ";
+    assert!(line.starts_with(want), "{}", o.stdout);
 }
 
 #[test]
@@ -1397,9 +1797,10 @@ fn a_stopped_thread_times_out_and_answers_once_resumed() {
     assert!((300..30_000).contains(&ms), "{}", o.stdout);
     let b = block(&o.stdout, "stopme");
     assert!(b.contains("state t (tracing stop)"), "{b}");
-    assert!(b.contains(" no stack (timeout)"), "{b}");
+    assert!(b.contains(" no stack (stopped)"), "{b}");
     let (summary, v) = summary(&o.stdout);
-    assert_eq!(v[2], 1, "{summary}");
+    assert_eq!(v[2], 0, "{summary}");
+    assert_eq!(v[4], 1, "{summary}");
     assert_eq!(v[1], v[0] - 1, "{summary}");
     // Detached, the thread answers again: its exact pc in the spin loop.
     assert!(o.stdout.contains("detach Some(0)"), "{}", o.stdout);

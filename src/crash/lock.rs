@@ -5,7 +5,10 @@
 //! [`OutputLock::acquire`] is async-signal-safe: a compare-and-swap, and `nanosleep` while
 //! another thread holds the lock. A thread that already holds it (a crash while reporting,
 //! `dump_stack` inside a report, a dump signal during a dump) goes on without waiting, and a
-//! holder that does not release it within 10 s is presumed dead.
+//! holder that does not release it within 10 s is presumed dead. A holder that is not a thread
+//! of this process (a thread of the parent of a forked child, or one that exited) holds nothing:
+//! its lock is taken over at once (`tgkill(tid, 0)`), and a forked child starts with it free
+//! ([`after_fork`]).
 
 use crate::sys;
 use core::sync::atomic::{AtomicI32, Ordering};
@@ -32,6 +35,14 @@ impl OutputLock {
             match OWNER.compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return OutputLock { release: true },
                 Err(t) if t == tid => return OutputLock { release: false },
+                Err(t) if crate::fork::holder_gone(t) => {
+                    if OWNER
+                        .compare_exchange(t, tid, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        return OutputLock { release: true };
+                    }
+                }
                 Err(_) => {
                     // Another thread reports; wait (a report takes milliseconds), but not
                     // forever: after 10 s assume it died and go on.
@@ -52,4 +63,9 @@ impl Drop for OutputLock {
             OWNER.store(0, Ordering::Release);
         }
     }
+}
+
+/// In a forked child (one thread): the lock is free, whoever held it in the parent.
+pub(crate) fn after_fork() {
+    OWNER.store(0, Ordering::Release);
 }

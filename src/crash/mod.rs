@@ -525,6 +525,19 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
     die(sig);
 }
 
+/// In a forked child (one thread; see `crate::fork`): the report lock is free, no thread of
+/// the parent waits for it, and the symbolizer process (which serves the parent, through
+/// pipes the child would share with it) is not used: the child's reports name functions
+/// without file:line, unless the child installs the crash handler again (a symbolizer of its
+/// own).
+pub(crate) fn after_fork() {
+    lock::after_fork();
+    for (t, _) in &WAITING {
+        t.store(0, Ordering::Relaxed);
+    }
+    symbolizer::after_fork();
+}
+
 /// Threads that crashed while another held the report lock, with their fault's ucontext
 /// (tid 0: free).
 static WAITING: [(AtomicI32, AtomicUsize); 8] =

@@ -80,6 +80,19 @@ pub(crate) fn spawn() -> Result<(), crate::Error> {
     Ok(())
 }
 
+/// In a forked child: forgets the parent's symbolizer (closing the child's copies of its
+/// pipes): it answers the parent, and a child's request on the shared pipes could take the
+/// parent's answers, or give the parent the child's. The next `spawn` (a new `install`) forks
+/// one for the child.
+pub(crate) fn after_fork() {
+    for fd in [&REQ_FD, &RESP_FD] {
+        let f = fd.swap(-1, Ordering::Relaxed);
+        if f >= 0 {
+            sys::close(f);
+        }
+    }
+}
+
 /// What `ps` shows for the symbolizer: its thread name (`comm`) and its command line.
 const COMM: &core::ffi::CStr = c"selftrace-sym";
 const CMDLINE: &[u8] = b"selftrace-symbolizer";

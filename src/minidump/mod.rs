@@ -303,6 +303,12 @@ static STATE: Shared = Shared(UnsafeCell::new(State {
 /// The thread writing a dump (0 = none).
 static BUSY: AtomicI32 = AtomicI32::new(0);
 
+/// In a forked child (one thread): a dump that a thread of the parent was writing is not
+/// being written here.
+pub(crate) fn after_fork() {
+    BUSY.store(0, Ordering::Release);
+}
+
 // ---- the file ------------------------------------------------------------------------------
 
 /// The dump file: positioned writes relative to where the dump starts. Offsets are computed in
@@ -470,11 +476,16 @@ pub(crate) fn write(
         return Err(Error::Unsupported("minidumps on this architecture"));
     }
     let me = sys::gettid();
-    if BUSY
-        .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        return Err(Error::InvalidInput("another minidump is being written"));
+    if let Err(holder) = BUSY.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+        // A writer that is not a thread of this process (a forked child's parent's) writes
+        // nothing here: its state is taken over.
+        if !crate::fork::holder_gone(holder)
+            || BUSY
+                .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return Err(Error::InvalidInput("another minidump is being written"));
+        }
     }
     // SAFETY: BUSY is ours: nobody else uses the state until we clear it.
     let st = unsafe { &mut *STATE.0.get() };
@@ -868,45 +879,19 @@ fn thread_context(
 }
 
 /// Whether thread `tid` cannot answer a context request now: stopped (`T`, `t`), or with the
-/// request signal blocked (`SigBlk` of `/proc/self/task/TID/status`), so that asking would
-/// only wait for the timeout.
+/// request signal blocked or ignored (the check the text dumps use too,
+/// `threads::proc::cannot_answer`), so that asking would only wait for the timeout.
 fn cannot_answer(tid: i32) -> bool {
     #[cfg(feature = "threads")]
-    let Some(sig) = crate::threads::signal() else {
-        return true;
-    };
-    #[cfg(not(feature = "threads"))]
-    let sig = 0;
-    let mut buf = [0u8; 4096];
-    let n = read_task_file(tid, b"status", &mut buf);
-    status_says_cannot_answer(&buf[..n], sig)
-}
-
-/// [`cannot_answer`] from the text of a `status` file.
-fn status_says_cannot_answer(status: &[u8], sig: i32) -> bool {
-    let field = |name: &[u8]| {
-        status
-            .split(|&b| b == b'\n')
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim_ascii())
-    };
-    if field(b"State:").is_some_and(|v| v.first().is_some_and(|&c| c == b'T' || c == b't')) {
-        return true;
-    }
-    let Some(mask) = field(b"SigBlk:") else {
-        return false;
-    };
-    // The mask in hex, signal 1 in the lowest bit.
-    let bit = (sig - 1) as usize;
-    let digit = match mask
-        .len()
-        .checked_sub(1 + bit / 4)
-        .and_then(|i| mask.get(i))
     {
-        Some(&d) => (d as char).to_digit(16).unwrap_or(0),
-        None => 0,
-    };
-    (1..=64).contains(&sig) && digit & (1 << (bit % 4)) != 0
+        crate::threads::cannot_answer(tid).is_some()
+    }
+    #[cfg(not(feature = "threads"))]
+    {
+        // Nobody would answer without the stack-request handler.
+        let _ = tid;
+        true
+    }
 }
 
 /// Thread `tid`'s name from `/proc/self/task/TID/comm` into `out`; its length (0 if unreadable).
@@ -1331,35 +1316,6 @@ mod tests {
             Some((0x7f735df7b000, 0x7f735df7c000, false))
         );
         assert_eq!(parse_maps_line(b"garbage"), None);
-    }
-
-    #[test]
-    fn blocked_and_stopped_threads() {
-        let status = |state: &str, blk: &str| {
-            format!("Name:\tx\nState:\t{state}\nPid:\t1\nSigBlk:\t{blk}\nSigIgn:\t0\n")
-        };
-        let rt4 = 38; // SIGRTMIN + 4 on glibc
-        assert!(!status_says_cannot_answer(
-            status("S (sleeping)", "0000000000000000").as_bytes(),
-            rt4
-        ));
-        assert!(status_says_cannot_answer(
-            status("S (sleeping)", "fffffffe7fffffff").as_bytes(),
-            rt4
-        ));
-        assert!(status_says_cannot_answer(
-            status("S (sleeping)", "0000002000000000").as_bytes(),
-            rt4
-        ));
-        assert!(!status_says_cannot_answer(
-            status("S (sleeping)", "0000001000000000").as_bytes(),
-            rt4
-        ));
-        assert!(status_says_cannot_answer(
-            status("t (tracing stop)", "0").as_bytes(),
-            rt4
-        ));
-        assert!(!status_says_cannot_answer(b"", rt4));
     }
 
     #[test]

@@ -76,6 +76,8 @@ mod pprof;
 mod ring;
 mod sampler;
 
+pub(crate) use sampler::after_fork;
+
 pub use data::{Line, Location, Mapping, Mode, Profile, Sample};
 
 use crate::Error;

@@ -35,6 +35,18 @@ static DRAIN: AtomicU32 = AtomicU32::new(0);
 /// `si_code` of a POSIX timer's signal.
 const SI_TIMER: i32 = -2;
 
+/// In a forked child (one thread; see `crate::fork`): a profiler of the parent does not run
+/// here (its threads and timers are not inherited), and handlers that the parent's other
+/// threads were in ended with them: the child may start a profiler of its own, whose stop
+/// waits for nobody. The parent's state stays allocated (its `Profiler`, if the child has it,
+/// gives an empty profile).
+pub(crate) fn after_fork() {
+    SHARED.store(core::ptr::null_mut(), Ordering::SeqCst);
+    ACTIVE.store(0, Ordering::SeqCst);
+    DRAIN.store(0, Ordering::SeqCst);
+    RUNNING.store(false, Ordering::SeqCst);
+}
+
 /// The sampling signal's handler.
 ///
 /// # Async-signal safety
@@ -940,6 +952,11 @@ fn timer_thread(
 
 impl Running {
     pub(crate) fn take(&self) -> Profile {
+        if sys::getpid() != self.pid {
+            // A forked child's copy of the parent's profiler: it samples nothing here, and its
+            // locks may be held by the parent's threads.
+            return empty(self.inner.mode, self.inner.frequency_hz);
+        }
         let mut agg = self.inner.lock();
         agg.drain(&self.inner, false);
         let dropped = self.inner.ring().dropped.load(Ordering::Relaxed);
@@ -953,8 +970,19 @@ impl Running {
             // A forked child: the profiler's thread and timers exist only in the parent (its
             // join handle would wait forever). The child may start a profiler of its own.
             core::mem::forget(thread);
-            SHARED.store(core::ptr::null_mut(), Ordering::SeqCst);
-            RUNNING.store(false, Ordering::Release);
+            // Unless the child's fork handler did it already (and the child started a
+            // profiler of its own since).
+            if SHARED
+                .compare_exchange(
+                    self.inner.shared as *mut Shared,
+                    core::ptr::null_mut(),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_ok()
+            {
+                RUNNING.store(false, Ordering::Release);
+            }
             return empty(self.inner.mode, self.inner.frequency_hz);
         }
         if DRAIN.swap(1, Ordering::AcqRel) == 0 {

@@ -39,7 +39,6 @@ use object::{Endianness, Object as _, ObjectSection as _};
 use std::fs::File;
 use std::io::Read as _;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use super::names::{Names, SymbolName, MAX_NAME};
 
@@ -477,8 +476,10 @@ impl Slot {
     }
 }
 
-/// Every object ever seen, for reuse (normal context only).
-static CACHE: Mutex<Vec<(Key, &'static Slot)>> = Mutex::new(Vec::new());
+/// Every object ever seen, for reuse (normal context only). A forked child takes it over from a
+/// thread of the parent that held it and starts over (the slots it leaks stay valid).
+static CACHE: crate::fork::ForkMutex<Vec<(Key, &'static Slot)>> =
+    crate::fork::ForkMutex::new(Vec::new());
 
 /// Directories searched for separate debug files, in order: `$SELFTRACE_DEBUG_DIR` (if set),
 /// then `/usr/lib/debug`.
@@ -503,7 +504,7 @@ pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> &'sta
         file: o.file,
     };
     let later = !o.is_vdso && o.range.len() >= background;
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = CACHE.lock_or_reset(Vec::new);
     if let Some(&(_, slot)) = cache.iter().find(|(k, _)| *k == key) {
         drop(cache);
         // Another thread may be building it now (a concurrent `init`): a table that is not

@@ -11,20 +11,23 @@
 use super::format::{FixedBuf, FrameKind};
 use super::index::ObjectSymbols;
 use super::{frame_kind, lookup, Mode, SymbolName};
+use crate::fork::ForkMutex;
 use crate::unwind::WalkEnd;
 use addr2line::gimli;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 type Reader = gimli::EndianSlice<'static, gimli::RunTimeEndian>;
 type Context = addr2line::Context<Reader>;
 
 /// Parsed DWARF per object (keyed by the address of its never-freed `ObjectSymbols`), or why
-/// there is none.
-static CONTEXTS: Mutex<Vec<(usize, ObjectDwarf)>> = Mutex::new(Vec::new());
+/// there is none. Held while a context is used (addr2line's lazily filled contexts are not
+/// `Sync`). A forked child takes it over from a thread of the parent that held it and starts
+/// over (the contexts it leaks are never freed, as file names point into them).
+static CONTEXTS: ForkMutex<Vec<(usize, ObjectDwarf)>> = ForkMutex::new(Vec::new());
 
 /// An object's parsed DWARF, or why there is none.
 type ObjectDwarf = Result<Box<Loaded>, NoLine>;
@@ -254,7 +257,7 @@ fn unknown_compression<'d, R: object::ReadRef<'d>>(
 /// Runs `f` with the cached DWARF context of `obj` (parsed on first use).
 fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Result<&Loaded, NoLine>) -> R) -> R {
     let key = obj as *const ObjectSymbols as usize;
-    let mut cache = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = CONTEXTS.lock_or_reset(Vec::new);
     let pos = match cache.iter().position(|(k, _)| *k == key) {
         Some(p) => p,
         None => {
@@ -331,7 +334,8 @@ struct FrameCache {
 /// Entries kept before the frame cache starts over.
 const FRAME_CACHE_MAX: usize = 1 << 16;
 
-static FRAME_CACHE: Mutex<Option<FrameCache>> = Mutex::new(None);
+/// Taken over by a forked child from a thread of the parent that held it, and emptied.
+static FRAME_CACHE: ForkMutex<Option<FrameCache>> = ForkMutex::new(None);
 
 /// A multiplicative hasher for address keys.
 #[derive(Default)]
@@ -469,8 +473,8 @@ impl BacktraceFrame {
         let key = (obj as *const ObjectSymbols as usize, svma);
         // The cache is locked only to look and to insert, never while this thread waits for
         // the background indexer or reads DWARF: a second thread resolving the same address
-        // meanwhile does the same work, and a fork meanwhile finds the lock free.
-        let cache = || FRAME_CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        // meanwhile does the same work.
+        let cache = || FRAME_CACHE.lock_or_reset(|| None);
         let hit = cache().as_ref().and_then(|c| c.map.get(&key).cloned());
         if let Some(hit) = hit {
             frame.symbols = hit.symbols;

@@ -224,6 +224,11 @@ impl Index {
 
 static INDEX: Published<Index> = Published::new();
 
+/// In a forked child: the reads of the parent's other threads ended with them.
+pub(crate) fn after_fork() {
+    INDEX.after_fork();
+}
+
 /// Builds the symbol index for the current module snapshot, unless it is already up to date.
 /// Tables of objects seen before are reused. Normal context only; `init()` and `refresh()`
 /// call it.

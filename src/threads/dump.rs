@@ -21,7 +21,7 @@
 //! Everything here is async-signal-safe: the thread list is read with `getdents64`, each stack
 //! is requested through [`super::request`], and output goes through fixed buffers and `write(2)`.
 
-use super::proc::{self, ThreadInfo};
+use super::proc::{self, NoAnswer, ThreadInfo};
 use super::request::{self, Answer, Ticket};
 pub(crate) use crate::crash::lock::OutputLock;
 use crate::crash::report::{call_trace_with_lines, Lines};
@@ -33,6 +33,16 @@ use crate::sys;
 pub(crate) const MAX_THREADS: usize = 4096;
 /// Requests in flight at once during a dump.
 const WINDOW: usize = 16;
+/// All the threads of one dump together wait at most this many times one thread's timeout
+/// for answers (as the minidump writer does); past that, each thread still asked gets
+/// [`GRACE_NS`], so a dump ends in bounded time whatever the threads do.
+const OVERALL_TIMEOUTS: u64 = 4;
+/// How long a thread has to answer when its `/proc` status says it cannot (the request signal
+/// blocked, stopped: often for good, but also for a moment, as while it runs the handler of
+/// another request, which blocks the signal until it returns), or when it is asked after the
+/// dump's overall deadline. [`WINDOW`] of them wait at once: 1,000 threads that block the
+/// signal for good cost about 1.3 s.
+const GRACE_NS: u64 = 20_000_000;
 
 /// What one dump saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,8 +52,13 @@ pub struct DumpSummary {
     pub threads: usize,
     /// Threads whose stack was captured.
     pub stacks: usize,
-    /// Threads that did not answer in time (signal blocked, stopped, uninterruptible sleep).
+    /// Threads that did not answer in time (uninterruptible sleep, a handler that does not
+    /// return, the dump's overall deadline passed).
     pub timeouts: usize,
+    /// Threads that did not answer and could not: the request signal blocked or ignored in
+    /// them, or stopped (their `/proc` status said so before they were asked); listed with the
+    /// reason (`no stack (request signal blocked)`) after a short grace instead of the timeout.
+    pub could_not_answer: usize,
     /// Threads that exited while the dump ran.
     pub gone: usize,
     /// Threads not listed because there were more than the dump holds (4096).
@@ -146,6 +161,11 @@ pub(crate) fn thread_body(
         }
         Answer::Timeout => out.line(|w| w.push_bytes(b" no stack (timeout)")),
         Answer::Gone => out.line(|w| w.push_bytes(b" no stack (exited)")),
+        Answer::Cannot(why) => out.line(|w| {
+            w.push_bytes(b" no stack (");
+            w.push_str(why.as_str());
+            w.push_bytes(b")");
+        }),
     }
 }
 
@@ -153,10 +173,11 @@ pub(crate) fn thread_body(
 #[derive(Clone, Copy)]
 enum Pending {
     Empty,
-    Posted(Ticket, u64),
+    /// Asked, until the deadline; if it does not answer, why it could not (from its status).
+    Posted(Ticket, u64, Option<NoAnswer>),
     Answered(Answer),
     /// Every slot was busy (other requesters): try again when its turn comes.
-    NoSlot,
+    NoSlot(Option<NoAnswer>),
     /// The dumping thread itself, with the capture signal blocked: captured directly.
     Myself,
 }
@@ -168,8 +189,30 @@ fn capture_myself(frames: &mut [usize]) -> Answer {
     Answer::Frames(walk.frames, walk.end)
 }
 
-/// Posts a request for `tid` (or settles it at once: gone, or the caller itself).
-fn post(tid: i32, info: Option<&ThreadInfo>, timeout_ns: u64) -> Pending {
+/// The deadline of a request posted now: its own timeout, cut at the dump's overall deadline
+/// (but at least [`GRACE_NS`]); only [`GRACE_NS`] for a thread whose status says it cannot
+/// answer (`why`).
+fn deadline(timeout_ns: u64, overall: u64, why: Option<NoAnswer>) -> u64 {
+    let now = sys::monotonic_ns();
+    let grace = now.saturating_add(GRACE_NS);
+    if why.is_some() {
+        return grace.min(now.saturating_add(timeout_ns));
+    }
+    now.saturating_add(timeout_ns).min(overall.max(grace))
+}
+
+/// A request's answer, with a timeout told apart when the thread's status said why it could
+/// not answer.
+fn explained(a: Answer, why: Option<NoAnswer>) -> Answer {
+    match (a, why) {
+        (Answer::Timeout, Some(why)) => Answer::Cannot(why),
+        (a, _) => a,
+    }
+}
+
+/// Posts a request for `tid` (or settles it at once: gone, cannot answer, or the caller
+/// itself).
+fn post(tid: i32, info: Option<&ThreadInfo>, timeout_ns: u64, overall: u64) -> Pending {
     match info {
         None => return Pending::Answered(Answer::Gone),
         Some(i) if i.state == b'Z' || i.state == b'X' => return Pending::Answered(Answer::Gone),
@@ -180,30 +223,46 @@ fn post(tid: i32, info: Option<&ThreadInfo>, timeout_ns: u64) -> Pending {
     {
         return Pending::Myself;
     }
+    // A thread that blocks the signal (or is stopped) would make us wait for the deadline: it
+    // only gets a grace, in case it blocks the signal for a moment.
+    let why = super::cannot_answer(tid);
+    if why == Some(NoAnswer::NoHandler) {
+        return Pending::Answered(Answer::Cannot(NoAnswer::NoHandler));
+    }
     match request::post(tid) {
-        Ok(Some(t)) => Pending::Posted(t, sys::monotonic_ns().saturating_add(timeout_ns)),
-        Ok(None) => Pending::NoSlot,
-        Err(a) => Pending::Answered(a),
+        Ok(Some(t)) => Pending::Posted(t, deadline(timeout_ns, overall, why), why),
+        Ok(None) => Pending::NoSlot(why),
+        Err(a) => Pending::Answered(explained(a, why)),
     }
 }
 
 /// Settles a window entry into an answer, with its frames in `frames`.
-fn settle(p: Pending, tid: i32, timeout_ns: u64, frames: &mut [usize]) -> (Answer, bool) {
+fn settle(
+    p: Pending,
+    tid: i32,
+    timeout_ns: u64,
+    overall: u64,
+    frames: &mut [usize],
+) -> (Answer, bool) {
     match p {
-        Pending::Posted(t, deadline) => (request::wait_one(&t, deadline, frames), true),
+        Pending::Posted(t, deadline, why) => (
+            explained(request::wait_one(&t, deadline, frames), why),
+            true,
+        ),
         Pending::Answered(a) => (a, true),
         Pending::Myself => (capture_myself(frames), false),
         Pending::Empty => (Answer::Timeout, true),
-        Pending::NoSlot => {
-            let deadline = sys::monotonic_ns().saturating_add(timeout_ns);
-            loop {
+        Pending::NoSlot(why) => {
+            let deadline = deadline(timeout_ns, overall, why);
+            let answer = loop {
                 match request::post(tid) {
-                    Ok(Some(t)) => return (request::wait_one(&t, deadline, frames), true),
+                    Ok(Some(t)) => break request::wait_one(&t, deadline, frames),
                     Ok(None) if sys::monotonic_ns() < deadline => sys::sleep_ns(1_000_000),
-                    Ok(None) => return (Answer::Timeout, true),
-                    Err(a) => return (a, true),
+                    Ok(None) => break Answer::Timeout,
+                    Err(a) => break a,
                 }
-            }
+            };
+            (explained(answer, why), true)
         }
     }
 }
@@ -238,6 +297,7 @@ pub(crate) fn threads_section(
     }
     let tids = &mut tids[..n];
     tids.sort_unstable();
+    let overall = sys::monotonic_ns().saturating_add(timeout_ns.saturating_mul(OVERALL_TIMEOUTS));
     let mut window = [Pending::Empty; WINDOW];
     let mut infos: [Option<ThreadInfo>; WINDOW] = [None; WINDOW];
     let mut frames = [0usize; request::SLOT_FRAMES];
@@ -246,11 +306,12 @@ pub(crate) fn threads_section(
         while posted < n && posted - printed < WINDOW {
             let info = proc::info(tids[posted]);
             infos[posted % WINDOW] = info;
-            window[posted % WINDOW] = post(tids[posted], info.as_ref(), timeout_ns);
+            window[posted % WINDOW] = post(tids[posted], info.as_ref(), timeout_ns, overall);
             posted += 1;
         }
         let k = printed % WINDOW;
-        let (answer, first_exact) = settle(window[k], tids[printed], timeout_ns, &mut frames);
+        let (answer, first_exact) =
+            settle(window[k], tids[printed], timeout_ns, overall, &mut frames);
         window[k] = Pending::Empty;
         out.line(|_| {});
         thread_header(out, tids[printed], infos[k].as_ref());
@@ -260,6 +321,7 @@ pub(crate) fn threads_section(
             Answer::Frames(..) => summary.stacks += 1,
             Answer::Timeout => summary.timeouts += 1,
             Answer::Gone => summary.gone += 1,
+            Answer::Cannot(_) => summary.could_not_answer += 1,
         }
     }
     if summary.not_listed > 0 {

@@ -185,6 +185,18 @@ pub fn uninstall() -> Result<(), Error> {
     })
 }
 
+/// In a forked child (one thread; see `crate::fork`): stack requests of the parent's threads are
+/// gone, and an installation another thread of the parent had under way is settled (as
+/// installed if it got as far as publishing the signal), so that the child does not wait for
+/// it.
+pub(crate) fn after_fork() {
+    request::after_fork();
+    if INSTALL.load(Ordering::Relaxed) == 1 {
+        let installed = request::SIGNAL.load(Ordering::Relaxed) != 0;
+        INSTALL.store(if installed { 2 } else { 0 }, Ordering::Release);
+    }
+}
+
 /// The signal stacks are requested with, if the handler is installed.
 pub fn signal() -> Option<i32> {
     match request::SIGNAL.load(Ordering::Acquire) {
@@ -283,7 +295,7 @@ pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::
             Ok(Some(t)) => {
                 return match request::wait_one(&t, deadline, buf) {
                     request::Answer::Frames(frames, end) => Ok(crate::Walk { frames, end }),
-                    request::Answer::Timeout => Err(Error::Timeout),
+                    request::Answer::Timeout | request::Answer::Cannot(_) => Err(Error::Timeout),
                     request::Answer::Gone => Err(Error::ThreadGone),
                 };
             }
@@ -384,7 +396,7 @@ pub(crate) fn request_context(
                             ContextAnswer::Timeout
                         }
                     }
-                    request::Answer::Timeout => ContextAnswer::Timeout,
+                    request::Answer::Timeout | request::Answer::Cannot(_) => ContextAnswer::Timeout,
                     request::Answer::Gone => ContextAnswer::Gone,
                 };
             }
@@ -393,6 +405,19 @@ pub(crate) fn request_context(
             Ok(None) if sys::monotonic_ns() < deadline => sys::sleep_ns(1_000_000),
             Ok(None) => return ContextAnswer::Timeout,
         }
+    }
+}
+
+/// Why thread `tid` cannot answer a stack or context request now (the request signal blocked
+/// or ignored in it, the thread stopped, or no handler installed), so that asking would only
+/// wait for the timeout; `None` when it can. Used by dumps and the minidump writer alike.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn cannot_answer(tid: i32) -> Option<proc::NoAnswer> {
+    match request::SIGNAL.load(Ordering::Acquire) {
+        0 => Some(proc::NoAnswer::NoHandler),
+        sig => proc::cannot_answer(tid, sig),
     }
 }
 

@@ -92,9 +92,145 @@ fn parse_stat(stat: &[u8]) -> Option<(&[u8], u8)> {
     Some((&stat[open + 1..close], state))
 }
 
+/// Why a thread cannot answer a signal now, so that asking it would only wait for a timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NoAnswer {
+    /// The signal is in the thread's blocked mask (`SigBlk`).
+    Blocked,
+    /// The signal is ignored process-wide (`SigIgn`: someone set `SIG_IGN` over the handler).
+    Ignored,
+    /// The thread is stopped or traced (`T`, `t`).
+    Stopped,
+    /// The stack-request handler is not installed.
+    NoHandler,
+}
+
+impl NoAnswer {
+    /// How a report says it: `request signal blocked`, `stopped`, ...
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            NoAnswer::Blocked => "request signal blocked",
+            NoAnswer::Ignored => "request signal ignored",
+            NoAnswer::Stopped => "stopped",
+            NoAnswer::NoHandler => "request handler not installed",
+        }
+    }
+}
+
+/// Whether thread `tid` cannot take signal `sig` now, from `/proc/self/task/TID/status`
+/// (`State`, `SigBlk`, `SigIgn`): the one check the text dumps and the minidump writer share
+/// before they ask a thread for its stack or registers. `None` when it can (or the file cannot
+/// be read: then asking is the only way to know).
+///
+/// # Async-signal safety
+/// Async-signal-safe (`open`/`read`/`close` into a stack buffer).
+pub(crate) fn cannot_answer(tid: i32, sig: i32) -> Option<NoAnswer> {
+    let mut path = [0u8; 48];
+    let mut w = FixedBuf::new(&mut path);
+    w.push_bytes(b"/proc/self/task/");
+    w.push_dec(tid as u64);
+    w.push_bytes(b"/status\0");
+    let len = w.len();
+    let path = core::ffi::CStr::from_bytes_with_nul(&path[..len]).ok()?;
+    let fd = sys::open_cloexec(path, libc::O_RDONLY).ok()?;
+    let mut buf = [0u8; 2048];
+    // The fields needed (State, SigBlk, SigIgn) sit in the first ~1.2 KiB; read until full.
+    let mut n = 0;
+    while n < buf.len() {
+        match sys::read(fd, &mut buf[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    sys::close(fd);
+    status_says_cannot_answer(&buf[..n], sig)
+}
+
+/// [`cannot_answer`] from the text of a `status` file.
+pub(crate) fn status_says_cannot_answer(status: &[u8], sig: i32) -> Option<NoAnswer> {
+    let field = |name: &[u8]| {
+        status
+            .split(|&b| b == b'\n')
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim_ascii())
+    };
+    if field(b"State:").is_some_and(|v| v.first().is_some_and(|&c| c == b'T' || c == b't')) {
+        return Some(NoAnswer::Stopped);
+    }
+    if mask_has(field(b"SigBlk:"), sig) {
+        return Some(NoAnswer::Blocked);
+    }
+    if mask_has(field(b"SigIgn:"), sig) {
+        return Some(NoAnswer::Ignored);
+    }
+    None
+}
+
+/// Whether a `status` signal mask (hex, signal 1 in the lowest bit) holds `sig`.
+fn mask_has(mask: Option<&[u8]>, sig: i32) -> bool {
+    let Some(mask) = mask else {
+        return false;
+    };
+    if !(1..=64).contains(&sig) {
+        return false;
+    }
+    let bit = (sig - 1) as usize;
+    let digit = match mask
+        .len()
+        .checked_sub(1 + bit / 4)
+        .and_then(|i| mask.get(i))
+    {
+        Some(&d) => (d as char).to_digit(16).unwrap_or(0),
+        None => 0,
+    };
+    digit & (1 << (bit % 4)) != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocked_ignored_and_stopped_threads() {
+        let status = |state: &str, blk: &str, ign: &str| {
+            format!("Name:\tx\nState:\t{state}\nPid:\t1\nSigBlk:\t{blk}\nSigIgn:\t{ign}\n")
+        };
+        let rt4 = 38; // SIGRTMIN + 4 on glibc
+        let zero = "0000000000000000";
+        let s =
+            |state, blk, ign| status_says_cannot_answer(status(state, blk, ign).as_bytes(), rt4);
+        assert_eq!(s("S (sleeping)", zero, zero), None);
+        assert_eq!(
+            s("S (sleeping)", "fffffffe7fffffff", zero),
+            Some(NoAnswer::Blocked)
+        );
+        assert_eq!(
+            s("S (sleeping)", "0000002000000000", zero),
+            Some(NoAnswer::Blocked)
+        );
+        assert_eq!(s("S (sleeping)", "0000001000000000", zero), None);
+        assert_eq!(
+            s("S (sleeping)", zero, "0000002000000000"),
+            Some(NoAnswer::Ignored)
+        );
+        assert_eq!(s("t (tracing stop)", "0", zero), Some(NoAnswer::Stopped));
+        assert_eq!(status_says_cannot_answer(b"", rt4), None);
+    }
+
+    #[test]
+    fn own_status() {
+        let sig = libc::SIGRTMIN() + 7;
+        // SAFETY: plain sigset manipulation of this thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = core::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut());
+            assert_eq!(cannot_answer(sys::gettid(), sig), Some(NoAnswer::Blocked));
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, core::ptr::null_mut());
+        }
+        assert_eq!(cannot_answer(sys::gettid(), sig), None);
+    }
 
     #[test]
     fn stat_with_parentheses_in_the_name() {

@@ -119,6 +119,9 @@ pub(crate) enum Answer {
     Gone,
     /// No answer by the deadline.
     Timeout,
+    /// No answer from a thread whose status said it cannot take the request signal now
+    /// (blocked or ignored, or the thread stopped), after a short grace (dumps only).
+    Cannot(super::proc::NoAnswer),
 }
 
 /// Claims a slot for `tid`, publishes the request and signals the thread. `Err(Answer::Gone)`
@@ -260,6 +263,20 @@ pub(crate) fn cancel(t: &Ticket) -> Option<Answer> {
         return None;
     }
     poll(t)
+}
+
+/// In a forked child (one thread): the requests in flight were the parent's (their requesters
+/// and targets are threads the child does not have), so every slot is free again, in a new
+/// generation (a late answer finds nothing to do).
+pub(crate) fn after_fork() {
+    for slot in &TABLE {
+        let w = slot.word.load(Ordering::Relaxed);
+        if state(w) != FREE {
+            slot.word
+                .store(with_state(w.wrapping_add(1 << 8), FREE), Ordering::Release);
+        }
+        slot.hold.store(0, Ordering::Release);
+    }
 }
 
 /// The current value of the answer counter (read before checking, then [`wait`] on it).

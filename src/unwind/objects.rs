@@ -167,6 +167,11 @@ fn find_in(objects: &[ObjectCheck], pc: usize) -> Option<usize> {
 
 static STATE: Published<State> = Published::new();
 
+/// In a forked child: the reads of the parent's other threads ended with them.
+pub(crate) fn after_fork() {
+    STATE.after_fork();
+}
+
 /// Runs `f` with the published state (`None` before `init()`).
 ///
 /// # Async-signal safety

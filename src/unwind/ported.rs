@@ -107,3 +107,11 @@ pub(crate) fn is_signal_trampoline(addr: usize) -> bool {
     });
     known.unwrap_or_else(|| super::step::is_trampoline_at(addr))
 }
+
+/// In a forked child (one thread): what the parent's other threads held is free (see
+/// `crate::fork`): their reads of the objects snapshot, their walk slots and reuse records.
+pub(crate) fn after_fork() {
+    super::objects::after_fork();
+    super::slots::after_fork();
+    super::reuse::after_fork();
+}

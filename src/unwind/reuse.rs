@@ -154,6 +154,16 @@ const fn free_record() -> Record {
 
 static TABLE: [Record; RECORDS] = [const { free_record() }; RECORDS];
 
+/// In a forked child (one thread): a record held by a walk of another thread of the parent is
+/// emptied (that walk ended with its thread; its data may be half written).
+pub(crate) fn after_fork() {
+    for rec in &TABLE {
+        if rec.owner.load(Ordering::Relaxed) & BUSY != 0 {
+            rec.owner.store(0, Ordering::Release);
+        }
+    }
+}
+
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
 /// See [`super::set_walk_reuse`].

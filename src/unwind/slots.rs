@@ -115,3 +115,11 @@ impl Drop for SlotGuard {
         self.slot.busy.store(false, Ordering::Release);
     }
 }
+
+/// In a forked child (one thread): the walks of the parent's other threads ended with them, so
+/// their slots are free (a slot's scratch is set up again by each walk that claims it).
+pub(crate) fn after_fork() {
+    for slot in &SLOTS {
+        slot.busy.store(false, Ordering::Release);
+    }
+}

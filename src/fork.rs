@@ -1,0 +1,369 @@
+//! Fork safety: a forked child has one thread, the one that called `fork()`; every lock that
+//! another thread of the parent held at that moment stays held in the child, by nobody.
+//!
+//! selftrace handles each of its locks and of the states that threads of the parent own in one
+//! of two ways:
+//!
+//! - **taken over**: a [`ForkMutex`] (the caches' locks, the writers' locks) and the output lock
+//!   record their holder's tid; a thread that finds one held by a tid that is not a thread of
+//!   this process (`tgkill(tid, 0)` says `ESRCH`), or held before the last fork (the child
+//!   handler raises a fork generation that the lock word carries), takes the lock over. The
+//!   value it guards may have been half updated: caches start over (the old value is leaked,
+//!   never read again nor freed, since `'static` references into it may be out there);
+//! - **reset in the child**: [`child`], a `pthread_atfork` child handler registered before
+//!   `main`, frees what the parent's other threads held: reader marks of the published
+//!   snapshots, walk slots and reuse records, stack requests in flight, a minidump being
+//!   written, the profiler's state (its threads and timers are not inherited), the symbolizer
+//!   process's pipes (that process answers the parent: the child's crash reports name
+//!   functions without file:line unless it installs the crash handler again).
+//!
+//! Nothing in a child waits for a thread or process of the parent: the profiler's timer
+//! thread, the watchdog's monitor (started again in the child by its next `watch`), the
+//! background indexer (a slot it was building is claimed by the child's first user).
+//!
+//! Limit: a thread that forks while it itself holds one of these locks (possible only from a
+//! callback or a signal handler that runs inside selftrace) keeps it in the child, but a second
+//! thread that the child starts may take it over from it.
+#![allow(unsafe_code)]
+
+use crate::sys;
+use core::cell::UnsafeCell;
+use core::ops::{Deref, DerefMut};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// Raised by [`child`] in every forked child (9 bits: it lives in the lock word).
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+static REGISTERED: AtomicBool = AtomicBool::new(false);
+
+// Registers the child handler before main, in normal context (pthread_atfork allocates).
+#[used]
+#[link_section = ".init_array"]
+static STARTUP: extern "C" fn() = startup_ctor;
+
+extern "C" fn startup_ctor() {
+    register();
+}
+
+/// Registers [`child`] with `pthread_atfork`, once. Normal context (glibc allocates); the
+/// constructor above does it before `main`.
+pub(crate) fn register() {
+    if REGISTERED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if sys::atfork_child(child).is_err() {
+        REGISTERED.store(false, Ordering::Release);
+    }
+}
+
+/// The `pthread_atfork` child handler: runs in the new child, which has one thread.
+unsafe extern "C" fn child() {
+    GENERATION.store(
+        (GENERATION.load(Ordering::Relaxed) + 1) & GEN_MASK,
+        Ordering::Release,
+    );
+    crate::crash::after_fork();
+    crate::modules::after_fork();
+    crate::symbolize::after_fork();
+    crate::unwind::after_fork();
+    crate::minidump::after_fork();
+    #[cfg(feature = "threads")]
+    crate::threads::after_fork();
+    #[cfg(feature = "profile")]
+    crate::profile::after_fork();
+}
+
+/// Whether `tid` holds nothing any more: not a thread of this process (a thread of the parent
+/// of a forked child, or one that exited).
+pub(crate) fn holder_gone(tid: i32) -> bool {
+    tid != sys::gettid() && sys::tgkill(tid, 0) == Err(libc::ESRCH)
+}
+
+const TID_BITS: u32 = 22;
+/// Tids are below 2^22 (`PID_MAX_LIMIT`).
+const TID_MASK: u32 = (1 << TID_BITS) - 1;
+const WAITERS: u32 = 1 << TID_BITS;
+const GEN_SHIFT: u32 = TID_BITS + 1;
+const GEN_MASK: u32 = (1 << (32 - GEN_SHIFT)) - 1;
+
+/// A mutex for normal context whose holder may be a thread that does not exist: one of the
+/// parent of a forked child, or one that exited. [`ForkMutex::lock`] takes such a lock over
+/// (see the module docs). A futex word: `generation << 23 | waiters << 22 | tid`, 0 when free.
+/// Not reentrant; no poisoning (a panic under the lock leaves the value as it is, as the
+/// `unwrap_or_else(into_inner)` of the std mutexes it replaces did).
+pub(crate) struct ForkMutex<T> {
+    word: AtomicU32,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is reached only through a guard, held by one thread at a time (the lock
+// word); a taken-over lock's holder no longer exists in this process.
+unsafe impl<T: Send> Sync for ForkMutex<T> {}
+// SAFETY: as for any mutex: moving it moves the value.
+unsafe impl<T: Send> Send for ForkMutex<T> {}
+
+/// A held [`ForkMutex`]; released on drop.
+pub(crate) struct ForkGuard<'a, T> {
+    lock: &'a ForkMutex<T>,
+    word: u32,
+    taken_over: bool,
+}
+
+impl<T> ForkMutex<T> {
+    /// A free lock around `value`.
+    pub(crate) const fn new(value: T) -> ForkMutex<T> {
+        ForkMutex {
+            word: AtomicU32::new(0),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    /// Takes the lock, waiting for a live holder; taking it over from one that is gone
+    /// ([`ForkGuard::taken_over`] then says so: the value may be half updated).
+    pub(crate) fn lock(&self) -> ForkGuard<'_, T> {
+        let tid = sys::gettid() as u32 & TID_MASK;
+        let mut mine = GENERATION.load(Ordering::Acquire) << GEN_SHIFT | tid;
+        let mut cur =
+            match self
+                .word
+                .compare_exchange(0, mine, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return ForkGuard {
+                        lock: self,
+                        word: mine,
+                        taken_over: false,
+                    }
+                }
+                Err(cur) => cur,
+            };
+        loop {
+            if cur == 0 {
+                match self
+                    .word
+                    .compare_exchange(0, mine, Ordering::Acquire, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        return ForkGuard {
+                            lock: self,
+                            word: mine,
+                            taken_over: false,
+                        }
+                    }
+                    Err(now) => {
+                        cur = now;
+                        continue;
+                    }
+                }
+            }
+            let gen = GENERATION.load(Ordering::Acquire);
+            let stale = cur >> GEN_SHIFT != gen || holder_gone((cur & TID_MASK) as i32);
+            if stale {
+                // Keep the waiters bit: others may sleep on the word.
+                let taken = gen << GEN_SHIFT | (cur & WAITERS) | tid;
+                match self
+                    .word
+                    .compare_exchange(cur, taken, Ordering::Acquire, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        return ForkGuard {
+                            lock: self,
+                            word: taken,
+                            taken_over: true,
+                        }
+                    }
+                    Err(now) => {
+                        cur = now;
+                        continue;
+                    }
+                }
+            }
+            if cur & WAITERS == 0 {
+                if let Err(now) = self.word.compare_exchange(
+                    cur,
+                    cur | WAITERS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    cur = now;
+                    continue;
+                }
+                cur |= WAITERS;
+            }
+            // Woken by the release; now and then, check that the holder still exists.
+            sys::futex_wait(&self.word, cur, 50_000_000);
+            // Having slept, take the lock with the waiters bit: others may sleep too.
+            mine = GENERATION.load(Ordering::Acquire) << GEN_SHIFT | WAITERS | tid;
+            cur = self.word.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the lock if it is free or its holder is gone (then taken over, as
+    /// [`ForkMutex::lock`] does); `None` while a live thread holds it.
+    pub(crate) fn try_lock(&self) -> Option<ForkGuard<'_, T>> {
+        let tid = sys::gettid() as u32 & TID_MASK;
+        let gen = GENERATION.load(Ordering::Acquire);
+        let mine = gen << GEN_SHIFT | tid;
+        let cur = match self
+            .word
+            .compare_exchange(0, mine, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => {
+                return Some(ForkGuard {
+                    lock: self,
+                    word: mine,
+                    taken_over: false,
+                })
+            }
+            Err(cur) => cur,
+        };
+        if cur >> GEN_SHIFT == gen && !holder_gone((cur & TID_MASK) as i32) {
+            return None;
+        }
+        let taken = mine | (cur & WAITERS);
+        self.word
+            .compare_exchange(cur, taken, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| ForkGuard {
+                lock: self,
+                word: taken,
+                taken_over: true,
+            })
+    }
+
+    /// [`ForkMutex::lock`], and a value taken over from a holder that is gone is replaced by
+    /// `fresh()` (the old one is leaked: it may be half updated, and `'static` references into
+    /// it may be out there).
+    pub(crate) fn lock_or_reset(&self, fresh: impl FnOnce() -> T) -> ForkGuard<'_, T> {
+        let g = self.lock();
+        if g.taken_over {
+            // SAFETY: we hold the lock; the old value is overwritten without being read or
+            // dropped (leaked on purpose).
+            unsafe { core::ptr::write(self.value.get(), fresh()) };
+        }
+        g
+    }
+}
+
+impl<T> ForkGuard<'_, T> {
+    /// Whether the lock was taken over from a holder that no longer exists.
+    #[cfg(test)]
+    pub(crate) fn taken_over(&self) -> bool {
+        self.taken_over
+    }
+}
+
+impl<T> Deref for ForkGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for ForkGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard holds the lock, and `&mut self` makes this the only access.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for ForkGuard<'_, T> {
+    fn drop(&mut self) {
+        // Release only our own hold (a thread that took the lock over from us in a forked
+        // child owns it now), with or without the waiters bit set meanwhile.
+        let mut cur = self.lock.word.load(Ordering::Relaxed);
+        loop {
+            if cur & !WAITERS != self.word & !WAITERS {
+                return;
+            }
+            match self
+                .lock
+                .word
+                .compare_exchange(cur, 0, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        if cur & WAITERS != 0 {
+            sys::futex_wake(&self.lock.word, 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn excludes_and_wakes() {
+        let m = Arc::new(ForkMutex::new(0u64));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let mut g = m.lock();
+                        let v = *g;
+                        std::hint::black_box(&mut *g);
+                        *g = v + 1;
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(*m.lock(), 80_000);
+    }
+
+    #[test]
+    fn a_lock_held_by_a_thread_that_exited_is_taken_over_and_reset() {
+        static M: ForkMutex<Vec<u32>> = ForkMutex::new(Vec::new());
+        M.lock().push(1);
+        std::thread::spawn(|| {
+            let mut g = M.lock();
+            g.push(2);
+            core::mem::forget(g);
+        })
+        .join()
+        .unwrap();
+        let g = M.lock_or_reset(|| vec![7]);
+        assert!(g.taken_over());
+        assert_eq!(*g, [7]);
+        drop(g);
+        let g = M.lock();
+        assert!(!g.taken_over());
+    }
+
+    #[test]
+    fn a_lock_held_before_a_fork_is_free_in_the_child() {
+        static M: ForkMutex<u32> = ForkMutex::new(5);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let g = M.lock();
+            tx.send(()).unwrap();
+            let _ = done_rx.recv();
+            drop(g);
+        });
+        rx.recv().unwrap();
+        // SAFETY: the child only takes the lock (no allocation) and _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let ok = {
+                let g = M.lock();
+                g.taken_over() && *g == 5
+            };
+            // SAFETY: leaves the child at once.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: reaps our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
+}
