@@ -130,6 +130,13 @@ pub mod usdt;
 pub mod watchdog;
 
 pub use crash::dump_stack;
+/// Bytes of stack that each async-signal-safe entry point needs below the kernel's signal frame
+/// (see the crate docs' table): 4 KiB in an optimized build, 8 KiB in a debug build.
+pub const SIGNAL_STACK_BUDGET: usize = if cfg!(debug_assertions) {
+    8 * 1024
+} else {
+    4 * 1024
+};
 pub use error::Error;
 pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
 pub use unwind::{

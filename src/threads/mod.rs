@@ -550,7 +550,13 @@ pub(crate) fn write_other_threads(fd: i32, skip: i32) {
     }
     out.line(|w| w.push_bytes(b"Other threads:"));
     let mut objects = dump::Objects::new();
-    dump::threads_section(out, skip, TIMEOUT_NS.load(Ordering::Relaxed), &mut objects);
+    dump::threads_section(
+        out,
+        skip,
+        TIMEOUT_NS.load(Ordering::Relaxed),
+        &mut objects,
+        None,
+    );
     objects.write(out);
 }
 
