@@ -427,20 +427,19 @@ fn dump_signal_on_a_small_thread() {
     println!("case dump_signal_small_thread: ok");
 }
 
-/// Runs one case in a child process; returns its stdout.
-fn run_case(name: &str, size: usize) -> String {
+/// Runs one case in a child process; its stdout, or why it failed.
+fn run_case(name: &str, size: usize) -> Result<String, String> {
     let mut cmd = child_support::test_child();
     cmd.env("DUMP_STACK_CASE", name)
         .env("DUMP_STACK_SIZE", size.to_string());
     let done = child_support::run_test_child(&mut cmd, child_support::deadline(120), name);
-    assert!(
-        done.status.success() && done.stdout.contains(&format!("case {name}:")),
+    if done.status.success() && done.stdout.contains(&format!("case {name}:")) {
+        return Ok(done.stdout);
+    }
+    Err(format!(
         "case {name} on an alternate stack of {size} bytes: {:?}\n{}\n{}",
-        done.status,
-        done.stdout,
-        done.stderr
-    );
-    done.stdout
+        done.status, done.stdout, done.stderr
+    ))
 }
 
 /// The alternate stack each entry point is documented to run on: the signal frame plus its
@@ -455,17 +454,26 @@ fn documented_size(name: &str) -> usize {
 
 #[test]
 fn every_async_signal_safe_entry_point_runs_on_an_alternate_stack_of_its_documented_size() {
+    let mut failed = Vec::new();
     for &(name, _, _) in CASES {
-        let out = run_case(name, documented_size(name));
-        let used = out
-            .lines()
-            .find(|l| l.starts_with(&format!("case {name}:")));
-        eprintln!("{}", used.unwrap_or(name));
+        match run_case(name, documented_size(name)) {
+            Ok(out) => {
+                let used = out
+                    .lines()
+                    .find(|l| l.starts_with(&format!("case {name}:")));
+                eprintln!("{}", used.unwrap_or(name));
+            }
+            Err(e) => {
+                eprintln!("{}", e.lines().next().unwrap_or(name));
+                failed.push(e);
+            }
+        }
     }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
 #[test]
 fn the_dump_signal_works_on_a_thread_with_a_32_kib_stack() {
-    let out = run_case("dump_signal_small_thread", 0);
+    let out = run_case("dump_signal_small_thread", 0).unwrap_or_else(|e| panic!("{e}"));
     assert!(out.contains("case dump_signal_small_thread: ok"), "{out}");
 }
