@@ -411,8 +411,13 @@ fn dump_signal_on_a_small_thread() {
         assert!(n > 0, "{}", String::from_utf8_lossy(&text));
         text.extend_from_slice(&buf[..n]);
     }
+    // The stack-request handler on the same small stack (another thread asks for it).
+    let mut frames = [0usize; 64];
+    let asked = selftrace::threads::capture(tid, &mut frames, std::time::Duration::from_secs(10));
     drop(tx);
     small.join().unwrap();
+    let walk = asked.expect("the small thread's stack, asked for by another thread");
+    assert!(walk.frames >= 2, "{walk:?}");
     let text = String::from_utf8_lossy(&text);
     println!("{text}");
     let header = format!("thread \"small\" tid {tid}");

@@ -128,7 +128,8 @@ pub(crate) fn claim() -> Option<Claimed> {
         s.busy
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
-            .then_some(Claimed { i })
+            // Built only for a won claim: a dropped `Claimed` gives its stack back.
+            .then(|| Claimed { i })
     })
 }
 
@@ -208,4 +209,104 @@ pub(crate) fn with_room(need: usize, f: &mut dyn FnMut()) -> bool {
         return true;
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` on a new thread with a 48 KiB stack while every private stack is claimed;
+    /// returns what it wrote to the pipe it is given.
+    fn without_private_stacks(f: fn(i32)) -> String {
+        crate::init().unwrap();
+        let mut held = Vec::new();
+        while held.len() < POOL {
+            match claim() {
+                Some(c) => held.push(c),
+                None => std::thread::yield_now(),
+            }
+        }
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe writes two fds.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let [r, w] = fds;
+        std::thread::Builder::new()
+            .stack_size(48 * 1024)
+            .spawn(move || f(w))
+            .unwrap()
+            .join()
+            .unwrap();
+        drop(held);
+        // SAFETY: our write end, closed so that reading sees EOF.
+        unsafe { libc::close(w) };
+        use std::io::Read;
+        use std::os::fd::FromRawFd;
+        let mut text = String::new();
+        // SAFETY: our read end, owned by the File from here.
+        let mut file = unsafe { std::fs::File::from_raw_fd(r) };
+        file.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    #[test]
+    fn room_is_what_is_left_of_the_thread_stack() {
+        crate::init().unwrap();
+        let small = std::thread::Builder::new()
+            .stack_size(48 * 1024)
+            .spawn(room)
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(small.is_some_and(|r| r < 48 * 1024), "{small:?}");
+        let room = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(room)
+            .unwrap()
+            .join()
+            .unwrap();
+        let room = room.expect("a std thread's stack bounds are known");
+        assert!(room > 128 * 1024 && room < 256 * 1024, "{room}");
+    }
+
+    #[test]
+    fn dump_stack_without_room_writes_raw_addresses_and_says_so() {
+        let text = without_private_stacks(|fd| {
+            // SAFETY: the pipe's write end, open during the call.
+            crate::crash::dump_stack_to(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+        });
+        assert!(
+            text.contains("Call Trace (raw addresses, not symbolized: ")
+                && text.contains(" bytes of stack left):\n #0 0x")
+                && text.ends_with("---[ end of dump_stack ]---\n"),
+            "{text}"
+        );
+    }
+
+    #[cfg(feature = "threads")]
+    #[test]
+    fn dump_all_without_room_says_it_lists_nothing() {
+        let text = without_private_stacks(|fd| {
+            // SAFETY: the pipe's write end, open during the call.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            let summary = crate::threads::dump_all(fd);
+            assert_eq!(summary.threads, 0);
+        });
+        assert!(
+            text.contains("\nnot listed: ")
+                && text.contains(" bytes of stack left, and no private stack free\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn demangling_without_room_keeps_the_mangled_name() {
+        let text = without_private_stacks(|fd| {
+            let name = b"_RNvCs1234_7mycrate4main";
+            let mut buf = [0u8; 256];
+            let out = crate::symbolize::demangle_into(name, &mut buf);
+            // SAFETY: our buffer to our pipe.
+            unsafe { libc::write(fd, out.as_ptr().cast(), out.len()) };
+        });
+        assert_eq!(text, "_RNvCs1234_7mycrate4main");
+    }
 }
