@@ -181,10 +181,11 @@ fn in_case(f: impl FnOnce() -> usize) {
 }
 
 type Check = fn(usize, &str) -> Result<(), String>;
+type Case = (&'static str, fn(*const libc::ucontext_t), Check);
 
 /// The entry points: name, what runs in the handler, what must hold afterwards (its number,
 /// what it wrote).
-const CASES: &[(&str, fn(*const libc::ucontext_t), Check)] = &[
+const CASES: &[Case] = &[
     (
         "capture",
         |_| {

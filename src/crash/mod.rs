@@ -339,6 +339,13 @@ pub fn install_thread() -> Result<(), Error> {
 ///
 /// # Async-signal safety
 /// Async-signal-safe; usable anywhere, crash or not.
+///
+/// # Stack
+/// At most [`crate::SIGNAL_STACK_BUDGET`] bytes of the caller's stack: the stack is captured
+/// there, then symbolizing and writing move to one of selftrace's private stacks (mapped by
+/// [`crate::init`]). When all of them are busy and less than 64 KiB is left (the bounds of the
+/// alternate signal stack or of the thread's stack), the trace is written as raw addresses,
+/// and its `Call Trace` line says so.
 #[inline(never)]
 pub fn dump_stack() {
     let fd = OUT_FD.load(Ordering::Relaxed);
@@ -349,7 +356,7 @@ pub fn dump_stack() {
 /// signal handler a [`std::os::fd::BorrowedFd`]).
 ///
 /// # Async-signal safety
-/// Async-signal-safe.
+/// Async-signal-safe; the stack it needs as [`dump_stack`].
 #[inline(never)]
 pub fn dump_stack_to(fd: impl AsFd) {
     dump_stack_to_raw(fd.as_fd().as_raw_fd());

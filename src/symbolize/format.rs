@@ -228,7 +228,9 @@ pub(crate) fn push_name(out: &mut FixedBuf<'_>, name: SymbolName) {
 /// Writes `name` demangled into `buf` (see [`demangle_to`]) and returns the text written.
 ///
 /// # Async-signal safety
-/// Async-signal-safe.
+/// Async-signal-safe. At most [`crate::SIGNAL_STACK_BUDGET`] bytes of the caller's stack: a
+/// Rust name is demangled on a private stack when less than [`DEMANGLE_STACK`] is left, and
+/// written as it is (mangled) when none is free (see [`demangle_to`]).
 pub fn demangle_into<'b>(name: &[u8], buf: &'b mut [u8]) -> &'b str {
     write_str_into(buf, |w| demangle_to(name, w))
 }
@@ -446,7 +448,8 @@ impl FrameKind {
 /// [`FrameKind::lookup_address`]. Returns the number of bytes written.
 ///
 /// # Async-signal safety
-/// Async-signal-safe: no allocation, no lock, no panic; a line that does not fit is cut.
+/// Async-signal-safe: no allocation, no lock, no panic; a line that does not fit is cut. At
+/// most [`crate::SIGNAL_STACK_BUDGET`] bytes of stack (see the crate docs' stack budget).
 pub fn write_kernel_frame(
     buf: &mut [u8],
     addr: usize,
