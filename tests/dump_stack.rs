@@ -347,6 +347,9 @@ fn child_entry() {
     if name == "dump_signal_small_thread" {
         return dump_signal_on_a_small_thread();
     }
+    if name == "crash_handler" {
+        return crash_on_a_small_alternate_stack(size);
+    }
     let (_, run, check) = *CASES.iter().find(|c| c.0 == name).unwrap();
     selftrace::threads::install().unwrap();
     let _ = V0_NAME.set(deep_v0_name());
@@ -433,6 +436,53 @@ fn dump_signal_on_a_small_thread() {
     println!("case dump_signal_small_thread: ok");
 }
 
+/// The painted alternate stack of the crash case: low end, size.
+static CRASH_STACK: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// The handler the crash handler chains to after its report: measures the alternate stack
+/// (the crash handler's frames are still on it) and says how much was used.
+extern "C" fn after_crash_report(_: i32, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let (low, size) = (
+        CRASH_STACK[0].load(Ordering::SeqCst),
+        CRASH_STACK[1].load(Ordering::SeqCst),
+    );
+    let used = altstack::used(low, size);
+    let mut buf = [0u8; 128];
+    let mut w = selftrace::symbolize::FixedBuf::new(&mut buf);
+    w.push_str("\ncase crash_handler: used ");
+    w.push_dec(used as u64);
+    w.push_str(" of ");
+    w.push_dec(size as u64);
+    w.push_str(" bytes\n");
+    // SAFETY: our buffer to stdout.
+    unsafe { libc::write(1, w.as_bytes().as_ptr().cast(), w.as_bytes().len()) };
+}
+
+/// A crash (with a report of every thread) on a thread whose alternate stack is `size` bytes:
+/// the crash handler writes its report and chains to `after_crash_report`.
+fn crash_on_a_small_alternate_stack(size: usize) {
+    // SAFETY: a plain SA_ONSTACK handler for SIGSEGV, installed before the crash handler,
+    // which chains to it.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = after_crash_report as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut()), 0);
+    }
+    selftrace::crash::builder()
+        .symbolizer(false)
+        .all_threads(true)
+        .install()
+        .unwrap();
+    // After install, which gives this thread a larger one.
+    let low = altstack::install_painted(size);
+    CRASH_STACK[0].store(low, Ordering::SeqCst);
+    CRASH_STACK[1].store(size, Ordering::SeqCst);
+    // SAFETY: not safe at all: the crash under test.
+    unsafe { std::ptr::null_mut::<u8>().write_volatile(1) };
+}
+
 /// Runs one case in a child process; its stdout, or why it failed.
 fn run_case(name: &str, size: usize) -> Result<String, String> {
     let mut cmd = child_support::test_child();
@@ -476,6 +526,34 @@ fn every_async_signal_safe_entry_point_runs_on_an_alternate_stack_of_its_documen
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+#[test]
+fn the_crash_handler_reports_on_an_alternate_stack_of_its_documented_size() {
+    use std::os::unix::process::ExitStatusExt;
+    let size = documented_size("crash_handler");
+    let mut cmd = child_support::test_child();
+    cmd.env("DUMP_STACK_CASE", "crash_handler")
+        .env("DUMP_STACK_SIZE", size.to_string());
+    let done = child_support::run_test_child(&mut cmd, child_support::deadline(120), "crash");
+    let used = done
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("case crash_handler: used"));
+    assert!(
+        done.status.signal() == Some(libc::SIGSEGV)
+            && used.is_some()
+            && done
+                .stderr
+                .contains("------------[ selftrace: fatal signal ]------------")
+            && done.stderr.contains("Other threads:")
+            && done.stderr.contains("---[ end of report ]---"),
+        "{:?}\n{}\n{}",
+        done.status,
+        done.stdout,
+        done.stderr
+    );
+    eprintln!("{}", used.unwrap_or_default());
 }
 
 #[test]

@@ -97,3 +97,45 @@ pub fn run(size: usize, f: fn(*const libc::ucontext_t)) -> usize {
     unsafe { libc::munmap(base, mapped) };
     size - untouched
 }
+
+/// Maps a painted alternate stack of `size` bytes (a guard page below) and makes it the calling
+/// thread's, for a handler that does not return (a crash); [`used`] measures it from inside a
+/// later handler. Returns its low end. The mapping is never unmapped.
+pub fn install_painted(size: usize) -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let mapped = size.div_ceil(page) * page + page;
+    // SAFETY: a fresh private anonymous mapping, kept for the rest of the process.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            mapped,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    // SAFETY: the lowest page of our mapping becomes the guard page.
+    assert_eq!(unsafe { libc::mprotect(base, page, libc::PROT_NONE) }, 0);
+    let low = base as usize + mapped - size;
+    // SAFETY: [low, low + size) is mapped writable and ours; it stays mapped.
+    unsafe {
+        std::ptr::write_bytes(low as *mut u8, PATTERN, size);
+        let ss = libc::stack_t {
+            ss_sp: low as *mut libc::c_void,
+            ss_flags: 0,
+            ss_size: size,
+        };
+        assert_eq!(libc::sigaltstack(&ss, std::ptr::null_mut()), 0);
+    }
+    low
+}
+
+/// Bytes of the painted stack at `low` (of `size` bytes) touched so far. Async-signal-safe.
+pub fn used(low: usize, size: usize) -> usize {
+    // SAFETY: the caller's painted stack, still mapped.
+    let painted = unsafe { std::slice::from_raw_parts(low as *const u8, size) };
+    size - painted.iter().take_while(|&&b| b == PATTERN).count()
+}
