@@ -58,6 +58,44 @@
 //! handler of [`crash::install`], also with [`crash::Builder::all_threads`], and the sampling
 //! handler of [`profile`].
 //!
+//! # Stack budget
+//!
+//! Every entry point above takes at most [`SIGNAL_STACK_BUDGET`] bytes of the caller's stack
+//! below the kernel's signal frame (4 KiB in an optimized build, 8 KiB in a debug build), so
+//! they run on the small alternate signal stacks that crash handlers use. The signal frame is
+//! the kernel's to size (`getauxval(AT_MINSIGSTKSZ)`): 3,376 bytes on an x86-64 machine with
+//! AVX-512, where the alternate stack std gives its threads (`SIGSTKSZ`, 8 KiB) leaves 4.8 KiB;
+//! more on aarch64 with SVE, whose `SIGSTKSZ` is 16 KiB. `sysconf(_SC_SIGSTKSZ)` is the size to
+//! give an alternate stack of one's own.
+//!
+//! The large parts run elsewhere: [`dump_stack`] and [`threads::dump_all`] capture the stack
+//! on the caller's stack, then symbolize and write on one of four private stacks of 512 KiB
+//! that [`init`] maps; demangling a Rust name (rustc-demangle recurses: 146 KiB for a 1 KiB v0
+//! name in a debug build) moves there when less than
+//! [`symbolize::DEMANGLE_STACK`] is left; the unwinder evaluates CFI on stacks of its own; the
+//! crash handler writes its report on its own 512 KiB stack. When every private stack is busy
+//! (or before [`init`]) and the room left is known to be too small (the current alternate
+//! stack's bounds from `sigaltstack`, a thread's from glibc), the output is shorter and says so:
+//! `dump_stack` prints raw addresses (`Call Trace (raw addresses, not symbolized: N bytes of
+//! stack left):`), `dump_all` lists no thread (`not listed: N bytes of stack left, ...`), a name
+//! stays mangled. The handlers of the stack-request signal and of the dump signal run on the
+//! receiving thread's own stack and work on threads spawned with 32 KiB stacks.
+//!
+//! Measured (tests/dump_stack.rs: each entry point in a real handler on a painted alternate
+//! stack; bytes used, the 3,376-byte signal frame included; x86-64):
+//!
+//! | entry point | debug build | before (debug) |
+//! |---|---|---|
+//! | [`capture`] (64 frames) | 8,672 | 8,672 |
+//! | [`Capture::walk_ucontext`] | 7,824 | 7,824 |
+//! | [`symbolize()`] and a name | 6,832 | 7,272 |
+//! | [`symbolize::write_kernel_frame`] | 7,000 | 7,368 |
+//! | [`backtrace_symbols_fd`] | 8,352 | 8,352 |
+//! | [`symbolize::demangle_into`] (1 KiB v0 name) | 6,928 | 149,560 |
+//! | [`crash::dump_stack_to`] | 9,136 | 19,304 |
+//! | [`threads::dump_all`] | 8,896 | 40,264 |
+//! | [`threads::capture`] (the requester) | 5,448 | 5,448 |
+//!
 //! # Signals
 //!
 //! selftrace takes a signal only when a call that needs it is made; nothing is installed by
@@ -131,6 +169,15 @@ pub mod usdt;
 pub mod watchdog;
 
 pub use crash::dump_stack;
+/// Bytes of stack that each async-signal-safe entry point takes at most below the kernel's
+/// signal frame: 4 KiB in an optimized build, 8 KiB in a debug build (see the crate docs'
+/// stack budget). An alternate signal stack of `getauxval(AT_MINSIGSTKSZ)` plus this many
+/// bytes is enough for any of them.
+pub const SIGNAL_STACK_BUDGET: usize = if cfg!(debug_assertions) {
+    8 * 1024
+} else {
+    4 * 1024
+};
 pub use error::Error;
 pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
 pub use unwind::{

@@ -339,6 +339,13 @@ pub fn install_thread() -> Result<(), Error> {
 ///
 /// # Async-signal safety
 /// Async-signal-safe; usable anywhere, crash or not.
+///
+/// # Stack
+/// At most [`crate::SIGNAL_STACK_BUDGET`] bytes of the caller's stack: the stack is captured
+/// there, then symbolizing and writing move to one of selftrace's private stacks (mapped by
+/// [`crate::init`]). When all of them are busy and less than 64 KiB is left (the bounds of the
+/// alternate signal stack or of the thread's stack), the trace is written as raw addresses,
+/// and its `Call Trace` line says so.
 #[inline(never)]
 pub fn dump_stack() {
     let fd = OUT_FD.load(Ordering::Relaxed);
@@ -349,23 +356,50 @@ pub fn dump_stack() {
 /// signal handler a [`std::os::fd::BorrowedFd`]).
 ///
 /// # Async-signal safety
-/// Async-signal-safe.
+/// Async-signal-safe; the stack it needs as [`dump_stack`].
 #[inline(never)]
 pub fn dump_stack_to(fd: impl AsFd) {
     dump_stack_to_raw(fd.as_fd().as_raw_fd());
 }
 
+/// The stack is captured here, on the caller's stack (a walk does not cross from a private
+/// stack back to it); symbolizing and writing run on one of selftrace's private stacks when one
+/// is free, else here if [`REPORT_STACK_NEED`] bytes are left, else the trace is written as raw
+/// addresses and says so.
 #[inline(never)]
 fn dump_stack_to_raw(fd: i32) {
-    let mut frames = [0usize; 128];
-    let walk = crate::Capture::new().walk(&mut frames);
-    let n = walk.frames;
     let out = Out { fd };
+    if let Some(mut stack) = sys::stack::claim() {
+        let (frames, on) = stack.parts();
+        let walk = crate::Capture::new().walk(frames);
+        let frames = &frames[..walk.frames];
+        on.run(&mut || write_dump_stack(out, frames, walk.end, None));
+        return;
+    }
+    let mut frames = [0usize; 64];
+    let walk = crate::Capture::new().walk(&mut frames);
+    let short = sys::stack::room().filter(|&r| r < REPORT_STACK_NEED);
+    write_dump_stack(out, &frames[..walk.frames], walk.end, short);
+}
+
+/// Bytes of stack that a report's symbolizing and formatting take (at most, measured in a debug
+/// build: 16 KiB for `dump_stack`, 37 KiB for `dump_all`, with room to spare), when no private
+/// stack is free.
+pub(crate) const REPORT_STACK_NEED: usize = 64 * 1024;
+
+/// `dump_stack`'s text; with `short: Some(room)`, raw addresses only (a stack too small for
+/// the symbolizer: `room` bytes left).
+fn write_dump_stack(out: Out, frames: &[usize], end: crate::WalkEnd, short: Option<usize>) {
     let lock = ReportLock::acquire();
     out.line(|w| w.push_bytes(b"------------[ selftrace: dump_stack ]------------"));
     report::who(out);
-    report::call_trace(out, &frames[..n], false, walk.end);
-    report::objects(out, &frames[..n]);
+    match short {
+        None => {
+            report::call_trace(out, frames, false, end);
+            report::objects(out, frames);
+        }
+        Some(room) => report::raw_call_trace(out, frames, end, room),
+    }
     out.line(|w| w.push_bytes(b"---[ end of dump_stack ]---"));
     drop(lock);
 }

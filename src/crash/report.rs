@@ -294,6 +294,33 @@ pub(crate) fn call_trace_with_lines(
     }
 }
 
+/// A call trace of raw addresses, for a stack with `room` bytes left, too few to symbolize on:
+/// says so, then ` #0 0x55d0c0a3d1f0` per frame (`addr2line` or a later `symbolize` names
+/// them).
+pub(crate) fn raw_call_trace(out: Out, frames: &[usize], end: WalkEnd, room: usize) {
+    out.line(|w| {
+        w.push_bytes(b"Call Trace (raw addresses, not symbolized: ");
+        w.push_dec(room as u64);
+        w.push_bytes(b" bytes of stack left):");
+    });
+    for (i, &addr) in frames.iter().enumerate() {
+        out.line(|w| {
+            w.push_bytes(b" #");
+            w.push_dec(i as u64);
+            w.push_bytes(b" ");
+            w.push_0x(addr);
+        });
+    }
+    if let WalkEnd::Truncated(t) = end {
+        out.line(|w| {
+            w.push_bytes(b" stack truncated at ");
+            w.push_0x(t.pc);
+        });
+    } else if end == WalkEnd::BufferFull {
+        out.line(|w| w.push_bytes(b" (trace cut)"));
+    }
+}
+
 /// Lists each object of the trace once, with path and build-id, so that
 /// `addr2line -e PATH OFFSET` works offline on the `[name+0xOFFSET]` of each frame.
 pub(crate) fn objects(out: Out, frames: &[usize]) {

@@ -150,22 +150,40 @@ impl fmt::Write for FixedBuf<'_> {
 /// dropped ([`without_version`]). Never allocates.
 ///
 /// # Async-signal safety
-/// Async-signal-safe. rustc-demangle bounds its recursion, but a pathological v0 name can still use
-/// a few tens of kilobytes of stack.
+/// Async-signal-safe. rustc-demangle bounds its recursion, but a pathological v0 name still
+/// takes up to about [`DEMANGLE_STACK`] bytes of stack (146 KiB measured for a 1 KiB v0 name in
+/// a debug build): where less is left (a small alternate signal stack, a small thread), a
+/// Rust name is demangled on one of selftrace's private stacks (mapped by `init()`), and when
+/// none is free it is written as it is, mangled (`_R...`, `_ZN...`), which `rustfilt` or
+/// `c++filt` read later.
 pub fn demangle_to(name: &[u8], out: &mut FixedBuf<'_>) {
     let name = without_version(name);
     let Ok(s) = core::str::from_utf8(name) else {
         out.push_bytes(name);
         return;
     };
-    match rustc_demangle::try_demangle(s) {
-        Ok(d) => {
+    let bare = s.trim_start_matches('_');
+    if !(bare.starts_with('R') || bare.starts_with("ZN")) {
+        // Not a Rust name (rustc-demangle takes only these): no stack needed.
+        out.push_str(s);
+        return;
+    }
+    let mut done = false;
+    let ran = crate::sys::stack::with_room(DEMANGLE_STACK, &mut || {
+        if let Ok(d) = rustc_demangle::try_demangle(s) {
             // FixedBuf::write_str never fails, so neither does this.
             let _ = fmt::write(out, format_args!("{d:#}"));
+            done = true;
         }
-        Err(_) => out.push_str(s),
+    });
+    if !ran || !done {
+        out.push_str(s);
     }
 }
+
+/// Bytes of stack that [`demangle_to`] wants left for rustc-demangle before it demangles on
+/// the caller's stack (its recursion limit, in a debug build, with room to spare).
+pub const DEMANGLE_STACK: usize = 256 * 1024;
 
 /// `name` without an ELF symbol version (`__libc_start_main@@GLIBC_2.34` ->
 /// `__libc_start_main`); a PLT stub's `@plt` stays.
@@ -210,7 +228,9 @@ pub(crate) fn push_name(out: &mut FixedBuf<'_>, name: SymbolName) {
 /// Writes `name` demangled into `buf` (see [`demangle_to`]) and returns the text written.
 ///
 /// # Async-signal safety
-/// Async-signal-safe.
+/// Async-signal-safe. At most [`crate::SIGNAL_STACK_BUDGET`] bytes of the caller's stack: a
+/// Rust name is demangled on a private stack when less than [`DEMANGLE_STACK`] is left, and
+/// written as it is (mangled) when none is free (see [`demangle_to`]).
 pub fn demangle_into<'b>(name: &[u8], buf: &'b mut [u8]) -> &'b str {
     write_str_into(buf, |w| demangle_to(name, w))
 }
@@ -449,7 +469,8 @@ impl FrameKind {
 /// [`FrameKind::lookup_address`]. Returns the number of bytes written.
 ///
 /// # Async-signal safety
-/// Async-signal-safe: no allocation, no lock, no panic; a line that does not fit is cut.
+/// Async-signal-safe: no allocation, no lock, no panic; a line that does not fit is cut. At
+/// most [`crate::SIGNAL_STACK_BUDGET`] bytes of stack (see the crate docs' stack budget).
 pub fn write_kernel_frame(
     buf: &mut [u8],
     addr: usize,

@@ -65,7 +65,7 @@ pub use background::set_background_index;
 pub(crate) use format::write_truncation;
 pub use format::{
     demangle_into, demangle_to, without_version, write_kernel_frame, FixedBuf, FrameKind,
-    KernelOptions, SymbolsOptions, RAW_NAME_MAX,
+    KernelOptions, SymbolsOptions, DEMANGLE_STACK, RAW_NAME_MAX,
 };
 pub use index::SymbolSource;
 pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol, NoLine};
@@ -358,7 +358,8 @@ fn refresh_now() {
 /// Async-signal-safe: a lock-free read of the published index and two binary searches; no
 /// allocation, no lock, no panic. About 40 ns in objects that are never unloaded; in a
 /// `dlopen`ed object the check above adds `_dl_find_object` and one `process_vm_readv` (about
-/// a microsecond). Only the refresh in proven normal context allocates and locks.
+/// a microsecond). Only the refresh in proven normal context allocates and locks. At most
+/// [`crate::SIGNAL_STACK_BUDGET`] bytes of stack (see the crate docs' stack budget).
 pub fn symbolize(addr: usize) -> Option<Symbol> {
     lookup(addr, Mode::All)
 }
@@ -620,7 +621,8 @@ pub fn backtrace_symbols_with(addrs: &[usize], opts: SymbolsOptions) -> Vec<Stri
 /// # Async-signal safety
 /// Async-signal-safe: formats each line into a 1 KiB stack buffer and writes it with one
 /// `write(2)` (a longer line is cut, and still ends with a newline); no allocation, no lock, no
-/// panic. Write errors are ignored, as in glibc.
+/// panic. Write errors are ignored, as in glibc. At most [`crate::SIGNAL_STACK_BUDGET`] bytes
+/// of stack (see the crate docs' stack budget).
 ///
 /// In a signal handler, where the fd is an `int`, pass
 /// `unsafe { BorrowedFd::borrow_raw(fd) }` ([`std::os::fd::BorrowedFd`]).

@@ -7,6 +7,7 @@
 mod arch;
 mod memory;
 pub(crate) mod signal;
+pub(crate) mod stack;
 pub(crate) use arch::call_on_stack;
 pub(crate) use memory::*;
 

@@ -211,15 +211,15 @@ fn explained(a: Answer, why: Option<NoAnswer>) -> Answer {
 }
 
 /// Posts a request for `tid` (or settles it at once: gone, cannot answer, or the caller
-/// itself).
-fn post(tid: i32, info: Option<&ThreadInfo>, timeout_ns: u64, overall: u64) -> Pending {
+/// itself, captured already when `mine`).
+fn post(tid: i32, info: Option<&ThreadInfo>, timeout_ns: u64, overall: u64, mine: bool) -> Pending {
     match info {
         None => return Pending::Answered(Answer::Gone),
         Some(i) if i.state == b'Z' || i.state == b'X' => return Pending::Answered(Answer::Gone),
         _ => {}
     }
     if tid == sys::gettid()
-        && sys::is_blocked(request::SIGNAL.load(core::sync::atomic::Ordering::Relaxed))
+        && (mine || sys::is_blocked(request::SIGNAL.load(core::sync::atomic::Ordering::Relaxed)))
     {
         return Pending::Myself;
     }
@@ -243,6 +243,7 @@ fn settle(
     timeout_ns: u64,
     overall: u64,
     frames: &mut [usize],
+    mine: Option<Mine<'_>>,
 ) -> (Answer, bool) {
     match p {
         Pending::Posted(t, deadline, why) => (
@@ -250,7 +251,19 @@ fn settle(
             true,
         ),
         Pending::Answered(a) => (a, true),
-        Pending::Myself => (capture_myself(frames), false),
+        Pending::Myself => match mine {
+            Some((n, end, f)) => {
+                let k = n.min(f.len()).min(frames.len());
+                frames[..k].copy_from_slice(&f[..k]);
+                let end = if k < n {
+                    crate::WalkEnd::BufferFull
+                } else {
+                    end
+                };
+                (Answer::Frames(k, end), false)
+            }
+            None => (capture_myself(frames), false),
+        },
         Pending::Empty => (Answer::Timeout, true),
         Pending::NoSlot(why) => {
             let deadline = deadline(timeout_ns, overall, why);
@@ -267,12 +280,18 @@ fn settle(
     }
 }
 
-/// Lists every thread but `skip` (0: none) with its stack. Returns what it saw.
+/// The calling thread's stack, captured before a dump moved to a private stack: frames, how
+/// the walk ended, the buffer.
+pub(crate) type Mine<'a> = (usize, crate::WalkEnd, &'a [usize]);
+
+/// Lists every thread but `skip` (0: none) with its stack. Returns what it saw. `mine`: the
+/// calling thread's stack, captured already (else it is asked for like any other).
 pub(crate) fn threads_section(
     out: Out,
     skip: i32,
     timeout_ns: u64,
     objects: &mut Objects,
+    mine: Option<Mine<'_>>,
 ) -> DumpSummary {
     let mut tids = [0i32; MAX_THREADS];
     let mut n = 0;
@@ -306,12 +325,24 @@ pub(crate) fn threads_section(
         while posted < n && posted - printed < WINDOW {
             let info = proc::info(tids[posted]);
             infos[posted % WINDOW] = info;
-            window[posted % WINDOW] = post(tids[posted], info.as_ref(), timeout_ns, overall);
+            window[posted % WINDOW] = post(
+                tids[posted],
+                info.as_ref(),
+                timeout_ns,
+                overall,
+                mine.is_some(),
+            );
             posted += 1;
         }
         let k = printed % WINDOW;
-        let (answer, first_exact) =
-            settle(window[k], tids[printed], timeout_ns, overall, &mut frames);
+        let (answer, first_exact) = settle(
+            window[k],
+            tids[printed],
+            timeout_ns,
+            overall,
+            &mut frames,
+            mine,
+        );
         window[k] = Pending::Empty;
         out.line(|_| {});
         thread_header(out, tids[printed], infos[k].as_ref());
@@ -334,9 +365,43 @@ pub(crate) fn threads_section(
     summary
 }
 
-/// The whole dump, under the output lock.
+/// Bytes of stack the dump takes (37 KiB measured in a debug build, with room to spare) when it
+/// cannot move to a private stack.
+const DUMP_STACK_NEED: usize = 64 * 1024;
+
+/// The whole dump, under the output lock. The calling thread's stack is captured here, on its
+/// own stack; the rest runs on one of selftrace's private stacks when one is free, else here
+/// when [`DUMP_STACK_NEED`] bytes are left, else the dump says that it has too little stack
+/// and lists nothing.
+#[inline(never)]
 pub(crate) fn dump_all(fd: i32, timeout_ns: u64) -> DumpSummary {
     let out = Out { fd };
+    if let Some(mut stack) = sys::stack::claim() {
+        let (frames, on) = stack.parts();
+        let walk = crate::Capture::new().walk(frames);
+        let own = Some((walk.frames, walk.end, &frames[..]));
+        let mut summary = DumpSummary::default();
+        on.run(&mut || summary = dump_all_here(out, timeout_ns, own));
+        return summary;
+    }
+    match sys::stack::room() {
+        Some(room) if room < DUMP_STACK_NEED => {
+            let lock = OutputLock::acquire();
+            out.line(|w| w.push_bytes(b"------------[ selftrace: all threads ]------------"));
+            out.line(|w| {
+                w.push_bytes(b"not listed: ");
+                w.push_dec(room as u64);
+                w.push_bytes(b" bytes of stack left, and no private stack free");
+            });
+            out.line(|w| w.push_bytes(b"---[ end of all threads ]---"));
+            drop(lock);
+            DumpSummary::default()
+        }
+        _ => dump_all_here(out, timeout_ns, None),
+    }
+}
+
+fn dump_all_here(out: Out, timeout_ns: u64, own: Option<Mine<'_>>) -> DumpSummary {
     let lock = OutputLock::acquire();
     out.line(|w| w.push_bytes(b"------------[ selftrace: all threads ]------------"));
     let me = sys::gettid();
@@ -356,7 +421,7 @@ pub(crate) fn dump_all(fd: i32, timeout_ns: u64) -> DumpSummary {
         w.push_bytes(b"\"");
     });
     let mut objects = Objects::new();
-    let summary = threads_section(out, 0, timeout_ns, &mut objects);
+    let summary = threads_section(out, 0, timeout_ns, &mut objects, own);
     objects.write(out);
     out.line(|w| w.push_bytes(b"---[ end of all threads ]---"));
     drop(lock);

@@ -282,7 +282,10 @@ pub fn current_tid() -> i32 {
 /// meanwhile, and the errors of [`install`].
 ///
 /// # Async-signal safety
-/// Async-signal-safe.
+/// Async-signal-safe. The requester takes at most [`crate::SIGNAL_STACK_BUDGET`] bytes of its
+/// stack; the stack-request handler, on the thread asked (on its own stack: it is installed
+/// without `SA_ONSTACK`), takes as much as [`crate::Capture::walk_ucontext`] below its signal
+/// frame.
 #[inline(never)]
 pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::Walk, Error> {
     install()?;
@@ -457,6 +460,14 @@ pub fn list(buf: &mut [i32]) -> Result<usize, Error> {
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
+///
+/// # Stack
+/// At most [`crate::SIGNAL_STACK_BUDGET`] bytes of the caller's stack: the calling thread's
+/// own stack is captured there, then the dump moves to one of selftrace's private stacks
+/// (mapped by [`crate::init`]). When all of them are busy and less than 64 KiB is left (the
+/// bounds of the alternate signal stack or of the thread's stack), the dump lists no thread
+/// and says so (`not listed: N bytes of stack left, and no private stack free`). Each other
+/// thread answers on its own stack (see [`capture`]).
 pub fn dump_all(fd: impl AsFd) -> DumpSummary {
     dump_all_with_timeout(fd, timeout())
 }
@@ -464,7 +475,7 @@ pub fn dump_all(fd: impl AsFd) -> DumpSummary {
 /// [`dump_all`] with an explicit per-thread timeout.
 ///
 /// # Async-signal safety
-/// Async-signal-safe.
+/// Async-signal-safe; the stack it needs as [`dump_all`].
 pub fn dump_all_with_timeout(fd: impl AsFd, timeout: Duration) -> DumpSummary {
     if install().is_err() {
         // Without the handler every thread would time out; still list them.
@@ -480,6 +491,10 @@ pub(crate) fn dump_all_raw(fd: i32) -> DumpSummary {
 
 /// Installs a handler for `sig` (typically `SIGQUIT`) that writes [`dump_all`] to stderr and
 /// lets the program continue, like the JVM's `kill -3`. See [`install_dump_signal_to`].
+///
+/// The handler runs on the stack of the thread the signal is delivered to (installed without
+/// `SA_ONSTACK`) and takes as much of it as [`dump_all`] does (its signal frame, then at most
+/// [`crate::SIGNAL_STACK_BUDGET`] bytes): it works on threads spawned with 32 KiB stacks.
 ///
 /// # Errors
 /// As [`install_dump_signal_to`].
@@ -575,7 +590,13 @@ pub(crate) fn write_other_threads(fd: i32, skip: i32) {
     }
     out.line(|w| w.push_bytes(b"Other threads:"));
     let mut objects = dump::Objects::new();
-    dump::threads_section(out, skip, TIMEOUT_NS.load(Ordering::Relaxed), &mut objects);
+    dump::threads_section(
+        out,
+        skip,
+        TIMEOUT_NS.load(Ordering::Relaxed),
+        &mut objects,
+        None,
+    );
     objects.write(out);
 }
 

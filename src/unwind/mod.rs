@@ -121,6 +121,11 @@ pub fn set_walk_reuse(enabled: bool) {
 /// Async-signal-safe. Called inside a signal handler, the walk continues through the signal
 /// frame: after the handler's frames comes the trampoline, then the interrupted pc (exact, not
 /// a return address) and its callers.
+///
+/// # Stack
+/// At most [`crate::SIGNAL_STACK_BUDGET`] bytes of the caller's stack (see the crate docs'
+/// stack budget): the hot loops run there, a walk that needs the CFI evaluator moves to a
+/// private stack of the unwinder's.
 #[inline(always)]
 pub fn capture(buf: &mut [usize]) -> usize {
     imp::capture(buf, UnwindMode::Dwarf, None)
@@ -149,7 +154,8 @@ pub fn capture(buf: &mut [usize]) -> usize {
 ///
 /// # Async-signal safety
 /// Every method is async-signal-safe and never faults: reads are checked, garbage registers
-/// give a short or empty walk.
+/// give a short or empty walk. Each takes at most [`crate::SIGNAL_STACK_BUDGET`] bytes of the
+/// caller's stack (see the crate docs' stack budget).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[must_use = "a Capture does nothing until one of its walk methods is called"]
 pub struct Capture {

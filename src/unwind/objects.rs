@@ -188,6 +188,7 @@ pub(crate) fn rebuild(snapshot: &Snapshot) {
         _ => Some(State::build(snapshot)),
     });
     super::slots::fill_pool();
+    crate::sys::stack::fill();
 }
 
 /// Which objects of the snapshot this walk already checked with `_dl_find_object`.
