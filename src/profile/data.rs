@@ -94,7 +94,9 @@ pub struct Sample {
     /// Indices into [`Profile::locations`], innermost frame first.
     pub locations: Vec<usize>,
     /// How many periods this stack stands for: the samples taken, plus the periods a late
-    /// timer signal reported as overruns (`si_overrun`).
+    /// timer signal reported as overruns (`si_overrun`); in Wall mode past
+    /// [`WALL_SIGNAL_BUDGET`](super::WALL_SIGNAL_BUDGET), each sample counts for its timer's
+    /// stride of periods.
     pub count: u64,
     /// The thread's id.
     pub thread_id: i32,
@@ -126,7 +128,8 @@ pub struct Profile {
     /// The objects the locations are in.
     pub mappings: Vec<Mapping>,
     /// Periods lost because the sample ring was full (the profiler's thread did not drain it in
-    /// time): the samples of these periods are missing from `samples`.
+    /// time) or the samples waiting to be named were too many (the aggregation could not keep
+    /// up): the samples of these periods are missing from `samples`.
     pub dropped: u64,
 }
 

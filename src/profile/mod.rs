@@ -23,7 +23,10 @@
 //!   sample then counts for all the periods it stands for.
 //! * **Wall mode** ([`Mode::Wall`]): the same with `CLOCK_MONOTONIC` timers, so every thread is
 //!   sampled once per period whether it runs or waits: a thread blocked in a `futex` or a
-//!   `read` shows the wait's libc wrapper on top.
+//!   `read` shows the wait's libc wrapper on top. Each signal wakes its thread, so the
+//!   signals of all threads together are kept within [`WALL_SIGNAL_BUDGET`] a second: with
+//!   more threads than that allows at the frequency, each timer fires every *k*-th period and
+//!   its samples count for *k* periods ([`Stats::stride`]).
 //! * **Threads**: the profiler's timer thread (`selftrace-timer`) lists `/proc/self/task` at
 //!   start and every [`Builder::rescan_interval`] afterwards, arms a timer for each new thread
 //!   that [`Threads`] selects and deletes the timers of threads that exited. A thread that lives
@@ -103,6 +106,15 @@ pub const DEFAULT_FREQUENCY_HZ: u32 = 99;
 
 /// The highest frequency a profiler accepts: 10 kHz.
 pub const MAX_FREQUENCY_HZ: u32 = 10_000;
+
+/// The most timer signals a second a Wall-mode profiler sends to all its threads together:
+/// 20,000. Every thread's timer fires whether the thread runs or sleeps, and each signal wakes
+/// its thread, so 1,000 threads at 99 Hz would be 99,000 wake-ups a second, more than a small
+/// machine handles: the sampled program would crawl and most samples be dropped. Past the
+/// budget each thread's timer fires every *k*-th period and each of its samples counts for *k*
+/// periods ([`Stats::stride`]): the profile keeps its counts in periods, with fewer samples
+/// behind them.
+pub const WALL_SIGNAL_BUDGET: u64 = 20_000;
 
 /// The most frames a sample keeps; a deeper stack keeps its innermost frames and is marked
 /// truncated ([`crate::StopReason::TooDeep`]).
@@ -228,12 +240,16 @@ impl Builder {
 pub struct Stats {
     /// Signals handled that produced a sample.
     pub samples: u64,
-    /// Periods lost to a full ring (each dropped sample with its overrun count).
+    /// Periods lost to a full ring, or to an aggregation that could not keep up (each dropped
+    /// sample with its overrun count and stride).
     pub dropped: u64,
     /// Threads that have a timer now.
     pub threads: usize,
     /// Timers armed since the start (threads seen).
     pub threads_seen: u64,
+    /// Periods each timer signal stands for (1, except in Wall mode when threads x frequency
+    /// exceeds [`WALL_SIGNAL_BUDGET`]), as set at the last rescan.
+    pub stride: u32,
 }
 
 /// A running profiler. Dropping it stops it (and discards what it sampled since the last

@@ -47,6 +47,29 @@ pub(crate) fn after_fork() {
     RUNNING.store(false, Ordering::SeqCst);
 }
 
+/// Bits of a timer's `sigev_value` that hold the thread id (Linux's `PID_MAX_LIMIT` is 2^22);
+/// the next [`STRIDE_BITS`] hold the timer's stride, the high 32 bits the generation.
+const TID_BITS: u32 = 22;
+const STRIDE_BITS: u32 = 10;
+/// The largest stride a timer's value can carry.
+const MAX_STRIDE: u32 = (1 << STRIDE_BITS) - 1;
+
+/// A timer's `sigev_value`: generation, stride, thread id.
+fn timer_value(generation: u32, stride: u32, tid: i32) -> u64 {
+    (u64::from(generation) << 32)
+        | (u64::from(stride.min(MAX_STRIDE)) << TID_BITS)
+        | u64::from(tid as u32 & ((1 << TID_BITS) - 1))
+}
+
+/// The stride of Wall-mode timers when `threads` are sampled at `frequency_hz`: the fewest
+/// periods per signal that keep all threads' signals within [`super::WALL_SIGNAL_BUDGET`] a
+/// second (1 when they fit).
+fn wall_stride(threads: usize, frequency_hz: u32) -> u32 {
+    let rate = threads as u64 * u64::from(frequency_hz);
+    rate.div_ceil(super::WALL_SIGNAL_BUDGET)
+        .clamp(1, u64::from(MAX_STRIDE)) as u32
+}
+
 /// The sampling signal's handler.
 ///
 /// # Async-signal safety
@@ -62,8 +85,10 @@ extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_v
         // raised ACTIVE before loading it.
         let shared = unsafe { &*shared };
         if code == SI_TIMER && (value >> 32) as u32 == shared.generation {
-            let tid = value as u32 as i32;
-            let weight = 1 + overrun.max(0) as u32;
+            let tid = (value as u32 & ((1 << TID_BITS) - 1)) as i32;
+            // Each signal of a timer with stride k stands for k periods (and k per overrun).
+            let stride = ((value >> TID_BITS) as u32 & MAX_STRIDE).max(1);
+            let weight = stride.saturating_mul(1u32.saturating_add(overrun.max(0) as u32));
             shared.ring.push(weight, |rec: &mut Record| {
                 rec.tid = tid;
                 rec.weight = weight;
@@ -137,6 +162,8 @@ fn install(sig: i32) -> Result<(), Error> {
 /// One thread's timer.
 struct Timer {
     id: libc::timer_t,
+    /// Periods per signal.
+    stride: u32,
 }
 
 // SAFETY: a timer_t is a process-wide handle (glibc: the kernel's timer id), usable from any
@@ -145,8 +172,18 @@ unsafe impl Send for Timer {}
 
 impl Timer {
     /// A timer on `tid`'s CPU clock (or the monotonic clock), sending `sig` to `tid` every
-    /// `period_ns`, with `value` in the signal's `si_value`.
-    fn arm(tid: i32, mode: Mode, sig: i32, period_ns: u64, value: u64) -> Result<Timer, i32> {
+    /// `stride` periods of `period_ns`, with [`timer_value`] in the signal's `si_value`.
+    fn arm(
+        tid: i32,
+        mode: Mode,
+        sig: i32,
+        period_ns: u64,
+        generation: u32,
+        stride: u32,
+    ) -> Result<Timer, i32> {
+        let stride = stride.clamp(1, MAX_STRIDE);
+        let value = timer_value(generation, stride, tid);
+        let period_ns = period_ns.saturating_mul(u64::from(stride));
         let clock = match mode {
             // MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED), as in sys::thread_cpu_ns.
             Mode::Cpu => ((!(tid as u32)) << 3 | 6) as libc::clockid_t,
@@ -165,7 +202,7 @@ impl Timer {
         if unsafe { libc::timer_create(clock, &mut sev, &mut id) } != 0 {
             return Err(sys::errno());
         }
-        let timer = Timer { id };
+        let timer = Timer { id, stride };
         // Wall mode: spread the threads' first samples over a period, so that they are not all
         // interrupted at the same instant.
         let first = match mode {
@@ -206,7 +243,25 @@ struct Loc {
     lines: Arc<[Line]>,
 }
 
-type StackKey = (i32, Box<[u32]>, Option<Truncation>);
+/// A counted stack of the interval: thread, stack id (an index into
+/// [`Aggregator::stack_lists`]) and where its walk stopped early.
+type StackKey = (i32, u32, Option<Truncation>);
+
+/// The most samples pulled out of the ring and waiting to be named. When the aggregation
+/// cannot keep up (thousands of threads sampled in Wall mode: 1,000 threads at 99 Hz are 99,000
+/// samples a second), the samples beyond it are dropped and counted like those of a full ring
+/// ([`Profile::dropped`]): the backlog, and so the time a `take` needs to name it, stays
+/// bounded, instead of growing for as long as the profiler runs.
+const MAX_BACKLOG: usize = 1 << 15;
+
+/// How many pulled samples the profiler's thread names under one hold of the aggregator's
+/// lock: a `take` waits for one such chunk at most.
+const CHUNK: usize = 1024;
+
+/// How often the profiler's thread reads the names of the threads it has seen again (a thread
+/// often names itself after it started): names are read from `/proc` there, once per thread
+/// when it is first sampled and then at this interval, never per sample nor in `take`.
+const NAME_REFRESH: Duration = Duration::from_secs(1);
 
 /// A sample copied out of the ring.
 struct Raw {
@@ -216,9 +271,16 @@ struct Raw {
     frames: Box<[usize]>,
 }
 
-/// Copies the ring's published samples into `out`, handing their slots back.
+/// Copies the ring's published samples into `out`, handing their slots back; beyond
+/// [`MAX_BACKLOG`] samples in `out`, a sample is dropped and its periods counted in the ring's
+/// `dropped`.
 fn pull(ring: &Ring, out: &mut Vec<Raw>) {
     ring.drain(|rec| {
+        if out.len() >= MAX_BACKLOG {
+            ring.dropped
+                .fetch_add(u64::from(rec.weight), Ordering::Relaxed);
+            return;
+        }
         out.push(Raw {
             tid: rec.tid,
             weight: rec.weight,
@@ -237,7 +299,16 @@ struct Aggregator {
     mapping_index: HashMap<(Arc<str>, usize), usize>,
     /// Whether each mapping is the main program's.
     mains: Vec<bool>,
-    names: HashMap<i32, Arc<str>>,
+    /// Each sampled thread's name and when it was read.
+    names: HashMap<i32, (Arc<str>, Instant)>,
+    /// The location ids of each distinct stack ([`StackKey`]'s stack id is an index here).
+    stack_lists: Vec<Box<[u32]>>,
+    stack_index: HashMap<Box<[u32]>, u32>,
+    /// Stacks of raw addresses already named, all of whose frames were named with certainty:
+    /// a sample whose addresses were seen before costs one lookup, not one per frame. Valid
+    /// while no object was unloaded (cleared then) and used only while the loader's list is
+    /// the one of the last refresh ([`View::Settled`]).
+    stack_cache: HashMap<Box<[usize]>, u32>,
     /// The loader's (adds, subs) at the last refresh.
     counters: (u64, u64),
     /// The loaded objects at the last refresh.
@@ -263,6 +334,9 @@ impl Aggregator {
             mapping_index: HashMap::new(),
             mains: Vec::new(),
             names: HashMap::new(),
+            stack_lists: Vec::new(),
+            stack_index: HashMap::new(),
+            stack_cache: HashMap::new(),
             counters: (0, 0),
             objects: Vec::new(),
             last_refresh: Instant::now(),
@@ -284,11 +358,12 @@ impl Aggregator {
     /// hundreds of milliseconds for a large program), so the ring is not emptied here but by
     /// the timer thread ([`Inner::pull`]), which never waits for this: the ring does not fill
     /// up behind a slow symbolization. `take` passes `defer_refresh` false: the interval's samples
-    /// are named after a refresh, however recent the last one.
-    fn drain(&mut self, inner: &Inner, defer_refresh: bool) {
-        let mut batch = inner.take_pulled();
+    /// are named after a refresh, however recent the last one. Names at most `limit` of the
+    /// pulled samples; returns whether some are left.
+    fn drain(&mut self, inner: &Inner, defer_refresh: bool, limit: usize) -> bool {
+        let (mut batch, left) = inner.take_pulled(limit);
         if batch.is_empty() {
-            return;
+            return left;
         }
         // Objects loaded or unloaded since the last refresh: the unwinder and symbolizer learn
         // the new ones, and an address whose object changed cannot be named with certainty.
@@ -313,9 +388,29 @@ impl Aggregator {
             }
         }
         let mut scratch = std::mem::take(&mut self.scratch);
+        let settled = matches!(view, View::Settled);
         for rec in batch.drain(..) {
-            scratch.clear();
             let frames = &rec.frames[..];
+            let truncation = match rec.end {
+                WalkEnd::Complete => None,
+                WalkEnd::Truncated(t) => Some(t),
+                WalkEnd::BufferFull => Some(Truncation {
+                    pc: frames.last().copied().unwrap_or(0),
+                    reason: StopReason::TooDeep,
+                }),
+            };
+            self.names
+                .entry(rec.tid)
+                .or_insert_with(|| (thread_name(rec.tid), Instant::now()));
+            if settled {
+                if let Some(&stack) = self.stack_cache.get(frames) {
+                    *self.stacks.entry((rec.tid, stack, truncation)).or_insert(0) +=
+                        u64::from(rec.weight);
+                    continue;
+                }
+            }
+            scratch.clear();
+            let mut all_certain = true;
             for i in 0..frames.len() {
                 let after_trampoline = i > 0
                     && *self
@@ -327,24 +422,41 @@ impl Aggregator {
                 } else {
                     FrameKind::Return
                 };
-                scratch.push(self.location(frames[i], kind, &view));
+                let (id, certain) = self.location(frames[i], kind, &view);
+                all_certain &= certain;
+                scratch.push(id);
             }
-            let truncation = match rec.end {
-                WalkEnd::Complete => None,
-                WalkEnd::Truncated(t) => Some(t),
-                WalkEnd::BufferFull => Some(Truncation {
-                    pc: frames.last().copied().unwrap_or(0),
-                    reason: StopReason::TooDeep,
-                }),
+            let stack = match self.stack_index.get(scratch.as_slice()) {
+                Some(&stack) => stack,
+                None => {
+                    let stack = self.stack_lists.len() as u32;
+                    let list: Box<[u32]> = scratch.as_slice().into();
+                    self.stack_lists.push(list.clone());
+                    self.stack_index.insert(list, stack);
+                    stack
+                }
             };
-            self.names
-                .entry(rec.tid)
-                .or_insert_with(|| thread_name(rec.tid));
-            let key = (rec.tid, scratch.as_slice().into(), truncation);
-            *self.stacks.entry(key).or_insert(0) += u64::from(rec.weight);
+            if all_certain && settled {
+                // Bounded: a program with ever new stacks starts the cache over.
+                if self.stack_cache.len() >= 1 << 16 {
+                    self.stack_cache.clear();
+                }
+                self.stack_cache.insert(rec.frames, stack);
+            }
+            *self.stacks.entry((rec.tid, stack, truncation)).or_insert(0) += u64::from(rec.weight);
         }
         self.scratch = scratch;
         inner.recycle(batch);
+        left
+    }
+
+    /// The threads whose name was read longer than [`NAME_REFRESH`] ago.
+    fn stale_names(&self) -> Vec<i32> {
+        self.names
+            .iter()
+            .filter(|(_, (_, read))| read.elapsed() >= NAME_REFRESH)
+            .map(|(&tid, _)| tid)
+            .collect()
     }
 
     /// Forgets what is cached about addresses in objects of `before` that are gone (or moved):
@@ -358,6 +470,7 @@ impl Aggregator {
             return;
         }
         let in_gone = |a: usize| gone.iter().any(|o| (o.start..o.end).contains(&a));
+        self.stack_cache.clear();
         self.loc_index.retain(|&(address, exact), _| {
             !in_gone(if exact {
                 address
@@ -368,11 +481,19 @@ impl Aggregator {
         self.trampolines.retain(|&a, _| !in_gone(a));
     }
 
-    /// The location id of a frame, resolving (symbolizing) an address seen for the first time.
-    /// An address whose object may have changed since the sample was taken (see [`View`]) is
-    /// kept unnamed, and not cached: a later sample there is resolved anew.
-    fn location(&mut self, address: usize, kind: FrameKind, view: &View) -> u32 {
+    /// The location id of a frame, resolving (symbolizing) an address seen for the first time,
+    /// and whether it was named with certainty. An address whose object may have changed since
+    /// the sample was taken (see [`View`]) is kept unnamed, and not cached: a later sample
+    /// there is resolved anew.
+    fn location(&mut self, address: usize, kind: FrameKind, view: &View) -> (u32, bool) {
         let key = (address, kind == FrameKind::Exact);
+        // Cached locations were named with certainty and stay valid while nothing was
+        // unloaded since (an unload forgets those of the objects gone).
+        if let View::Settled = view {
+            if let Some(&id) = self.loc_index.get(&key) {
+                return (id, true);
+            }
+        }
         let probe = kind.lookup_address(address);
         let now = find(&self.objects, probe);
         let certain = match (view, &now) {
@@ -383,7 +504,7 @@ impl Aggregator {
         };
         if certain {
             if let Some(&id) = self.loc_index.get(&key) {
-                return id;
+                return (id, true);
             }
         }
         let loc = match now {
@@ -409,7 +530,7 @@ impl Aggregator {
         if certain {
             self.loc_index.insert(key, id);
         }
-        id
+        (id, certain)
     }
 
     /// The mapping of the executable segment containing `addr` of the object `obj`: one mapping per segment, as `/proc/self/maps` has them, so that
@@ -447,21 +568,14 @@ impl Aggregator {
     fn finish(&mut self, mode: Mode, frequency_hz: u32, dropped_total: u64) -> Profile {
         let now = Instant::now();
         let stacks = std::mem::take(&mut self.stacks);
-        // Names as they are now for live threads (a thread often names itself after it
-        // started).
-        for (tid, name) in self.names.iter_mut() {
-            if let Some(info) = crate::threads::info(*tid) {
-                if info.name() != &**name {
-                    *name = Arc::from(info.name());
-                }
-            }
-        }
+        // No name is read here: the profiler's thread reads them ([`NAME_REFRESH`]).
         let mut loc_map: HashMap<u32, usize> = HashMap::new();
         let mut map_map: HashMap<usize, usize> = HashMap::new();
         let mut locations = Vec::new();
         let mut mappings = Vec::new();
         let mut samples = Vec::with_capacity(stacks.len());
-        for ((tid, locs, truncation), count) in stacks {
+        for ((tid, stack, truncation), count) in stacks {
+            let locs = &self.stack_lists[stack as usize];
             let mut ids = Vec::with_capacity(locs.len());
             for &l in locs.iter() {
                 let id = *loc_map.entry(l).or_insert_with(|| {
@@ -489,7 +603,7 @@ impl Aggregator {
                 thread_name: self
                     .names
                     .get(&tid)
-                    .cloned()
+                    .map(|(name, _)| name.clone())
                     .unwrap_or_else(|| Arc::from("?")),
                 truncation,
             });
@@ -528,10 +642,13 @@ impl Aggregator {
         self.dropped_before = dropped_total;
         // Keep the per-address cache bounded for long continuous profiling: what the next
         // interval needs is resolved again.
-        if self.locs.len() > 1 << 18 {
+        if self.locs.len() > 1 << 18 || self.stack_lists.len() > 1 << 18 {
             self.locs.clear();
             self.loc_index.clear();
             self.trampolines.clear();
+            self.stack_lists.clear();
+            self.stack_index.clear();
+            self.stack_cache.clear();
         }
         self.names.retain(|tid, _| sys::tgkill(*tid, 0).is_ok());
         profile
@@ -613,6 +730,10 @@ struct Inner {
     pulled: Mutex<Vec<Raw>>,
     /// Tells the profiler's thread that samples were pulled.
     pulled_cv: std::sync::Condvar,
+    /// `take` calls waiting for `agg`: the profiler's thread lets them go first.
+    taking: AtomicUsize,
+    /// The stride of the timers armed at the last rescan.
+    stride: AtomicU32,
     shared: *const Shared,
     stop: AtomicBool,
     threads: AtomicUsize,
@@ -651,11 +772,18 @@ impl Inner {
         pulled.len() - before
     }
 
-    /// The pulled samples, with the ring emptied into them first.
-    fn take_pulled(&self) -> Vec<Raw> {
+    /// At most `limit` of the pulled samples, with the ring emptied into them first, and
+    /// whether some are left.
+    fn take_pulled(&self, limit: usize) -> (Vec<Raw>, bool) {
         let mut pulled = self.lock_pulled();
         pull(self.ring(), &mut pulled);
-        std::mem::take(&mut *pulled)
+        if pulled.len() <= limit {
+            (std::mem::take(&mut *pulled), false)
+        } else {
+            // Which samples go first does not matter: they are counted, not ordered.
+            let at = pulled.len() - limit;
+            (pulled.split_off(at), true)
+        }
     }
 
     /// Gives an emptied batch's allocation back for the next pulls.
@@ -708,6 +836,8 @@ fn start_locked(b: Builder) -> Result<Running, Error> {
         agg: Mutex::new(Aggregator::new()),
         pulled: Mutex::new(Vec::new()),
         pulled_cv: std::sync::Condvar::new(),
+        taking: AtomicUsize::new(0),
+        stride: AtomicU32::new(1),
         shared,
         stop: AtomicBool::new(false),
         threads: AtomicUsize::new(0),
@@ -815,10 +945,23 @@ fn profiler_thread(
             return;
         }
     }
+    let mut names_read = Instant::now();
     loop {
-        inner.lock().drain(&inner, true);
+        // A `take` goes first: it names what is left itself, and does not wait behind a
+        // backlog that this thread would name chunk after chunk.
+        while inner.taking.load(Ordering::Acquire) > 0 && !inner.stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let left = inner.lock().drain(&inner, true, CHUNK);
         if inner.stop.load(Ordering::Acquire) {
             break;
+        }
+        if names_read.elapsed() >= NAME_REFRESH {
+            refresh_names(&inner);
+            names_read = Instant::now();
+        }
+        if left {
+            continue;
         }
         let pulled = inner.lock_pulled();
         if pulled.is_empty() {
@@ -829,6 +972,27 @@ fn profiler_thread(
     // in the ring are drained by stop.
     drop(stop_tx);
     let _ = timers.join();
+}
+
+/// Reads the names of the sampled threads again (those read [`NAME_REFRESH`] ago or more),
+/// outside the aggregator's lock: a thread that named itself after its first sample is shown
+/// by its new name from then on. A thread that is gone keeps the name it had.
+fn refresh_names(inner: &Inner) {
+    let stale = inner.lock().stale_names();
+    let fresh: Vec<(i32, Option<Arc<str>>)> = stale
+        .into_iter()
+        .map(|tid| (tid, crate::threads::info(tid).map(|i| Arc::from(i.name()))))
+        .collect();
+    let now = Instant::now();
+    let mut agg = inner.lock();
+    for (tid, name) in fresh {
+        if let Some(entry) = agg.names.get_mut(&tid) {
+            if let Some(name) = name {
+                entry.0 = name;
+            }
+            entry.1 = now;
+        }
+    }
 }
 
 /// Arms a timer for each thread that appears in `/proc/self/task` (every rescan interval), and
@@ -863,6 +1027,7 @@ fn timer_thread(
         }
     };
     let mut live = Vec::new();
+    let mut new = Vec::new();
     loop {
         live.clear();
         let listed = sys::for_each_task_in(task_dir, |tid| live.push(tid));
@@ -880,6 +1045,7 @@ fn timer_thread(
             timers.retain(|tid, _| live.contains(tid));
             skipped.retain(|tid, _| live.contains(tid));
         }
+        new.clear();
         for &tid in &live {
             if tid == me
                 || tid == drainer
@@ -897,8 +1063,27 @@ fn timer_thread(
                 skipped.insert(tid, ());
                 continue;
             }
-            let value = (u64::from(generation) << 32) | u64::from(tid as u32);
-            match Timer::arm(tid, b.mode, b.signal, period_ns, value) {
+            new.push(tid);
+        }
+        // Wall mode: every thread's timer fires whether it runs or not, so the signals grow
+        // with the thread count; past the budget each timer fires every `stride` periods and
+        // its samples count that many. Timers whose stride is off by more than twice are armed
+        // again (a late signal of the old timer carries its own stride).
+        let stride = match b.mode {
+            Mode::Cpu => 1,
+            Mode::Wall => wall_stride(timers.len() + new.len(), b.frequency_hz),
+        };
+        inner.stride.store(stride, Ordering::Relaxed);
+        for (&tid, t) in timers.iter_mut() {
+            if t.stride > stride * 2 || t.stride * 2 < stride {
+                if let Ok(again) = Timer::arm(tid, b.mode, b.signal, period_ns, generation, stride)
+                {
+                    *t = again;
+                }
+            }
+        }
+        for &tid in &new {
+            match Timer::arm(tid, b.mode, b.signal, period_ns, generation, stride) {
                 Ok(t) => {
                     timers.insert(tid, t);
                     inner.threads_seen.fetch_add(1, Ordering::Relaxed);
@@ -957,8 +1142,10 @@ impl Running {
             // locks may be held by the parent's threads.
             return empty(self.inner.mode, self.inner.frequency_hz);
         }
+        self.inner.taking.fetch_add(1, Ordering::AcqRel);
         let mut agg = self.inner.lock();
-        agg.drain(&self.inner, false);
+        self.inner.taking.fetch_sub(1, Ordering::AcqRel);
+        agg.drain(&self.inner, false, usize::MAX);
         let dropped = self.inner.ring().dropped.load(Ordering::Relaxed);
         agg.finish(self.inner.mode, self.inner.frequency_hz, dropped)
     }
@@ -1009,6 +1196,7 @@ impl Running {
             dropped: ring.dropped.load(Ordering::Relaxed),
             threads: self.inner.threads.load(Ordering::Relaxed),
             threads_seen: self.inner.threads_seen.load(Ordering::Relaxed),
+            stride: self.inner.stride.load(Ordering::Relaxed),
         }
     }
 }
