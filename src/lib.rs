@@ -53,6 +53,14 @@
 //! | [`threads::install`] | installs the stack-request handler (`sigaction` only) |
 //! | [`watchdog::pet`], [`watchdog::Watch::pet`] | a watched thread checks in: one relaxed load and store |
 //!
+//! The name lookups among them ([`symbolize()`], [`backtrace_symbols_fd`],
+//! [`symbolize::write_kernel_frame`], ...) check that a `dlopen`ed object is still the one the
+//! index holds at the address (a library loaded since where an unloaded one was is never named
+//! after it). Where it is not, they refresh the index only when they can prove that they run in
+//! normal context (no signal frame on the thread's stack below them); in a signal handler they
+//! mark the frame `?? (object changed since snapshot)` instead. [`set_auto_refresh`]`(false)`
+//! turns that refresh off: then they never allocate, in any context.
+//!
 //! The signal handlers selftrace installs are held to the same rules: the stack-request
 //! handler of [`threads`], the dump handler of [`threads::install_dump_signal`], the crash
 //! handler of [`crash::install`], also with [`crash::Builder::all_threads`], and the sampling

@@ -89,6 +89,21 @@ impl Object {
         self.exec.iter().any(|r| r.contains(&addr))
     }
 
+    /// Whether the object loaded at `addr` now is still this one (see [`Identity::verify`]).
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub(crate) fn verify(&self, addr: usize) -> Verdict {
+        verify(
+            addr,
+            self.permanent,
+            self.bias,
+            self.eh_frame_hdr.as_ref().map_or(0, |r| r.start),
+            (self.build_id_addr, self.build_id.as_deref().unwrap_or(&[])),
+            &self.path,
+        )
+    }
+
     /// What a lock-free check needs to tell, later, whether this object is still the one
     /// loaded at its addresses. Normal context (copies).
     pub(crate) fn identity(&self) -> Identity {
@@ -144,49 +159,69 @@ impl Identity {
     /// Async-signal-safe: no allocation, no lock; reads that a concurrent `dlclose` unmaps
     /// fail instead of faulting.
     pub(crate) fn verify(&self, addr: usize) -> Verdict {
-        if self.permanent {
-            return Verdict::Same;
-        }
-        let link_map = match sys::dl_find_object(addr) {
-            Ok(None) => return Verdict::Changed,
-            Ok(Some(f)) if f.eh_frame_hdr != self.eh_frame_hdr => return Verdict::Changed,
-            Ok(Some(f)) => f.link_map,
-            Err(()) => 0,
-        };
-        if self.build_id_addr != 0 && !self.build_id.is_empty() {
-            return if memory_is(self.build_id_addr, &self.build_id) {
-                Verdict::Same
-            } else {
-                Verdict::Changed
-            };
-        }
-        if link_map == 0 {
-            return Verdict::Unverified;
-        }
-        // `struct link_map` (<link.h>, public ABI): `l_addr`, then `l_name`.
-        const W: usize = core::mem::size_of::<usize>();
-        let mut head = [0u8; 2 * W];
-        if sys::read_memory(link_map, &mut head) != head.len() {
-            // Freed under us: the object is being unloaded.
-            return Verdict::Changed;
-        }
-        let word = |i: usize| {
-            let mut w = [0u8; W];
-            w.copy_from_slice(&head[i * W..(i + 1) * W]);
-            usize::from_ne_bytes(w)
-        };
-        let (l_addr, l_name) = (word(0), word(1));
-        if l_addr != self.bias || l_name == 0 {
-            return Verdict::Changed;
-        }
-        // The name and its NUL.
-        let same =
-            memory_is(l_name, self.path.as_bytes()) && memory_is(l_name + self.path.len(), &[0]);
-        if same {
+        verify(
+            addr,
+            self.permanent,
+            self.bias,
+            self.eh_frame_hdr,
+            (self.build_id_addr, &self.build_id),
+            &self.path,
+        )
+    }
+}
+
+/// The body of [`Identity::verify`] and [`Object::verify`].
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+fn verify(
+    addr: usize,
+    permanent: bool,
+    bias: usize,
+    eh_frame_hdr: usize,
+    (build_id_addr, build_id): (usize, &[u8]),
+    path: &str,
+) -> Verdict {
+    if permanent {
+        return Verdict::Same;
+    }
+    let link_map = match sys::dl_find_object(addr) {
+        Ok(None) => return Verdict::Changed,
+        Ok(Some(f)) if f.eh_frame_hdr != eh_frame_hdr => return Verdict::Changed,
+        Ok(Some(f)) => f.link_map,
+        Err(()) => 0,
+    };
+    if build_id_addr != 0 && !build_id.is_empty() {
+        return if memory_is(build_id_addr, build_id) {
             Verdict::Same
         } else {
             Verdict::Changed
-        }
+        };
+    }
+    if link_map == 0 {
+        return Verdict::Unverified;
+    }
+    // `struct link_map` (<link.h>, public ABI): `l_addr`, then `l_name`.
+    const W: usize = core::mem::size_of::<usize>();
+    let mut head = [0u8; 2 * W];
+    if sys::read_memory(link_map, &mut head) != head.len() {
+        // Freed under us: the object is being unloaded.
+        return Verdict::Changed;
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; W];
+        w.copy_from_slice(&head[i * W..(i + 1) * W]);
+        usize::from_ne_bytes(w)
+    };
+    let (l_addr, l_name) = (word(0), word(1));
+    if l_addr != bias || l_name == 0 {
+        return Verdict::Changed;
+    }
+    // The name and its NUL.
+    if memory_is(l_name, path.as_bytes()) && memory_is(l_name + path.len(), &[0]) {
+        Verdict::Same
+    } else {
+        Verdict::Changed
     }
 }
 

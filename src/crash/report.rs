@@ -328,7 +328,8 @@ pub(crate) fn objects(out: Out, frames: &[usize]) {
     let mut seen = [0usize; 32];
     let mut n = 0;
     for &addr in frames {
-        let Some(s) = symbolize::symbolize(addr.saturating_sub(1)) else {
+        let Some(s) = symbolize::symbolize(addr.saturating_sub(1)).filter(|s| !s.source.is_stale())
+        else {
             continue;
         };
         if seen[..n].contains(&s.bias) || n == seen.len() {

@@ -718,6 +718,11 @@ fn write_locked(
         let mut n = 0usize;
         let Some(snap) = snap else { return 0 };
         for o in snap.objects().iter().take(MAX_MODULES) {
+            // Unloaded since the snapshot (another library may lie there now): left out, so
+            // that no frame is named after it.
+            if o.verify(o.range.start) == crate::modules::Verdict::Changed {
+                continue;
+            }
             let name_rva = f.append_string(o.path.as_bytes(), &mut st.chunk).rva;
             let mut cv = Loc::default();
             if let Some(id) = o.build_id.as_deref() {

@@ -674,6 +674,10 @@ struct Obj {
     start: usize,
     end: usize,
     path: Arc<str>,
+    /// The file and build-id: another file loaded at the same place under the same path (a
+    /// library rebuilt and loaded again) is another object.
+    file: Option<crate::modules::FileId>,
+    build_id: Option<Arc<[u8]>>,
     /// Never unloaded (see [`crate::modules::Object::permanent`]).
     permanent: bool,
 }
@@ -699,6 +703,8 @@ fn current_objects() -> Vec<Obj> {
                     start: o.range.start,
                     end: o.range.end,
                     path: Arc::from(o.path.as_str()),
+                    file: o.file,
+                    build_id: o.build_id.as_deref().map(Arc::from),
                     permanent: o.permanent,
                 })
                 .collect()

@@ -26,6 +26,18 @@
 //! No lookup reads a file mapping: a library or debug file truncated or rewritten on disk after
 //! the index was built cannot make it fault (tested: `tests/symbolize_files.rs`).
 //!
+//! # Libraries unloaded and loaded again
+//! After `dlclose` the kernel often maps the next `dlopen`ed library exactly where the last one
+//! was. Each indexed object keeps its identity (path, the file's device and inode, build-id,
+//! load bias, unwind table address), and every lookup in an object that can be unloaded checks
+//! it against what is loaded there now, without locks (`_dl_find_object`, then the build-id's
+//! bytes in memory, or the loader's `link_map` path): a frame is never named after an object
+//! that is gone. The normal-context functions ([`backtrace_symbols`], [`Backtrace`]) refresh
+//! first whenever the loader's load/unload counters moved (about 20 ns to ask); the
+//! async-signal-safe ones refresh only in proven normal context, and otherwise mark the frame
+//! ([`SymbolSource::Changed`]: `?? (object changed since snapshot)`). Tested:
+//! `tests/dlopen.rs`.
+//!
 //! # In a signal handler (crash reports)
 //! Everything below is async-signal-safe (no allocation, no lock, no panic) once the index
 //! exists (`init()`, [`prepare`], or any normal-context call of this module):

@@ -82,7 +82,9 @@ impl Objects {
 
     fn add(&mut self, frames: &[usize]) {
         for &addr in frames {
-            let Some(s) = symbolize::symbolize(addr.saturating_sub(1)) else {
+            let Some(s) =
+                symbolize::symbolize(addr.saturating_sub(1)).filter(|s| !s.source.is_stale())
+            else {
                 continue;
             };
             if self.n == self.seen.len() || self.seen[..self.n].iter().any(|e| e.0 == s.bias) {
@@ -96,7 +98,8 @@ impl Objects {
     pub(crate) fn write(&self, out: Out) {
         out.line(|w| w.push_bytes(b"Objects:"));
         for &(_, addr) in &self.seen[..self.n] {
-            let Some(s) = symbolize::symbolize(addr) else {
+            // (An object unloaded since: not listed, its path would be another's.)
+            let Some(s) = symbolize::symbolize(addr).filter(|s| !s.source.is_stale()) else {
                 continue;
             };
             object_line(out, &s);
