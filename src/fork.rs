@@ -10,6 +10,11 @@
 //!   handler raises a fork generation that the lock word carries), takes the lock over. The
 //!   value it guards may have been half updated: caches start over (the old value is leaked,
 //!   never read again nor freed, since `'static` references into it may be out there);
+//! - **held across the fork**: the caches whose loss costs a child most (the parsed DWARF, the
+//!   resolved frames, the symbol index) are taken by [`prepare`], the `pthread_atfork` prepare
+//!   handler, before the fork (each wait bounded: [`PREPARE_WAIT_NS`] in all, else the child
+//!   takes them over as above) and released in the parent and in the child, so that a child
+//!   forked during a lookup keeps them;
 //! - **reset in the child**: [`child`], a `pthread_atfork` child handler registered before
 //!   `main`, frees what the parent's other threads held: reader marks of the published
 //!   snapshots, walk slots and reuse records, stack requests in flight, a minidump being
@@ -35,6 +40,10 @@ use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 static REGISTERED: AtomicBool = AtomicBool::new(false);
 
+/// The longest [`prepare`] delays a fork for the caches' locks, in all: lookups take
+/// microseconds to milliseconds; a DWARF parse that takes longer is started over by the child.
+pub(crate) const PREPARE_WAIT_NS: u64 = 200_000_000;
+
 // Registers the child handler before main, in normal context (pthread_atfork allocates).
 #[used]
 #[link_section = ".init_array"]
@@ -44,15 +53,27 @@ extern "C" fn startup_ctor() {
     register();
 }
 
-/// Registers [`child`] with `pthread_atfork`, once. Normal context (glibc allocates); the
-/// constructor above does it before `main`.
+/// Registers [`prepare`], [`parent`] and [`child`] with `pthread_atfork`, once. Normal
+/// context (glibc allocates); the constructor above does it before `main`.
 pub(crate) fn register() {
     if REGISTERED.swap(true, Ordering::AcqRel) {
         return;
     }
-    if sys::atfork_child(child).is_err() {
+    if sys::atfork(prepare, parent, child).is_err() {
         REGISTERED.store(false, Ordering::Release);
     }
+}
+
+/// The `pthread_atfork` prepare handler, in the forking thread: takes the caches' locks, so
+/// that the child gets them whole (see the module docs).
+unsafe extern "C" fn prepare() {
+    let deadline = sys::monotonic_ns().saturating_add(PREPARE_WAIT_NS);
+    crate::symbolize::before_fork(deadline);
+}
+
+/// The `pthread_atfork` parent handler: releases what [`prepare`] took.
+unsafe extern "C" fn parent() {
+    crate::symbolize::after_fork_release();
 }
 
 /// The `pthread_atfork` child handler: runs in the new child, which has one thread.
@@ -61,6 +82,7 @@ unsafe extern "C" fn child() {
         (GENERATION.load(Ordering::Relaxed) + 1) & GEN_MASK,
         Ordering::Release,
     );
+    crate::symbolize::after_fork_release();
     crate::crash::after_fork();
     crate::modules::after_fork();
     crate::symbolize::after_fork();
@@ -71,6 +93,53 @@ unsafe extern "C" fn child() {
     #[cfg(feature = "profile")]
     crate::profile::after_fork();
 }
+
+/// A value set once and never freed, read lock-free: unlike `OnceLock`, whose initialisation
+/// under way in a thread of the parent blocks a forked child for ever, nobody waits (two
+/// threads that set it at once both build a value; the first wins).
+#[cfg(any(feature = "trace", feature = "tracefs"))]
+pub(crate) struct OnceBox<T>(core::sync::atomic::AtomicPtr<T>);
+
+#[cfg(any(feature = "trace", feature = "tracefs"))]
+impl<T> OnceBox<T> {
+    /// Not set.
+    pub(crate) const fn new() -> OnceBox<T> {
+        OnceBox(core::sync::atomic::AtomicPtr::new(core::ptr::null_mut()))
+    }
+
+    /// The value, if set.
+    pub(crate) fn get(&self) -> Option<&T> {
+        let p = self.0.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer came from `Box::into_raw` in `set`, was published after
+        // the value was written (Release/Acquire) and is never freed.
+        unsafe { p.as_ref() }
+    }
+
+    /// Sets the value unless it is set: the value in use, and whether it is `value`.
+    #[cfg_attr(not(feature = "tracefs"), allow(dead_code))]
+    pub(crate) fn set(&self, value: T) -> (&T, bool) {
+        let p = Box::into_raw(Box::new(value));
+        match self.0.compare_exchange(
+            core::ptr::null_mut(),
+            p,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: just published; never freed.
+            Ok(_) => (unsafe { &*p }, true),
+            Err(old) => {
+                // SAFETY: p came from Box::into_raw above and was never published.
+                drop(unsafe { Box::from_raw(p) });
+                // SAFETY: old is a published value, never freed.
+                (unsafe { &*old }, false)
+            }
+        }
+    }
+}
+
+// SAFETY: shares `&T` between threads and moves `T` in from any thread.
+#[cfg(any(feature = "trace", feature = "tracefs"))]
+unsafe impl<T: Send + Sync> Sync for OnceBox<T> {}
 
 /// Whether `tid` holds nothing any more: not a thread of this process (a thread of the parent
 /// of a forked child, or one that exited).
@@ -92,6 +161,8 @@ const GEN_MASK: u32 = (1 << (32 - GEN_SHIFT)) - 1;
 /// `unwrap_or_else(into_inner)` of the std mutexes it replaces did).
 pub(crate) struct ForkMutex<T> {
     word: AtomicU32,
+    /// The lock word [`ForkMutex::hold_for_fork`] set (0: not held for a fork).
+    fork_word: AtomicU32,
     value: UnsafeCell<T>,
 }
 
@@ -113,69 +184,57 @@ impl<T> ForkMutex<T> {
     pub(crate) const fn new(value: T) -> ForkMutex<T> {
         ForkMutex {
             word: AtomicU32::new(0),
+            fork_word: AtomicU32::new(0),
             value: UnsafeCell::new(value),
+        }
+    }
+
+    fn guard(&self, word: u32, taken_over: bool) -> ForkGuard<'_, T> {
+        ForkGuard {
+            lock: self,
+            word,
+            taken_over,
         }
     }
 
     /// Takes the lock, waiting for a live holder; taking it over from one that is gone
     /// ([`ForkGuard::taken_over`] then says so: the value may be half updated).
     pub(crate) fn lock(&self) -> ForkGuard<'_, T> {
+        loop {
+            if let Some(g) = self.lock_until(u64::MAX) {
+                return g;
+            }
+        }
+    }
+
+    /// [`ForkMutex::lock`] until `deadline` (monotonic ns): `None` if a live holder kept it.
+    fn lock_until(&self, deadline: u64) -> Option<ForkGuard<'_, T>> {
         let tid = sys::gettid() as u32 & TID_MASK;
         let mut mine = GENERATION.load(Ordering::Acquire) << GEN_SHIFT | tid;
-        let mut cur =
-            match self
-                .word
-                .compare_exchange(0, mine, Ordering::Acquire, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    return ForkGuard {
-                        lock: self,
-                        word: mine,
-                        taken_over: false,
-                    }
-                }
-                Err(cur) => cur,
-            };
+        let mut cur = 0;
         loop {
             if cur == 0 {
                 match self
                     .word
                     .compare_exchange(0, mine, Ordering::Acquire, Ordering::Relaxed)
                 {
-                    Ok(_) => {
-                        return ForkGuard {
-                            lock: self,
-                            word: mine,
-                            taken_over: false,
-                        }
-                    }
-                    Err(now) => {
-                        cur = now;
-                        continue;
-                    }
+                    Ok(_) => return Some(self.guard(mine, false)),
+                    Err(now) => cur = now,
                 }
+                continue;
             }
             let gen = GENERATION.load(Ordering::Acquire);
-            let stale = cur >> GEN_SHIFT != gen || holder_gone((cur & TID_MASK) as i32);
-            if stale {
+            if cur >> GEN_SHIFT != gen || holder_gone((cur & TID_MASK) as i32) {
                 // Keep the waiters bit: others may sleep on the word.
                 let taken = gen << GEN_SHIFT | (cur & WAITERS) | tid;
                 match self
                     .word
                     .compare_exchange(cur, taken, Ordering::Acquire, Ordering::Relaxed)
                 {
-                    Ok(_) => {
-                        return ForkGuard {
-                            lock: self,
-                            word: taken,
-                            taken_over: true,
-                        }
-                    }
-                    Err(now) => {
-                        cur = now;
-                        continue;
-                    }
+                    Ok(_) => return Some(self.guard(taken, true)),
+                    Err(now) => cur = now,
                 }
+                continue;
             }
             if cur & WAITERS == 0 {
                 if let Err(now) = self.word.compare_exchange(
@@ -189,8 +248,12 @@ impl<T> ForkMutex<T> {
                 }
                 cur |= WAITERS;
             }
+            let now = sys::monotonic_ns();
+            if now >= deadline {
+                return None;
+            }
             // Woken by the release; now and then, check that the holder still exists.
-            sys::futex_wait(&self.word, cur, 50_000_000);
+            sys::futex_wait(&self.word, cur, (deadline - now).min(50_000_000));
             // Having slept, take the lock with the waiters bit: others may sleep too.
             mine = GENERATION.load(Ordering::Acquire) << GEN_SHIFT | WAITERS | tid;
             cur = self.word.load(Ordering::Relaxed);
@@ -200,34 +263,7 @@ impl<T> ForkMutex<T> {
     /// Takes the lock if it is free or its holder is gone (then taken over, as
     /// [`ForkMutex::lock`] does); `None` while a live thread holds it.
     pub(crate) fn try_lock(&self) -> Option<ForkGuard<'_, T>> {
-        let tid = sys::gettid() as u32 & TID_MASK;
-        let gen = GENERATION.load(Ordering::Acquire);
-        let mine = gen << GEN_SHIFT | tid;
-        let cur = match self
-            .word
-            .compare_exchange(0, mine, Ordering::Acquire, Ordering::Relaxed)
-        {
-            Ok(_) => {
-                return Some(ForkGuard {
-                    lock: self,
-                    word: mine,
-                    taken_over: false,
-                })
-            }
-            Err(cur) => cur,
-        };
-        if cur >> GEN_SHIFT == gen && !holder_gone((cur & TID_MASK) as i32) {
-            return None;
-        }
-        let taken = mine | (cur & WAITERS);
-        self.word
-            .compare_exchange(cur, taken, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| ForkGuard {
-                lock: self,
-                word: taken,
-                taken_over: true,
-            })
+        self.lock_until(0)
     }
 
     /// [`ForkMutex::lock`], and a value taken over from a holder that is gone is replaced by
@@ -241,6 +277,34 @@ impl<T> ForkMutex<T> {
             unsafe { core::ptr::write(self.value.get(), fresh()) };
         }
         g
+    }
+
+    /// For the prepare handler: takes the lock until [`ForkMutex::release_after_fork`],
+    /// waiting until `deadline` (monotonic ns) at most. Returns whether it holds it. A value
+    /// taken over from a gone holder is replaced by `fresh()`, as [`ForkMutex::lock_or_reset`]
+    /// does.
+    pub(crate) fn hold_for_fork(&self, deadline: u64, fresh: impl FnOnce() -> T) -> bool {
+        let Some(g) = self.lock_until(deadline) else {
+            return false;
+        };
+        if g.taken_over {
+            // SAFETY: as in `lock_or_reset`.
+            unsafe { core::ptr::write(self.value.get(), fresh()) };
+        }
+        self.fork_word.store(g.word, Ordering::Relaxed);
+        core::mem::forget(g);
+        true
+    }
+
+    /// Releases what [`ForkMutex::hold_for_fork`] took: in the parent and, as the child's
+    /// own (its one thread forked holding it), in the child.
+    pub(crate) fn release_after_fork(&self) {
+        if self.fork_word.swap(0, Ordering::Relaxed) == 0 {
+            return;
+        }
+        if self.word.swap(0, Ordering::Release) & WAITERS != 0 {
+            sys::futex_wake(&self.word, 1);
+        }
     }
 }
 

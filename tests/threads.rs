@@ -1666,7 +1666,6 @@ fn a_crash_with_a_thousand_threads_blocking_the_request_signal_ends_at_once() {
 /// lock, or forever on a cache's mutex).
 #[test]
 #[cfg(feature = "profile")]
-#[ignore = "fork safety: in progress"]
 fn forked_children_are_never_stuck_on_a_lock_of_the_parent() {
     let o = run("fork-storm");
     assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);

@@ -481,6 +481,16 @@ impl Slot {
 static CACHE: crate::fork::ForkMutex<Vec<(Key, &'static Slot)>> =
     crate::fork::ForkMutex::new(Vec::new());
 
+/// Before a fork: holds the object cache, waiting until `deadline` at most.
+pub(crate) fn before_fork(deadline: u64) {
+    CACHE.hold_for_fork(deadline, Vec::new);
+}
+
+/// After a fork: releases what [`before_fork`] took.
+pub(crate) fn after_fork_release() {
+    CACHE.release_after_fork();
+}
+
 /// Directories searched for separate debug files, in order: `$SELFTRACE_DEBUG_DIR` (if set),
 /// then `/usr/lib/debug`.
 fn debug_roots() -> Vec<String> {

@@ -337,6 +337,20 @@ const FRAME_CACHE_MAX: usize = 1 << 16;
 /// Taken over by a forked child from a thread of the parent that held it, and emptied.
 static FRAME_CACHE: ForkMutex<Option<FrameCache>> = ForkMutex::new(None);
 
+/// Before a fork: holds the DWARF contexts and the frame cache (in this order, as a lookup
+/// takes them), waiting until `deadline` at most.
+pub(crate) fn before_fork(deadline: u64) {
+    if CONTEXTS.hold_for_fork(deadline, Vec::new) {
+        FRAME_CACHE.hold_for_fork(deadline, || None);
+    }
+}
+
+/// After a fork: releases what [`before_fork`] took.
+pub(crate) fn after_fork_release() {
+    FRAME_CACHE.release_after_fork();
+    CONTEXTS.release_after_fork();
+}
+
 /// A multiplicative hasher for address keys.
 #[derive(Default)]
 struct AddrHasher(u64);

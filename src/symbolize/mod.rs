@@ -241,6 +241,19 @@ pub(crate) fn after_fork() {
     INDEX.after_fork();
 }
 
+/// Before a fork (the prepare handler): takes the caches' locks, waiting until `deadline` at
+/// most, so that the child gets them whole (see `crate::fork`).
+pub(crate) fn before_fork(deadline: u64) {
+    index::before_fork(deadline);
+    lines::before_fork(deadline);
+}
+
+/// After a fork, in the parent and in the child: releases what [`before_fork`] took.
+pub(crate) fn after_fork_release() {
+    lines::after_fork_release();
+    index::after_fork_release();
+}
+
 /// Builds the symbol index for the current module snapshot, unless it is already up to date.
 /// Tables of objects seen before are reused. Normal context only; `init()` and `refresh()`
 /// call it.

@@ -519,6 +519,23 @@ pub(crate) fn fstatfs_type(fd: i32) -> Result<i64, i32> {
     }
 }
 
+/// `pthread_atfork(3)`.
+///
+/// Not async-signal-safe (glibc allocates its handler list): call in normal context.
+pub(crate) fn atfork(
+    prepare: unsafe extern "C" fn(),
+    parent: unsafe extern "C" fn(),
+    child: unsafe extern "C" fn(),
+) -> Result<(), i32> {
+    // SAFETY: the handlers are plain extern "C" fns valid for the program's lifetime.
+    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(r)
+    }
+}
+
 /// `pthread_atfork(3)` with only a child handler.
 ///
 /// Not async-signal-safe (glibc allocates its handler list): call in normal context.

@@ -45,8 +45,9 @@ static STATUS: AtomicU64 = AtomicU64::new(0);
 static PID_TEXT: AtomicU64 = AtomicU64::new(0);
 /// Whether `SELFTRACE_TAGS` was read and the fork handler registered.
 static STARTED: AtomicBool = AtomicBool::new(false);
-/// Serialises configuration changes (normal context only).
-static CONFIG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Serialises configuration changes (normal context only); a forked child takes it over from
+/// a thread of the parent that held it.
+static CONFIG: crate::fork::ForkMutex<()> = crate::fork::ForkMutex::new(());
 
 pub(crate) static EBADF: AtomicU64 = AtomicU64::new(0);
 pub(crate) static EINVAL: AtomicU64 = AtomicU64::new(0);
@@ -419,7 +420,7 @@ pub(crate) fn init() -> Status {
 
 /// Takes over initialisation for a configuration change (normal context).
 fn claim<R>(f: impl FnOnce() -> R) -> R {
-    let _guard = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = CONFIG.lock();
     startup();
     let me = sys::gettid();
     loop {

@@ -50,7 +50,6 @@ mod symbols;
 pub mod uprobe;
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 #[cfg(feature = "tracefs")]
 use std::{ffi::CString, os::unix::ffi::OsStrExt, path::Path};
 
@@ -78,7 +77,10 @@ pub const TRACEFS_MAGIC: i64 = 0x7472_6163;
 /// The usual mount points, in the order they are tried.
 pub const DEFAULT_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
-pub(crate) static ROOT: OnceLock<PathBuf> = OnceLock::new();
+/// The tracefs root once found or set (a `fork::OnceBox`, not a `OnceLock`, whose
+/// initialisation under way in another thread of the parent would block a forked child for
+/// ever).
+pub(crate) static ROOT: crate::fork::OnceBox<PathBuf> = crate::fork::OnceBox::new();
 
 #[cfg(feature = "tracefs")]
 /// Where tracefs is mounted, found once and cached (see [`discover`]) unless set by
@@ -91,7 +93,7 @@ pub fn root() -> Result<&'static Path, Error> {
         return Ok(p);
     }
     let found = discover()?;
-    Ok(ROOT.get_or_init(|| found))
+    Ok(ROOT.set(found).0)
 }
 
 #[cfg(feature = "tracefs")]
@@ -116,8 +118,10 @@ pub fn set_root(path: impl AsRef<Path>) -> Result<(), Error> {
         Ok(false) => return Err(fail(Kind::NoTracefs)),
         Err(e) => return Err(e.with_op("setting the tracefs root to")),
     }
-    ROOT.set(path.to_path_buf())
-        .map_err(|_| fail(Kind::AlreadyExists("tracefs root already in use")))
+    match ROOT.set(path.to_path_buf()) {
+        (_, true) => Ok(()),
+        (_, false) => Err(fail(Kind::AlreadyExists("tracefs root already in use"))),
+    }
 }
 
 #[cfg(feature = "tracefs")]

@@ -49,6 +49,7 @@
 //! ```
 #![allow(unsafe_code)]
 
+use crate::fork::ForkMutex;
 use crate::sys;
 use crate::threads;
 use crate::Error;
@@ -57,7 +58,7 @@ use core::time::Duration;
 use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, Once};
+use std::sync::Arc;
 
 /// What the watchdog does on a stall, after writing its report.
 #[derive(Clone, Default)]
@@ -123,7 +124,7 @@ struct Slot {
     tid: i32,
     name: String,
     timeout_ms: u64,
-    state: Mutex<MonitorState>,
+    state: ForkMutex<MonitorState>,
 }
 
 #[derive(Default)]
@@ -142,12 +143,15 @@ static START_NS: AtomicU64 = AtomicU64::new(0);
 static PERIOD_MS: AtomicU64 = AtomicU64::new(100);
 static DEFAULT_TIMEOUT_MS: AtomicU64 = AtomicU64::new(2000);
 static FD: AtomicI32 = AtomicI32::new(2);
-static REGISTRY: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
-static ACTION: Mutex<Option<Action>> = Mutex::new(None);
-static MONITOR: Once = Once::new();
+// The locks are `ForkMutex`es: a forked child takes one over from a thread of the parent
+// that held it (and starts its value over: the registry empty, the action the default).
+static REGISTRY: ForkMutex<Vec<Arc<Slot>>> = ForkMutex::new(Vec::new());
+static ACTION: ForkMutex<Option<Action>> = ForkMutex::new(None);
+/// The process whose monitor thread runs (its pid), or 0: a forked child starts its own.
+static MONITOR: AtomicI32 = AtomicI32::new(0);
 /// The directory of [`Builder::minidump`] (-1: none).
 static MINIDUMP_DIR: AtomicI32 = AtomicI32::new(-1);
-static MINIDUMP_PATH: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
+static MINIDUMP_PATH: ForkMutex<Option<std::path::PathBuf>> = ForkMutex::new(None);
 
 thread_local! {
     static CURRENT: Cell<*const Slot> = const { Cell::new(core::ptr::null()) };
@@ -196,9 +200,9 @@ impl Drop for Watch {
                 c.set(core::ptr::null());
             }
         });
-        if let Ok(mut r) = REGISTRY.lock() {
-            r.retain(|s| !Arc::ptr_eq(s, &self.slot));
-        }
+        REGISTRY
+            .lock_or_reset(Vec::new)
+            .retain(|s| !Arc::ptr_eq(s, &self.slot));
     }
 }
 
@@ -249,16 +253,14 @@ pub fn watch_with_timeout(name: &str, timeout: Duration) -> Result<Watch, Error>
         timeout_ms: u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1),
-        state: Mutex::new(MonitorState {
+        state: ForkMutex::new(MonitorState {
             seen: now,
             seen_at: now,
             cpu_at_seen: sys::thread_cpu_ns(tid).unwrap_or(0),
             stalled: false,
         }),
     });
-    if let Ok(mut r) = REGISTRY.lock() {
-        r.push(slot.clone());
-    }
+    REGISTRY.lock_or_reset(Vec::new).push(slot.clone());
     let _ = CURRENT.try_with(|c| c.set(Arc::as_ptr(&slot)));
     Ok(Watch {
         slot,
@@ -357,16 +359,12 @@ impl Builder {
         if let Some(dir) = &self.minidump {
             // Never closed: the monitor may be writing into it.
             MINIDUMP_DIR.store(crate::minidump::open_dir(dir)?, Ordering::Relaxed);
-            if let Ok(mut p) = MINIDUMP_PATH.lock() {
-                *p = Some(dir.clone());
-            }
+            *MINIDUMP_PATH.lock_or_reset(|| None) = Some(dir.clone());
         }
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
         PERIOD_MS.store(ms(self.period), Ordering::Relaxed);
         DEFAULT_TIMEOUT_MS.store(ms(self.default_timeout), Ordering::Relaxed);
-        if let Ok(mut a) = ACTION.lock() {
-            *a = Some(self.action);
-        }
+        *ACTION.lock_or_reset(|| None) = Some(self.action);
         if let Some(fd) = self.fd {
             // Never closed: see `fd`.
             FD.store(sys::keep_open(fd), Ordering::Relaxed);
@@ -380,21 +378,38 @@ fn now_ms() -> u64 {
     sys::monotonic_ns().saturating_sub(START_NS.load(Ordering::Relaxed)) / 1_000_000
 }
 
+/// Starts the monitor thread, once per process: a forked child, which has none (it was a
+/// thread of the parent), starts its own, and stops watching the parent's threads.
 fn start_monitor() {
-    MONITOR.call_once(|| {
+    let me = sys::getpid();
+    let running = MONITOR.load(Ordering::Acquire);
+    if running == me
+        || MONITOR
+            .compare_exchange(running, me, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    {
+        return;
+    }
+    if running == 0 {
         START_NS.store(sys::monotonic_ns(), Ordering::Relaxed);
         TICK.store(0, Ordering::Relaxed);
-        let _ = crate::init();
-        let spawned = std::thread::Builder::new()
-            .name("watchdog".into())
-            .spawn(monitor);
-        if spawned.is_err() {
-            let _ = sys::write_all(
-                FD.load(Ordering::Relaxed),
-                b"watchdog: cannot start the monitor thread\n",
-            );
-        }
-    });
+    } else {
+        // A forked child: the parent's threads are not here (a report of their stall would
+        // be about threads this process does not have).
+        REGISTRY
+            .lock_or_reset(Vec::new)
+            .retain(|s| !crate::fork::holder_gone(s.tid));
+    }
+    let _ = crate::init();
+    let spawned = std::thread::Builder::new()
+        .name("watchdog".into())
+        .spawn(monitor);
+    if spawned.is_err() {
+        let _ = sys::write_all(
+            FD.load(Ordering::Relaxed),
+            b"watchdog: cannot start the monitor thread\n",
+        );
+    }
 }
 
 fn monitor() {
@@ -402,10 +417,7 @@ fn monitor() {
         std::thread::sleep(Duration::from_millis(PERIOD_MS.load(Ordering::Relaxed)));
         let now = now_ms();
         TICK.fetch_max(now, Ordering::Relaxed);
-        let slots: Vec<Arc<Slot>> = match REGISTRY.lock() {
-            Ok(r) => r.clone(),
-            Err(_) => continue,
-        };
+        let slots: Vec<Arc<Slot>> = REGISTRY.lock_or_reset(Vec::new).clone();
         for slot in slots {
             check(&slot, now);
         }
@@ -413,9 +425,7 @@ fn monitor() {
 }
 
 fn check(slot: &Slot, now: u64) {
-    let Ok(mut st) = slot.state.lock() else {
-        return;
-    };
+    let mut st = slot.state.lock_or_reset(MonitorState::default);
     let last = slot.last.load(Ordering::Relaxed);
     if last != st.seen {
         if st.stalled {
@@ -486,11 +496,7 @@ fn check(slot: &Slot, now: u64) {
 /// Writes the report of `stall`, then takes the configured [`Action`].
 fn report_and_act(stall: &Stall) {
     report(stall);
-    let action = ACTION
-        .lock()
-        .ok()
-        .and_then(|a| a.clone())
-        .unwrap_or_default();
+    let action = ACTION.lock_or_reset(|| None).clone().unwrap_or_default();
     match action {
         Action::Report => {}
         Action::Callback(f) => f(stall),
@@ -542,7 +548,7 @@ fn write_minidump(fd: i32) {
                 }),
                 _ => result,
             };
-            let dir = MINIDUMP_PATH.lock().ok().and_then(|p| p.clone());
+            let dir = MINIDUMP_PATH.lock_or_reset(|| None).clone();
             let path = dir
                 .unwrap_or_default()
                 .join(String::from_utf8_lossy(&name[..len]).as_ref());
