@@ -27,11 +27,13 @@ extern "C" fn on_signal(_: i32, _: *mut libc::siginfo_t, uc: *mut libc::c_void) 
     }
 }
 
-/// The size of the kernel's signal frame on this machine (`AT_MINSIGSTKSZ`; 0 where the kernel
-/// does not say).
+/// The size of the kernel's signal frame on this machine: `AT_MINSIGSTKSZ`, at least
+/// `MINSIGSTKSZ` (the kernel or qemu-user may not say; aarch64's `MINSIGSTKSZ`, 5 KiB, covers its
+/// frame without SVE).
 pub fn signal_frame_size() -> usize {
     // SAFETY: getauxval has no preconditions.
-    unsafe { libc::getauxval(libc::AT_MINSIGSTKSZ) as usize }
+    let aux = unsafe { libc::getauxval(libc::AT_MINSIGSTKSZ) } as usize;
+    aux.max(libc::MINSIGSTKSZ)
 }
 
 /// Runs `f` (given the handler's `ucontext_t`) in a handler on an alternate stack of `size`
