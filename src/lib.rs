@@ -101,6 +101,9 @@ extern crate self as selftrace;
 
 pub mod crash;
 mod error;
+// Entry points of the fuzz harness (tests/fuzz.rs) into internal parsers: not a stable API.
+#[doc(hidden)]
+pub mod fuzz;
 pub mod minidump;
 pub mod modules;
 #[cfg(feature = "profile")]
