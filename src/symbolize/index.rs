@@ -214,7 +214,9 @@ impl Table {
         let (lo, hi) = match self.pages.get(p) {
             Some(page) => {
                 for s in page.s {
-                    if rel.wrapping_sub(s.start) < s.size {
+                    // (Not `wrapping_sub`: a shortcut may start above `rel`, and a size cut to
+                    // u32::MAX, from a corrupt file, must not make it cover what lies below.)
+                    if rel.checked_sub(s.start).is_some_and(|d| d < s.size) {
                         return Some(self.found(s, names));
                     }
                 }

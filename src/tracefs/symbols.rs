@@ -43,7 +43,8 @@ pub struct FunctionSymbol {
 }
 
 /// Every defined function symbol of the ELF file at `path` (`.symtab` and `.dynsym`) that lies
-/// in a `PT_LOAD` segment, deduplicated by address and name.
+/// in a `PT_LOAD` segment, in the part of it the file holds (not in a separate debug file,
+/// whose segments' bytes were left out), deduplicated by address and name.
 ///
 /// # Errors
 /// Errors name the file: [`NotFound`](Kind::NotFound)`("elf file")` when it is missing,
@@ -64,14 +65,17 @@ pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, E
     }
     // (vaddr, filesz, offset) of each PT_LOAD. A segment whose file range or address range
     // does not fit in 64 bits (a hostile `p_offset` of u64::MAX, say) would give wrapped file
-    // offsets: the file is refused, not read with offsets that point elsewhere.
+    // offsets: the file is refused, not read with offsets that point elsewhere. The part of a
+    // segment past the end of the file (a truncated file; a separate debug file, whose
+    // segments' bytes were left out) has no offset to attach to: its symbols are not listed.
+    let len = object::ReadRef::len(&data).unwrap_or(0);
     let mut loads: Vec<(u64, u64, u64)> = Vec::new();
     for s in file.segments() {
         let (off, size) = s.file_range();
         if off.checked_add(size).is_none() || s.address().checked_add(size).is_none() {
             return Err(bad("a segment's file or address range overflows"));
         }
-        loads.push((s.address(), size, off));
+        loads.push((s.address(), size.min(len.saturating_sub(off)), off));
     }
     let mut out: Vec<FunctionSymbol> = Vec::new();
     for sym in file.symbols().chain(file.dynamic_symbols()) {
