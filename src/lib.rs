@@ -148,6 +148,9 @@ extern crate self as selftrace;
 pub mod crash;
 mod error;
 mod fork;
+// Entry points of the fuzz harness (tests/fuzz.rs) into internal parsers: not a stable API.
+#[doc(hidden)]
+pub mod fuzz;
 pub mod minidump;
 pub mod modules;
 #[cfg(feature = "profile")]

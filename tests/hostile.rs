@@ -408,7 +408,121 @@ fn hostile_settings() {
     }
 }
 
+/// Issue 45 ("checked reads stay in bounds"): a walk from registers nobody vouches for reaches
+/// a forged signal frame (a trampoline's bytes and a `ucontext_t` in heap memory) whose stack
+/// pointer points into this thread's own stack, at a page made unreadable (as a caller's
+/// array stands for under AddressSanitizer, which reported a read one word past it). The walk
+/// read the stack from there directly, unchecked, and faulted; every read of such a walk must
+/// be a checked copy, which fails cleanly.
+#[cfg(target_arch = "x86_64")]
+fn forged_signal_frame_into_own_stack() {
+    selftrace::init().expect("init");
+    let t = std::thread::spawn(|| {
+        // Learns this thread's stack in normal context, as any caller of selftrace would.
+        let mut frames = [0usize; 8];
+        selftrace::capture(&mut frames);
+        forged_walk_over_a_hole()
+    });
+    let frames = t.join().expect("the walk did not panic");
+    assert!(frames >= 2, "{frames}");
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+fn forged_walk_over_a_hole() -> usize {
+    const PAGE: usize = 4096;
+    // A caller's array on this thread's stack, with one whole page in it made unreadable.
+    let mut array = [0u8; 3 * PAGE];
+    let hole = (array.as_mut_ptr() as usize).next_multiple_of(PAGE);
+    // SAFETY: `hole` is a whole page inside `array`, which lives until the end of this function
+    // and is not touched until the page is readable again below.
+    assert_eq!(
+        unsafe { libc::mprotect(hole as *mut libc::c_void, PAGE, libc::PROT_NONE) },
+        0
+    );
+    // SAFETY: a fresh anonymous page, written only through its own address and unmapped below.
+    let fake = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(fake, libc::MAP_FAILED);
+    let h = fake as usize;
+    // The x86-64 signal trampoline (`mov $15, %rax; syscall`) at h, a frame record at h + 256
+    // whose return address is that trampoline, and the `ucontext_t` above it (the trampoline's
+    // stack pointer points at it) with rsp = rbp = the unreadable page.
+    let trampoline: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+    // SAFETY: (both) every write lies in the fresh page `h`; `ucontext_t` is plain data.
+    let mut uc: libc::ucontext_t = unsafe { std::mem::zeroed() };
+    uc.uc_mcontext.gregs[libc::REG_RSP as usize] = hole as i64;
+    uc.uc_mcontext.gregs[libc::REG_RBP as usize] = hole as i64;
+    uc.uc_mcontext.gregs[libc::REG_RIP as usize] =
+        forged_walk_over_a_hole as *const () as usize as i64 + 1;
+    unsafe {
+        std::ptr::copy_nonoverlapping(trampoline.as_ptr(), h as *mut u8, trampoline.len());
+        *((h + 256) as *mut usize) = 0;
+        *((h + 264) as *mut usize) = h;
+        std::ptr::copy_nonoverlapping(
+            (&uc as *const libc::ucontext_t).cast::<u8>(),
+            (h + 272) as *mut u8,
+            std::mem::size_of::<libc::ucontext_t>(),
+        );
+    }
+    let mut most = 0;
+    for mode in [UnwindMode::FramePointer, UnwindMode::Dwarf] {
+        let regs = Regs::new(
+            forged_walk_over_a_hole as *const () as usize + 16,
+            h + 256,
+            h + 256,
+        );
+        let mut buf = [0usize; 64];
+        let w = selftrace::Capture::new()
+            .mode(mode)
+            .walk_regs(regs, &mut buf);
+        println!(
+            "{mode:?}: {} frames {:x?}, {}",
+            w.frames,
+            &buf[..w.frames],
+            w.end
+        );
+        // Frame-pointer mode follows the forged record through the forged signal frame (the
+        // trampoline, then the forged pc, whose caller lies in the unreadable page); the DWARF
+        // walk reads frame 0's return address where its CFI says, which is not forged.
+        if mode == UnwindMode::FramePointer {
+            assert!(
+                w.frames >= 2 && buf[1] == h,
+                "{mode:?}: {:x?}",
+                &buf[..w.frames]
+            );
+            assert!(
+                matches!(w.end, selftrace::WalkEnd::Truncated(_)),
+                "{mode:?}: {}",
+                w.end
+            );
+        }
+        most = most.max(w.frames);
+    }
+    // SAFETY: the page of `array` made unreadable above, and the mapping created above.
+    unsafe {
+        libc::mprotect(
+            hole as *mut libc::c_void,
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+        );
+        libc::munmap(fake, PAGE);
+    }
+    std::hint::black_box(&mut array);
+    most
+}
+
 const CASES: &[(&str, fn())] = &[
+    #[cfg(target_arch = "x86_64")]
+    ("forged_signal_frame", forged_signal_frame_into_own_stack),
     ("registers", unwind_from_hostile_registers),
     ("addresses", symbolize_hostile_addresses),
     ("text", text_and_buffers),
@@ -452,4 +566,53 @@ fn hostile_values_never_crash_the_program() {
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+/// The ELF seed of the fuzz corpus (tests/fixtures/fuzz/README.md).
+fn seed_elf() -> Vec<u8> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/fuzz/elf/seed-debug.so"
+    );
+    std::fs::read(path).expect("the seed ELF file")
+}
+
+/// `data` (an ELF64 little-endian file) with `p_offset` of each executable `PT_LOAD` set to
+/// `offset`.
+fn with_code_offset(mut data: Vec<u8>, offset: u64) -> Vec<u8> {
+    let u16_at = |d: &[u8], at: usize| u16::from_le_bytes([d[at], d[at + 1]]) as usize;
+    let phoff = u64::from_le_bytes(data[0x20..0x28].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(&data, 0x36), u16_at(&data, 0x38));
+    let mut patched = 0;
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        let p_type = u32::from_le_bytes(data[ph..ph + 4].try_into().unwrap());
+        let p_flags = u32::from_le_bytes(data[ph + 4..ph + 8].try_into().unwrap());
+        if p_type == 1 && p_flags & 1 != 0 {
+            data[ph + 8..ph + 16].copy_from_slice(&offset.to_le_bytes());
+            patched += 1;
+        }
+    }
+    assert!(patched > 0, "no executable PT_LOAD in the seed");
+    data
+}
+
+/// Issue 45: an ELF file whose `PT_LOAD` has `p_offset = u64::MAX` made the tracefs symbol
+/// offsets overflow (a panic in debug builds, a wrapped offset in release). Now the file is
+/// refused as malformed; an offset near the top that still fits gives offsets in range.
+#[test]
+fn hostile_segment_offsets_do_not_wrap_symbol_offsets() {
+    let dir = std::env::temp_dir().join(format!("selftrace-hostile-elf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hostile.so");
+    std::fs::write(&path, with_code_offset(seed_elf(), u64::MAX)).unwrap();
+    let r = selftrace::tracefs::function_symbols(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+    let e = r.expect_err("a segment whose file range wraps is refused");
+    assert!(
+        matches!(e.kind(), selftrace::Error::BadElf(_)),
+        "{e} ({:?})",
+        e.kind()
+    );
+    assert!(e.to_string().contains("overflows"), "{e}");
 }

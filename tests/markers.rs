@@ -464,8 +464,9 @@ fn without_copy_trace_marker_the_top_level_buffer_is_read_without_consuming_it()
     if setup("without_copy_trace_marker_the_top_level_buffer_is_read").is_none() {
         return;
     }
-    // An instance that does not copy markers: what older kernels give.
-    let inst = selftrace::tracefs::Instance::create("selftrace-markers-nocopy").unwrap();
+    // An instance for markers that does not copy them: what older kernels give.
+    let inst =
+        selftrace::tracefs::Instance::for_markers_without_copy("selftrace-markers-nocopy").unwrap();
     assert!(!inst.copies_markers());
     let t = token("nocopy");
     trace::instant(&format!("{t} top"));
@@ -480,6 +481,32 @@ fn without_copy_trace_marker_the_top_level_buffer_is_read_without_consuming_it()
             .collect();
         assert_eq!(texts, expected);
     }
+}
+
+/// Issue 45: an instance written to through its own `trace_marker` returned the markers of the
+/// whole machine's top-level buffer too (79,488 events in the report), contrary to its doc: an
+/// instance reads its own buffer.
+#[test]
+fn an_instance_reads_only_its_own_markers() {
+    let _g = shared();
+    if setup("an_instance_reads_only_its_own_markers").is_none() {
+        return;
+    }
+    let inst = selftrace::tracefs::Instance::create("selftrace-markers-own").unwrap();
+    let t = token("own");
+    // One marker through the global writer (the top-level `trace_marker`), one written
+    // straight into the instance's own.
+    trace::instant(&format!("{t} top"));
+    let own = format!("I|{}|{t} own", pid());
+    std::fs::write(inst.marker_path(), &own).unwrap();
+    let texts: Vec<String> = inst
+        .read_markers()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.name.starts_with(&t))
+        .map(|e| e.text)
+        .collect();
+    assert_eq!(texts, [own]);
 }
 
 /// Set in the children of the first-use tests, to the run's token.

@@ -807,7 +807,7 @@ fn str_probe_arguments_are_recorded_as_text() {
     let first = &args[0];
     assert_eq!(
         first[0],
-        ("a0".into(), "\"héllo \"probe\"\"".into()),
+        ("a0".into(), r#""héllo \"probe\"""#.into()),
         "{first:?}"
     );
     assert_eq!(first[1], ("a1".into(), "14".into()));

@@ -1002,7 +1002,7 @@ fn load_maps(st: &mut State) {
 }
 
 /// `(start, end, readable)` of a `/proc/PID/maps` line (`start-end perms ...`).
-fn parse_maps_line(line: &[u8]) -> Option<(usize, usize, bool)> {
+pub(crate) fn parse_maps_line(line: &[u8]) -> Option<(usize, usize, bool)> {
     let hex = |s: &[u8]| -> Option<usize> {
         if s.is_empty() || s.len() > 16 {
             return None;

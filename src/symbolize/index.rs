@@ -214,7 +214,9 @@ impl Table {
         let (lo, hi) = match self.pages.get(p) {
             Some(page) => {
                 for s in page.s {
-                    if rel.wrapping_sub(s.start) < s.size {
+                    // (Not `wrapping_sub`: a shortcut may start above `rel`, and a size cut to
+                    // u32::MAX, from a corrupt file, must not make it cover what lies below.)
+                    if rel.checked_sub(s.start).is_some_and(|d| d < s.size) {
                         return Some(self.found(s, names));
                     }
                 }
@@ -869,12 +871,16 @@ fn plt_symbols<'d, R: ReadRef<'d>>(f: &Elf<'d, R>) -> Vec<Synthetic> {
 
 /// x86-64 PLT entries (16 bytes, or 8 in `.plt.got`) and the GOT slot each jumps through
 /// (`jmp *disp(%rip)`, `ff 25`): (start, size, slot).
-fn plt_x86_64(bytes: &[u8], addr: u64, entsize: u64) -> Vec<(u64, u64, u64)> {
+pub(crate) fn plt_x86_64(bytes: &[u8], addr: u64, entsize: u64) -> Vec<(u64, u64, u64)> {
     let ent = match entsize {
         8 => 8,
         _ => 16,
     };
     let mut out = Vec::new();
+    // A section whose addresses wrap around is not code anybody runs (a hostile file).
+    if addr.checked_add(bytes.len() as u64).is_none() {
+        return out;
+    }
     for (i, entry) in bytes.chunks(ent).enumerate() {
         let start = addr + (i * ent) as u64;
         let slot = entry.windows(6).enumerate().find_map(|(p, w)| {
@@ -895,13 +901,17 @@ fn plt_x86_64(bytes: &[u8], addr: u64, entsize: u64) -> Vec<(u64, u64, u64)> {
 /// aarch64 PLT entries and the GOT slot each jumps through: `adrp x16, page; ldr x17, [x16,
 /// #off]; add x16, x16, #off; br x17` (16 bytes after the 32-byte header; `bti c` first where the
 /// linker adds branch protection): (start, size, slot). The size runs to the next entry.
-fn plt_aarch64(bytes: &[u8], addr: u64) -> Vec<(u64, u64, u64)> {
+pub(crate) fn plt_aarch64(bytes: &[u8], addr: u64) -> Vec<(u64, u64, u64)> {
     /// `adrp x16, ...` with its immediate masked out.
     const ADRP_X16: (u32, u32) = (0x9f00_001f, 0x9000_0010);
     /// `ldr x17, [x16, #imm12 * 8]` with the immediate masked out.
     const LDR_X17_X16: (u32, u32) = (0xffc0_03ff, 0xf940_0211);
     /// `bti c`.
     const BTI_C: u32 = 0xd503_245f;
+    // A section whose addresses wrap around is not code anybody runs (a hostile file).
+    let Some(end) = addr.checked_add(bytes.len() as u64) else {
+        return Vec::new();
+    };
     let words: Vec<u32> = bytes
         .chunks_exact(4)
         .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
@@ -925,11 +935,12 @@ fn plt_aarch64(bytes: &[u8], addr: u64) -> Vec<(u64, u64, u64)> {
         };
         found.push((start, slot));
     }
-    let end = addr + bytes.len() as u64;
     (0..found.len())
         .map(|k| {
             let (start, slot) = found[k];
-            let next = found.get(k + 1).map_or(end.min(start + 16), |n| n.0);
+            let next = found
+                .get(k + 1)
+                .map_or(end.min(start.saturating_add(16)), |n| n.0);
             (start, next.saturating_sub(start).max(4), slot)
         })
         .collect()
@@ -1059,6 +1070,15 @@ fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthet
         if shndx == elf::SHN_UNDEF || shndx == elf::SHN_ABS || s.st_name(endian) == 0 {
             continue;
         }
+        // A name that is empty or outside the string table (a corrupt file): no name is
+        // given there, and a boundary keeps the symbol before from extending over it.
+        if strtab
+            .get(s.st_name(endian) as usize)
+            .is_none_or(|&b| b == 0)
+        {
+            raw.push((s.st_value(endian), u64::from(u8::MAX) << 56));
+            continue;
+        }
         let section = sections
             .section(object::SectionIndex(usize::from(shndx.0)))
             .ok();
@@ -1097,7 +1117,7 @@ fn table<'d, R: ReadRef<'d>>(f: &Elf<'d, R>, dynamic: bool, synthetic: &[Synthet
     for (j, (start, size, _)) in synthetic.iter().enumerate() {
         raw.push((*start, 1 << 56 | (nsyms + j as u64)));
         if !dynamic {
-            ends.push(start + size);
+            ends.push(start.saturating_add(*size));
         }
     }
     for end in ends {

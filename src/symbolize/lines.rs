@@ -254,6 +254,39 @@ fn unknown_compression<'d, R: object::ReadRef<'d>>(
     }
 }
 
+/// For the fuzz harness ([`crate::fuzz::dwarf_lines`]): reads the DWARF of the ELF file at
+/// `path` as [`load_context`] does for an object and looks up `addrs`; the frames found.
+pub(crate) fn fuzz_lines(path: &str, addrs: &[u64]) -> Option<usize> {
+    let src = super::index::DwarfFile {
+        path: path.into(),
+        build_id: None,
+        crc: None,
+    };
+    let loaded = load_context(&src).ok()?;
+    let mut frames = 0;
+    // As in `resolve_symbols`: the last address has no line.
+    for &a in addrs.iter().filter(|&&a| a != u64::MAX) {
+        let mut lookup = loaded.ctx.find_frames(a);
+        let found = loop {
+            match lookup {
+                addr2line::LookupResult::Output(r) => break r,
+                addr2line::LookupResult::Load { load, continuation } => {
+                    let dwo = loaded.dwos.iter().find(|(id, _)| *id == load.dwo_id);
+                    use addr2line::LookupContinuation as _;
+                    lookup = continuation.resume(dwo.map(|(_, d)| d.clone()));
+                }
+            }
+        };
+        let Ok(mut it) = found else { continue };
+        while let Ok(Some(f)) = it.next() {
+            frames += 1;
+            let _ = f.location.map(|l| (l.file, l.line));
+        }
+        let _ = loaded.ctx.find_location(a);
+    }
+    Some(frames)
+}
+
 /// Runs `f` with the cached DWARF context of `obj` (parsed on first use).
 fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Result<&Loaded, NoLine>) -> R) -> R {
     let key = obj as *const ObjectSymbols as usize;
@@ -388,6 +421,10 @@ fn resolve_symbols(obj: &'static ObjectSymbols, svma: u64, sym: Option<SymbolNam
             Ok(c) => c,
             Err(e) => return Some(e),
         };
+        // No DWARF range [low, high) holds the last address (and addr2line computes svma + 1).
+        if svma == u64::MAX {
+            return None;
+        }
         // Split units' `.dwo` files were loaded with the object: answered from there.
         let mut lookup = loaded.ctx.find_frames(svma);
         let found = loop {

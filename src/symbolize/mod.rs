@@ -69,8 +69,8 @@
 mod background;
 mod file;
 mod format;
-mod index;
-mod lines;
+pub(crate) mod index;
+pub(crate) mod lines;
 mod names;
 
 pub use background::set_background_index;

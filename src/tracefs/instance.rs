@@ -27,6 +27,9 @@ pub struct Instance {
     name: String,
     dir: PathBuf,
     copies_markers: bool,
+    /// Made for markers ([`Instance::for_markers`]) on a kernel without
+    /// `options/copy_trace_marker`: [`Instance::read_markers`] reads the top-level buffer too.
+    reads_top_level: bool,
     // Dropped after `Drop::drop` removed the directory: the lock outlives the instance.
     _lock: Option<std::fs::File>,
 }
@@ -104,6 +107,7 @@ impl Instance {
             name,
             dir,
             copies_markers: false,
+            reads_top_level: false,
             _lock: lock,
         })
     }
@@ -139,15 +143,32 @@ impl Instance {
         Ok(inst)
     }
 
-    /// Sets `options/copy_trace_marker` when the kernel has it (6.17+).
+    /// Sets `options/copy_trace_marker` when the kernel has it (6.17+); else the instance's
+    /// [`read_markers`](Self::read_markers) reads the top-level buffer too.
     fn copy_markers(&mut self) -> Result<(), Error> {
         let opt = self.dir.join("options/copy_trace_marker");
         if opt.exists() {
             std::fs::write(&opt, "1")
                 .map_err(|e| Error::io("writing", &opt, "write", "copy_trace_marker", e))?;
             self.copies_markers = true;
+        } else {
+            self.reads_top_level = true;
         }
         Ok(())
+    }
+
+    /// An instance for markers as [`for_markers`](Self::for_markers) makes it on a kernel
+    /// without `options/copy_trace_marker` (before 6.17), whatever this kernel has: it does
+    /// not copy markers, and [`read_markers`](Self::read_markers) reads the top-level buffer
+    /// too. For tests of that path on newer kernels; not a stable API.
+    ///
+    /// # Errors
+    /// Those of [`create`](Self::create).
+    #[doc(hidden)]
+    pub fn for_markers_without_copy(prefix: &str) -> Result<Instance, Error> {
+        let mut inst = Instance::create(prefix)?;
+        inst.reads_top_level = true;
+        Ok(inst)
     }
 
     /// The instance's name (its directory name under `instances/`).
@@ -310,20 +331,22 @@ impl Instance {
         Ok(total)
     }
 
-    /// Every trace-marker event recorded: from this instance when it
-    /// [copies markers](Self::copies_markers) (or was written to directly through its
-    /// [`marker_path`](Self::marker_path)), otherwise also from the top-level buffer, read
-    /// without consuming it. Markers the kernel had to drop (a buffer too small for the rate
+    /// Every trace-marker event recorded in this instance's buffer: the markers it
+    /// [copies](Self::copies_markers) from the top-level `trace_marker` and those written
+    /// through its own [`marker_path`](Self::marker_path). An instance made by
+    /// [`for_markers`](Self::for_markers) on a kernel that cannot copy markers (before 6.17)
+    /// reads the top-level buffer too, without consuming it; any other instance reads only its
+    /// own buffer (never the events of other programs in the top-level one). Markers the kernel had to drop (a buffer too small for the rate
     /// they were written at) are missing: [`dropped_events`](Self::dropped_events) counts them,
     /// and [`read_markers_counted`](Self::read_markers_counted) returns both.
     ///
     /// # Errors
-    /// Those of [`read_trace`](Self::read_trace); when the instance does not copy markers, also
-    /// those of [`tracefs::root`](super::root) and of reading the top-level `trace` (as
-    /// `read_trace`).
+    /// Those of [`read_trace`](Self::read_trace); when the instance reads the top-level buffer
+    /// too, also those of [`tracefs::root`](super::root) and of reading the top-level `trace`
+    /// (as `read_trace`).
     pub fn read_markers(&self) -> Result<Vec<parse::MarkerEvent>, Error> {
         let mut events = parse::markers(&self.read_trace()?);
-        if !self.copies_markers {
+        if self.reads_top_level {
             let top = read_lossy(&root()?.join("trace"))?;
             events.extend(parse::markers(&top));
             events.sort_by_key(|e| e.timestamp_ns);

@@ -45,7 +45,7 @@ mod parse;
 #[cfg(feature = "tracefs")]
 mod session;
 #[cfg(feature = "tracefs")]
-mod symbols;
+pub(crate) mod symbols;
 #[cfg(feature = "tracefs")]
 pub mod uprobe;
 

@@ -115,9 +115,13 @@ impl Hit {
 /// A `&str` / `&[u8]` argument of a probe (a pointer `aN`, a length `aN+1`, and the bytes
 /// fetched as `aN_bytes={104,105,...}`, see [`Session::add_probe`]) comes back as
 /// `aN="text"` (the bytes up to the length, invalid UTF-8 as U+FFFD, control characters as
-/// `\xNN`; text cut at the fetched size ends with `…[+N bytes]`) and `aN+1` = the length.
-/// Bytes that [`cut_byte_args`] dropped (`aN_bytes={}` without a length) leave `aN` as the
-/// pointer.
+/// `\xNN`, a backslash as `\\` and a quote as `\"`, so that every escape reads back one
+/// way; text cut at the fetched size ends with `…[+N bytes]`) and `aN+1` = the length.
+///
+/// When the text cannot be decoded, `aN` stays the pointer and `aN_bytes` says why, as
+/// `(no text: ...)`: no length argument `aN+1` (or bytes that [`cut_byte_args`] dropped for
+/// that reason), a length that is not a byte count (`-1`, `five`), or bytes that were not
+/// fetched (`(fault)`) or do not parse. No argument is dropped silently.
 pub fn parse_hit_body(body: &str) -> (Option<u64>, Vec<(String, String)>) {
     let (address, mut args) = split_hit_body(body);
     decode_byte_args(&mut args);
@@ -131,8 +135,9 @@ struct ByteArg {
     ptr: String,
     /// The fetched bytes; `None` when the array does not parse.
     bytes: Option<Vec<u8>>,
-    /// The argument's length, the value of `aN+1`; `None` when it is missing or does not parse.
-    len: Option<usize>,
+    /// The argument's length, the value of `aN+1`: `None` when there is no such argument,
+    /// its text when it does not parse as a byte count.
+    len: Option<Result<usize, String>>,
 }
 
 /// The byte array `args[i]` when its name is `aN_bytes`, else `None`.
@@ -161,7 +166,7 @@ fn byte_arg(args: &[(String, String)], i: usize) -> Option<ByteArg> {
         .map(|n| format!("a{n}"));
     let len = len_name
         .and_then(|n| args.iter().find(|(k, _)| *k == n))
-        .and_then(|(_, v)| v.parse::<usize>().ok());
+        .map(|(_, v)| v.parse::<usize>().map_err(|_| v.clone()));
     Some(ByteArg { ptr, bytes, len })
 }
 
@@ -174,14 +179,15 @@ fn decode_byte_args(args: &mut Vec<(String, String)>) {
             continue;
         };
         match (bytes, len) {
-            (Some(bytes), Some(len)) => {
+            (Some(bytes), Some(Ok(len))) => {
                 let shown = &bytes[..len.min(bytes.len())];
                 let mut text = String::from("\"");
                 for c in String::from_utf8_lossy(shown).chars() {
-                    if c.is_control() {
-                        text.push_str(&format!("\\x{:02x}", c as u32));
-                    } else {
-                        text.push(c);
+                    match c {
+                        '\\' => text.push_str("\\\\"),
+                        '"' => text.push_str("\\\""),
+                        c if c.is_control() => text.push_str(&format!("\\x{:02x}", c as u32)),
+                        c => text.push(c),
                     }
                 }
                 if len > bytes.len() {
@@ -194,9 +200,15 @@ fn decode_byte_args(args: &mut Vec<(String, String)>) {
                 args.remove(i);
             }
             // Not fetched (a fault), or cut away (see `cut_hit_body`): the pointer and length
-            // stay as they are.
-            _ => {
-                args.remove(i);
+            // stay as they are, and the byte array's place says why there is no text.
+            (bytes, len) => {
+                let why = match (bytes, len) {
+                    (_, None) => format!("(no text: no length argument for {ptr})"),
+                    (_, Some(Err(v))) => format!("(no text: length {v:?} is not a byte count)"),
+                    _ => format!("(no text: bytes {:?} not fetched)", args[i].1),
+                };
+                args[i].1 = why;
+                i += 1;
             }
         }
     }
@@ -216,7 +228,7 @@ fn cut_hit_body(body: &str) -> Cow<'_, str> {
             continue;
         };
         let kept: &[u8] = match (&bytes, len) {
-            (Some(bytes), Some(len)) => &bytes[..len.min(bytes.len())],
+            (Some(bytes), Some(Ok(len))) => &bytes[..len.min(bytes.len())],
             _ => &[],
         };
         let list: Vec<String> = kept.iter().map(u8::to_string).collect();
@@ -871,6 +883,64 @@ mod tests {
         assert_eq!(args[0].1, "\"a\\x0a…[+3 bytes]\"");
     }
 
+    /// Issue 45: a recorded `\x0a` (four characters) and a newline read back the same, and a
+    /// quote ended the quoted text early; now every escape reads back one way.
+    #[test]
+    fn decoded_text_escapes_backslash_and_quote() {
+        // `\x0a` as text: 92,120,48,97; a newline: 10; `a"b`: 97,34,98.
+        let (_, args) = parse_hit_body("(0x1) a0=1 a1=4 a0_bytes={92,120,48,97}");
+        assert_eq!(args[0].1, r#""\\x0a""#);
+        let (_, args) = parse_hit_body("(0x1) a0=1 a1=1 a0_bytes={10}");
+        assert_eq!(args[0].1, r#""\x0a""#);
+        let (_, args) = parse_hit_body("(0x1) a0=1 a1=3 a0_bytes={97,34,98}");
+        assert_eq!(args[0].1, r#""a\"b""#);
+    }
+
+    /// Issue 45: a length argument of u64::MAX (or an argument index whose `aN+1` overflows)
+    /// panicked in debug builds and left the argument without text, silently, in release.
+    #[test]
+    fn undecodable_byte_args_say_why() {
+        let max = u64::MAX;
+        // A length of u64::MAX: all the bytes fetched, and how many more the length claims.
+        let (_, args) = parse_hit_body(&format!("(0x1) a0=7 a1={max} a0_bytes={{104,105}}"));
+        assert_eq!(args[0].1, format!("\"hi…[+{} bytes]\"", max - 2));
+        // An index whose length argument would be a{u64::MAX + 1}.
+        let (_, args) = parse_hit_body(&format!("(0x1) a{max}=7 a{max}_bytes={{104,105}}"));
+        assert_eq!(args[0], (format!("a{max}"), "7".to_string()));
+        assert_eq!(
+            args[1],
+            (
+                format!("a{max}_bytes"),
+                format!("(no text: no length argument for a{max})")
+            ),
+            "{args:?}"
+        );
+        for (body, why) in [
+            (
+                "(0x1) a0=7 a0_bytes={104,105}",
+                "(no text: no length argument for a0)",
+            ),
+            (
+                "(0x1) a0=7 a1=-1 a0_bytes={104,105}",
+                "(no text: length \"-1\" is not a byte count)",
+            ),
+            (
+                "(0x1) a0=7 a1=2 a0_bytes=(fault)",
+                "(no text: bytes \"(fault)\" not fetched)",
+            ),
+        ] {
+            let (_, args) = parse_hit_body(body);
+            assert_eq!(args[0], ("a0".to_string(), "7".to_string()), "{body}");
+            assert_eq!(
+                args.iter()
+                    .find(|a| a.0 == "a0_bytes")
+                    .map(|a| a.1.as_str()),
+                Some(why),
+                "{body}: {args:?}"
+            );
+        }
+    }
+
     #[test]
     fn fetched_bytes_are_cut_to_the_length() {
         let secret: Vec<String> = (0..59).map(|i| (65 + i % 26).to_string()).collect();
@@ -909,7 +979,10 @@ mod tests {
             ("(0x1) a0=7 a1=-1 a0_bytes={104,105}", Some("7")),
             ("(0x1) a0=7 a1=2 a0_bytes={104,x}", Some("\"…[+2 bytes]\"")),
             ("(0x1) a0=7 a1=2 a0_bytes=(fault)", Some("\"…[+2 bytes]\"")),
-            ("(0x1) x_bytes={104,105}", None),
+            (
+                "(0x1) x_bytes={104,105}",
+                Some("(no text: no length argument for x)"),
+            ),
         ] {
             let cut = cut_hit_body(body);
             assert!(cut.ends_with("_bytes={}"), "{body} -> {cut}");

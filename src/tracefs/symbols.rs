@@ -43,14 +43,16 @@ pub struct FunctionSymbol {
 }
 
 /// Every defined function symbol of the ELF file at `path` (`.symtab` and `.dynsym`) that lies
-/// in a `PT_LOAD` segment, deduplicated by address and name.
+/// in a `PT_LOAD` segment, in the part of it the file holds (not in a separate debug file,
+/// whose segments' bytes were left out), deduplicated by address and name.
 ///
 /// # Errors
 /// Errors name the file: [`NotFound`](Kind::NotFound)`("elf file")` when it is missing,
 /// [`PermissionDenied`](Kind::PermissionDenied) when it cannot be opened for reading,
 /// [`Sys`](Kind::Sys) when `open` or `fstat` fails otherwise,
 /// [`InvalidInput`](Kind::InvalidInput) when it is not a regular file (before anything is
-/// read), [`BadElf`](Kind::BadElf) when it is not a readable ELF file.
+/// read), [`BadElf`](Kind::BadElf) when it is not a readable ELF file or a segment's file or
+/// address range does not fit in 64 bits (its file offsets would wrap).
 pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, Error> {
     const OP: &str = "reading the symbols of";
     let path = path.as_ref();
@@ -61,14 +63,20 @@ pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, E
     if file.format() != object::BinaryFormat::Elf {
         return Err(bad("not an elf file"));
     }
-    // (vaddr, filesz, offset) of each PT_LOAD.
-    let loads: Vec<(u64, u64, u64)> = file
-        .segments()
-        .map(|s| {
-            let (off, size) = s.file_range();
-            (s.address(), size, off)
-        })
-        .collect();
+    // (vaddr, filesz, offset) of each PT_LOAD. A segment whose file range or address range
+    // does not fit in 64 bits (a hostile `p_offset` of u64::MAX, say) would give wrapped file
+    // offsets: the file is refused, not read with offsets that point elsewhere. The part of a
+    // segment past the end of the file (a truncated file; a separate debug file, whose
+    // segments' bytes were left out) has no offset to attach to: its symbols are not listed.
+    let len = object::ReadRef::len(&data).unwrap_or(0);
+    let mut loads: Vec<(u64, u64, u64)> = Vec::new();
+    for s in file.segments() {
+        let (off, size) = s.file_range();
+        if off.checked_add(size).is_none() || s.address().checked_add(size).is_none() {
+            return Err(bad("a segment's file or address range overflows"));
+        }
+        loads.push((s.address(), size.min(len.saturating_sub(off)), off));
+    }
     let mut out: Vec<FunctionSymbol> = Vec::new();
     for sym in file.symbols().chain(file.dynamic_symbols()) {
         if sym.kind() != SymbolKind::Text || !sym.is_definition() {
@@ -82,6 +90,7 @@ pub fn function_symbols(path: impl AsRef<Path>) -> Result<Vec<FunctionSymbol>, E
         let Some(file_offset) = loads
             .iter()
             .find(|(v, size, _)| addr >= *v && addr - v < *size)
+            // In range: `addr - v < size` and `off + size` does not overflow (checked above).
             .map(|(v, _, off)| addr - v + off)
         else {
             continue;

@@ -43,6 +43,11 @@ pub(crate) fn learn_thread_stack() {
 ///   fails instead of faulting, and later reads are served from the copy.
 pub(crate) struct CheckedMemory<'w> {
     stack: Range<usize>,
+    /// The walk started from registers that came from this thread (its own stack, or a
+    /// `ucontext_t` the kernel saved), so a signal frame it reaches was written by the kernel.
+    /// False for registers nobody vouches for: then the signal frames it reaches are data
+    /// like any other, and the stack pointer in one is no reason to read the stack directly.
+    trusted: bool,
     window: &'w mut [usize],
     window_base: usize,
     window_len: usize,
@@ -56,6 +61,7 @@ impl<'w> CheckedMemory<'w> {
     pub(crate) fn new(sp: usize, window: &'w mut [usize]) -> CheckedMemory<'w> {
         let mut m = CheckedMemory {
             stack: 0..0,
+            trusted: true,
             window,
             window_base: 0,
             window_len: 0,
@@ -66,10 +72,13 @@ impl<'w> CheckedMemory<'w> {
     }
 
     /// A reader for a walk from a register state nobody vouches for: no memory is read
-    /// directly until the walk crosses a signal frame onto this thread's stack.
+    /// directly, also after the walk crossed a signal frame (a forged one can point anywhere,
+    /// e.g. at the middle of a caller's array on this thread's stack: a direct read from there
+    /// reads what no check looked at, which AddressSanitizer reported); every read is a copy.
     pub(crate) fn untrusted(window: &'w mut [usize]) -> CheckedMemory<'w> {
         CheckedMemory {
             stack: 0..0,
+            trusted: false,
             window,
             window_base: 0,
             window_len: 0,
@@ -77,10 +86,11 @@ impl<'w> CheckedMemory<'w> {
         }
     }
 
-    /// The walk moved to `sp` (across a signal frame): if no own-stack range is known yet and
-    /// `sp` lies on this thread's stack, reads from there up become direct.
+    /// The walk moved to `sp` (across a signal frame): in a trusted walk, if no own-stack
+    /// range is known yet and `sp` lies on this thread's stack, reads from there up become
+    /// direct. In an untrusted walk nothing changes (see [`untrusted`](Self::untrusted)).
     pub(crate) fn enter_stack(&mut self, sp: usize) {
-        if self.stack.contains(&sp) {
+        if !self.trusted || self.stack.contains(&sp) {
             return;
         }
         // glibc's own record first (no thread-local access), then what selftrace learned.

@@ -29,10 +29,12 @@ pub struct ProbeNote {
     pub address: u64,
     /// The probe's offset in the file: what `uprobe_events` and `perf probe` attach to.
     /// `None` when the address lies in no `PT_LOAD` segment (a note left by code the linker
-    /// removed has pc 0; a relocatable object has no segments).
+    /// removed has pc 0; a relocatable object has no segments), or the segment says it lies
+    /// past the end of the file (a truncated file; a separate debug file, whose segments'
+    /// bytes were left out).
     pub file_offset: Option<u64>,
     /// The semaphore's offset in the file, the `ref_ctr_offset` of `uprobe_events`; `None`
-    /// without a semaphore (or when it lies in no `PT_LOAD`).
+    /// without a semaphore (or when it lies in no `PT_LOAD`, or past the end of the file).
     pub semaphore_offset: Option<u64>,
 }
 
@@ -282,16 +284,22 @@ fn parse<'d, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'d>>(
         .map_err(|_| Error::BadElf("bad elf endianness"))?;
     let word = if header.is_type_64() { 8 } else { 4 };
 
+    // A segment's bytes are where the file has them: the part of a segment past the end of the
+    // file (a truncated file; a separate debug file, whose segments' bytes were left out) has
+    // no file offset to attach to.
+    let len = data.len().unwrap_or(0);
     let mut loads = Vec::new();
     for ph in header
         .program_headers(endian, data)
         .map_err(|_| Error::BadElf("bad program headers"))?
     {
         if ph.p_type(endian) == elf::PT_LOAD {
+            let offset: u64 = ph.p_offset(endian).into();
+            let filesz: u64 = ph.p_filesz(endian).into();
             loads.push(Load {
                 vaddr: ph.p_vaddr(endian).into(),
-                offset: ph.p_offset(endian).into(),
-                filesz: ph.p_filesz(endian).into(),
+                offset,
+                filesz: filesz.min(len.saturating_sub(offset)),
             });
         }
     }

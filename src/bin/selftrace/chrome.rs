@@ -42,6 +42,36 @@ fn json_value(v: &str) -> String {
     json_string(unquoted)
 }
 
+/// The text of an argument that [`selftrace::tracefs::parse_hit_body`] decoded from fetched
+/// bytes (`"a\\b\"c\x0a"`), with its escapes undone: the JSON string escapes it again, its
+/// own way. Anything that is not such an escape is kept as it is.
+fn unescape_decoded(v: &str) -> String {
+    let Some(inner) = v.strip_prefix('"').and_then(|s| s.strip_suffix('"')) else {
+        return v.to_string();
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut rest = inner;
+    while let Some(p) = rest.find('\\') {
+        out.push_str(&rest[..p]);
+        let esc = &rest[p..];
+        let hex = esc
+            .get(2..4)
+            .filter(|_| esc.as_bytes().get(1) == Some(&b'x'))
+            .and_then(|h| u32::from_str_radix(h, 16).ok())
+            .and_then(char::from_u32);
+        let (c, len) = match (esc.as_bytes().get(1), hex) {
+            (Some(b'\\'), _) => ('\\', 2),
+            (Some(b'"'), _) => ('"', 2),
+            (_, Some(c)) => (c, 4),
+            _ => ('\\', 1),
+        };
+        out.push(c);
+        rest = &esc[len..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Microseconds with nanosecond precision, as Chrome's `ts` wants.
 fn ts(ns: u64) -> String {
     format!("{}.{:03}", ns / 1000, ns % 1000)
@@ -147,7 +177,14 @@ pub fn chrome_json(text: &str, events: &[EventInfo]) -> String {
                 if i > 0 {
                     a.push(',');
                 }
-                let _ = write!(a, "{}:{}", json_string(k), json_value(v));
+                // Text decoded from fetched bytes (its `aN_bytes` is in the body): escaped by
+                // parse_hit_body, unescaped here for the JSON string.
+                let value = if r.body.contains(&format!(" {k}_bytes=")) {
+                    json_string(&unescape_decoded(v))
+                } else {
+                    json_value(v)
+                };
+                let _ = write!(a, "{}:{value}", json_string(k));
             }
             let ev = if pairs.contains_key(r.event) {
                 format!(
@@ -191,6 +228,13 @@ pub fn chrome_json(text: &str, events: &[EventInfo]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decoded_text_is_unescaped_once() {
+        assert_eq!(unescape_decoded(r#""a\\x0a\"b\x0a""#), "a\\x0a\"b\n");
+        assert_eq!(unescape_decoded(r#""\q\x""#), "\\q\\x");
+        assert_eq!(unescape_decoded("0x7f"), "0x7f");
+    }
 
     #[test]
     fn strings_and_values() {
