@@ -37,6 +37,8 @@ pub fn symbol_tables(path: &str, addrs: &[u64]) -> Tables {
         eh_frame_hdr: None,
         eh_frame: None,
         build_id: None,
+        build_id_addr: 0,
+        file: None,
         is_main: false,
         is_vdso: false,
         permanent: false,
