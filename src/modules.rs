@@ -281,6 +281,12 @@ impl Snapshot {
         self.objects[i].range.contains(&addr).then_some(i)
     }
 
+    /// The loader's load and unload counters (`dlpi_adds`, `dlpi_subs`) when the snapshot was
+    /// taken.
+    pub(crate) fn counters(&self) -> (u64, u64) {
+        (self.adds, self.subs)
+    }
+
     /// Whether the loader has loaded or unloaded objects since this snapshot was taken (its
     /// `dlpi_adds`/`dlpi_subs` counters moved): about 20 ns.
     ///

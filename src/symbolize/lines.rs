@@ -505,8 +505,13 @@ fn resolve_symbols(obj: &'static ObjectSymbols, svma: u64, sym: Option<SymbolNam
 impl BacktraceFrame {
     /// Resolves one captured address.
     pub fn resolve(addr: usize, kind: FrameKind) -> BacktraceFrame {
+        BacktraceFrame::resolve_symbol(addr, kind, super::lookup_frame(addr, kind, Mode::All))
+    }
+
+    /// [`BacktraceFrame::resolve`] with the symbol already looked up.
+    fn resolve_symbol(addr: usize, kind: FrameKind, sym: Option<super::Symbol>) -> BacktraceFrame {
         // An object that is not (or may not be) the one indexed there: nothing known.
-        let sym = super::lookup_frame(addr, kind, Mode::All).filter(|s| !s.source.is_stale());
+        let sym = sym.filter(|s| !s.source.is_stale());
         let probe = sym.map_or(kind.lookup_address(addr), |s| s.addr);
         let mut frame = BacktraceFrame {
             addr,
@@ -613,13 +618,23 @@ impl Backtrace {
     fn resolve_now(&self) -> &[BacktraceFrame] {
         self.frames.get_or_init(|| {
             super::ensure_covers(&self.addrs);
-            (0..self.addrs.len())
-                .map(|i| {
-                    BacktraceFrame::resolve(
-                        self.addrs[i],
-                        frame_kind(&self.addrs, i, self.first_exact),
-                    )
-                })
+            let kinds: Vec<FrameKind> = (0..self.addrs.len())
+                .map(|i| frame_kind(&self.addrs, i, self.first_exact))
+                .collect();
+            // The names first, all against one index the loader did not change under (see
+            // `settled`), then the lines, outside the index.
+            let syms: Vec<Option<super::Symbol>> = super::settled(|s| {
+                self.addrs
+                    .iter()
+                    .zip(&kinds)
+                    .map(|(&a, &k)| s.frame(a, k, Mode::All))
+                    .collect()
+            });
+            self.addrs
+                .iter()
+                .zip(kinds)
+                .zip(syms)
+                .map(|((&a, k), sym)| BacktraceFrame::resolve_symbol(a, k, sym))
                 .collect()
         })
     }
