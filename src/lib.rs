@@ -165,6 +165,8 @@ pub use unwind::{
 /// [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then use frame
 /// pointers).
 pub fn init() -> Result<(), Error> {
+    // (Registered before main by a constructor; again here in case that was not linked in.)
+    fork::register();
     modules::refresh(false);
     unwind::prepare();
     symbolize::rebuild();
