@@ -124,11 +124,22 @@
 //! | the dump signal you choose (`SIGQUIT` is usual) | [`threads::install_dump_signal`] | at the call | [`threads::uninstall_dump_signal`] |
 //! | `SIGPROF` ([`profile::Builder::signal`]) | [`profile::Builder::start`] | at the call | stopping the profiler ([`profile::Profiler::stop`], or dropping it): `SIG_DFL` becomes `SIG_IGN` |
 //!
-//! Besides signals, two `.init_array` constructors run before `main` in normal context: the
+//! Besides signals, three `.init_array` constructors run before `main` in normal context: the
 //! unwinder records the objects loaded at start-up (and the page size, and whether glibc has
-//! `_dl_find_object`), and the trace markers read `SELFTRACE_TAGS` and register a
-//! `pthread_atfork` child handler (see [`trace`]). Neither installs a signal handler or starts
-//! a thread.
+//! `_dl_find_object`), the trace markers read `SELFTRACE_TAGS` and register a
+//! `pthread_atfork` child handler (see [`trace`]), and selftrace registers its own
+//! `pthread_atfork` handlers. None installs a signal handler or starts a thread.
+//!
+//! # Fork
+//! A child forked while other threads were inside selftrace is never stuck on what they held:
+//! the output lock, the caches' locks, stack requests in flight, a minidump being written and
+//! a running profiler are free in the child (taken over from a holder that is not a thread of
+//! the process, or reset by the child handler). The prepare handler holds the symbolization
+//! caches across the fork (200 ms at most, else the child starts them over), so that a child
+//! forked during a lookup keeps them. In the child, `dump_all`, `Backtrace`, crash reports and
+//! a profiler of its own work as in any process; a crash report names functions without
+//! file:line (the parent's symbolizer process is not used) unless the child installs the crash
+//! handler again; a watchdog starts a monitor of its own at the child's next `watch`.
 //!
 //! Everything that allocates happens in [`init`], in [`refresh`], or lazily in normal context:
 //! a capture that meets an object loaded after the last snapshot refreshes it only when it can
@@ -212,6 +223,8 @@ pub use unwind::{
 /// [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then use frame
 /// pointers).
 pub fn init() -> Result<(), Error> {
+    // (Registered before main by a constructor; again here in case that was not linked in.)
+    fork::register();
     modules::refresh(false);
     unwind::prepare();
     symbolize::rebuild();

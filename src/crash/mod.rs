@@ -713,6 +713,13 @@ fn write_report(c: &Crash) {
         unsafe { report::registers(out, c.uc, innermost) };
     }
     report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), walk.end, lines);
+    if answered == 0 && symbolizer::forked_away() {
+        out.line(|w| {
+            w.push_bytes(
+                b"(no file:line: the symbolizer process serves the parent of this forked child)",
+            )
+        });
+    }
     report::objects(out, &frames[..n]);
     #[cfg(feature = "threads")]
     if ALL_THREADS.load(Ordering::Relaxed) {

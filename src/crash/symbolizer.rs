@@ -77,6 +77,7 @@ pub(crate) fn spawn() -> Result<(), crate::Error> {
     }
     REQ_FD.store(req[1], Ordering::Relaxed);
     RESP_FD.store(resp[0], Ordering::Relaxed);
+    FORKED_AWAY.store(false, Ordering::Relaxed);
     Ok(())
 }
 
@@ -89,8 +90,18 @@ pub(crate) fn after_fork() {
         let f = fd.swap(-1, Ordering::Relaxed);
         if f >= 0 {
             sys::close(f);
+            FORKED_AWAY.store(true, Ordering::Relaxed);
         }
     }
+}
+
+/// Set in a forked child that let the parent's symbolizer go (cleared by a `spawn` of its own).
+static FORKED_AWAY: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is a forked child without a symbolizer of its own while its parent had
+/// one (its reports say why they have no file:line).
+pub(crate) fn forked_away() -> bool {
+    FORKED_AWAY.load(Ordering::Relaxed)
 }
 
 /// What `ps` shows for the symbolizer: its thread name (`comm`) and its command line.

@@ -117,9 +117,13 @@ impl Drop for SlotGuard {
 }
 
 /// In a forked child (one thread): the walks of the parent's other threads ended with them, so
-/// their slots are free (a slot's scratch is set up again by each walk that claims it).
+/// their slots are free (a slot's scratch is set up again by each walk that claims it). A slot
+/// that a thread of the parent was filling (not ready) stays busy: its scratch may be half
+/// written, and filling it again would drop that.
 pub(crate) fn after_fork() {
     for slot in &SLOTS {
-        slot.busy.store(false, Ordering::Release);
+        if slot.ready.load(Ordering::Acquire) {
+            slot.busy.store(false, Ordering::Release);
+        }
     }
 }
