@@ -90,19 +90,21 @@
 //! receiving thread's own stack and work on threads spawned with 32 KiB stacks.
 //!
 //! Measured (tests/dump_stack.rs: each entry point in a real handler on a painted alternate
-//! stack; bytes used, the 3,376-byte signal frame included; x86-64):
+//! stack of the signal frame plus [`SIGNAL_STACK_BUDGET`]; bytes used, the 3,376-byte signal
+//! frame included, which the kernel does not always write whole; x86-64 with AVX-512):
 //!
-//! | entry point | debug build | before (debug) |
-//! |---|---|---|
-//! | [`capture`] (64 frames) | 8,672 | 8,672 |
-//! | [`Capture::walk_ucontext`] | 7,824 | 7,824 |
-//! | [`symbolize()`] and a name | 6,832 | 7,272 |
-//! | [`symbolize::write_kernel_frame`] | 7,000 | 7,368 |
-//! | [`backtrace_symbols_fd`] | 8,352 | 8,352 |
-//! | [`symbolize::demangle_into`] (1 KiB v0 name) | 6,928 | 149,560 |
-//! | [`crash::dump_stack_to`] | 9,136 | 19,304 |
-//! | [`threads::dump_all`] | 8,896 | 40,264 |
-//! | [`threads::capture`] (the requester) | 5,448 | 5,448 |
+//! | entry point | debug build | before this budget (debug) | optimized build |
+//! |---|---|---|---|
+//! | [`capture`] (64 frames) | 8,672 | 8,672 | 4,744 |
+//! | [`Capture::walk_ucontext`] | 7,824 | 7,824 | 4,680 |
+//! | [`symbolize()`] and a name | 6,832 | 7,272 | 5,080 |
+//! | [`symbolize::write_kernel_frame`] | 7,000 | 7,368 | 5,448 |
+//! | [`backtrace_symbols_fd`] | 8,352 | 8,352 | 4,986 |
+//! | [`symbolize::demangle_into`] (1 KiB v0 name) | 6,928 | 149,560 | 5,416 |
+//! | [`crash::dump_stack_to`] | 9,136 | 19,304 | 4,856 |
+//! | [`threads::dump_all`] | 8,896 | 40,264 | 5,496 |
+//! | [`threads::capture`] (the requester) | 5,448 | 5,448 | 3,968 |
+//! | the crash handler, until it moves to its own stack | 4,472 | (code unchanged) | 3,368 |
 //!
 //! # Signals
 //!
