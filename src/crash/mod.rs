@@ -232,7 +232,9 @@ impl Builder {
     /// exist before any crash). Not async-signal-safe; call it early in `main`.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a signal that cannot be caught, [`Error::NoUnwindInfo`] from
+    /// [`Error::InvalidInput`] for a signal that cannot be caught or that selftrace uses for
+    /// something else (the stack-request or dump signal of [`crate::threads`], a running
+    /// profiler's; the message names it), [`Error::NoUnwindInfo`] from
     /// [`crate::init`], [`Error::Sys`] when opening the report file, mapping the report stack,
     /// `sigaltstack`, `sigaction` or forking the symbolizer failed, and the errors of
     /// [`crate::threads::install`] with [`Builder::all_threads`]. With [`Builder::minidump`]:
@@ -242,9 +244,8 @@ impl Builder {
     pub fn install(self) -> Result<(), Error> {
         crate::init()?;
         for &sig in &self.signals {
-            if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                return Err(Error::InvalidInput("signal cannot be handled"));
-            }
+            // Not the stack-request signal, the dump signal or a running profiler's.
+            sys::signal::check_use(sig, sys::signal::Owner::Crash)?;
         }
         if let Some(to) = &self.minidump {
             install_minidump(to, self.minidump_options)?;
@@ -437,6 +438,7 @@ fn install_signal(sig: i32, open: u64) -> Result<(), Error> {
         },
     )?;
     TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
+    sys::signal::set_owner(sig, Some(sys::signal::Owner::Crash));
     Ok(())
 }
 
@@ -455,12 +457,15 @@ pub fn uninstall() -> Result<(), Error> {
     let mut result = Ok(());
     for sig in 1..=64 {
         if taken & (1 << (sig - 1)) != 0 {
-            if let Err(errno) = sys::signal::give_back(sig, on_fatal_signal, false) {
-                TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
-                result = Err(Error::Sys {
-                    call: "sigaction",
-                    errno,
-                });
+            match sys::signal::give_back(sig, on_fatal_signal, false) {
+                Ok(()) => sys::signal::set_owner(sig, None),
+                Err(errno) => {
+                    TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
+                    result = Err(Error::Sys {
+                        call: "sigaction",
+                        errno,
+                    });
+                }
             }
         }
     }
@@ -798,6 +803,12 @@ fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
                 w.push_bytes(b" (");
                 w.push_dec(s.threads() as u64);
                 w.push_bytes(b" threads, ");
+                if s.threads_left_out() > 0 {
+                    w.push_dec(s.threads_left_out() as u64);
+                    w.push_bytes(b" more left out (a dump holds at most ");
+                    w.push_dec(crate::minidump::MAX_THREADS as u64);
+                    w.push_bytes(b"), ");
+                }
                 w.push_dec(s.threads_with_context() as u64);
                 w.push_bytes(b" with registers and stack, ");
                 w.push_dec(s.modules() as u64);

@@ -547,6 +547,15 @@ fn write_minidump(fd: i32) {
                 .unwrap_or_default()
                 .join(String::from_utf8_lossy(&name[..len]).as_ref());
             match result {
+                Ok(s) if s.threads_left_out() > 0 => format!(
+                    "watchdog: minidump {} ({} threads, {} more left out (a dump holds at most \
+                     {}), {} bytes)\n",
+                    path.display(),
+                    s.threads(),
+                    s.threads_left_out(),
+                    crate::minidump::MAX_THREADS,
+                    s.bytes()
+                ),
                 Ok(s) => format!(
                     "watchdog: minidump {} ({} threads, {} bytes)\n",
                     path.display(),
