@@ -1132,6 +1132,32 @@ fn files_a_dump_cannot_be_written_to_are_refused() {
         "nothing written"
     );
     std::fs::remove_file(&path).unwrap();
+    // Issue 45: a stack size out of range was silently clamped; it is refused, saying why.
+    let file =
+        std::fs::File::create(dir.join(format!("sizes-{}.dmp", std::process::id()))).unwrap();
+    for bytes in [0, 4095, (64 << 20) + 1, usize::MAX] {
+        let options = selftrace::minidump::Options::new().stack_size(bytes);
+        assert!(
+            matches!(
+                selftrace::threads::write_minidump_with(&file, &options),
+                Err(Error::InvalidInput(why)) if why.contains("stack size")
+            ),
+            "{bytes}"
+        );
+        assert!(
+            matches!(
+                selftrace::crash::builder()
+                    .minidump(dir)
+                    .minidump_options(options)
+                    .install(),
+                Err(Error::InvalidInput(why)) if why.contains("stack size")
+            ),
+            "{bytes}"
+        );
+    }
+    assert_eq!(file.metadata().unwrap().len(), 0, "nothing written");
+    drop(file);
+    std::fs::remove_file(dir.join(format!("sizes-{}.dmp", std::process::id()))).unwrap();
     // A directory that does not exist.
     assert!(matches!(
         selftrace::crash::builder()

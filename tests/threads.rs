@@ -896,6 +896,16 @@ fn scenario(name: &str) {
                     threads::capture(tid, &mut frames, Duration::from_secs(1)).map(|w| w.frames)
                 );
             }
+            for timeout in [
+                Duration::ZERO,
+                Duration::from_micros(999),
+                Duration::from_secs(601),
+            ] {
+                println!(
+                    "timeout {timeout:?}: {:?}",
+                    threads::builder().timeout(timeout).install()
+                );
+            }
             let devnull = std::fs::File::create("/dev/null").expect("/dev/null");
             let summary = threads::dump_all(&devnull);
             println!("dumped after all that {}", summary.stacks >= 1);
@@ -1562,6 +1572,9 @@ fn signals_that_cannot_work_and_bad_tids_are_refused() {
         "capture 0: Err(InvalidInput(\"thread id must be positive",
         "capture -1: Err(InvalidInput(\"thread id must be positive",
         "capture -2147483648: Err(InvalidInput(\"thread id must be positive",
+        "timeout 0ns: Err(InvalidInput(\"the per-thread timeout must be 1 ms to 10 minutes",
+        "timeout 999µs: Err(InvalidInput(\"the per-thread timeout must be",
+        "timeout 601s: Err(InvalidInput(\"the per-thread timeout must be",
         "dumped after all that true",
     ] {
         assert!(o.stdout.contains(line), "{line}\n{}", o.stdout);

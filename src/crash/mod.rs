@@ -239,7 +239,8 @@ impl Builder {
     /// `sigaltstack`, `sigaction` or forking the symbolizer failed, and the errors of
     /// [`crate::threads::install`] with [`Builder::all_threads`]. With [`Builder::minidump`]:
     /// [`Error::Sys`] when the directory cannot be opened, [`Error::InvalidInput`] for a
-    /// [`Builder::minidump_fd`] that is not seekable or appends, [`Error::Unsupported`] on a machine
+    /// [`Builder::minidump_fd`] that is not seekable or appends or a
+    /// [`crate::minidump::Options::stack_size`] out of range, [`Error::Unsupported`] on a machine
     /// without minidump support.
     pub fn install(self) -> Result<(), Error> {
         crate::init()?;
@@ -706,6 +707,7 @@ fn install_minidump(to: &MinidumpTo, options: crate::minidump::Options) -> Resul
     if !crate::minidump::SUPPORTED {
         return Err(Error::Unsupported("minidumps on this architecture"));
     }
+    options.check()?;
     #[cfg(feature = "threads")]
     crate::threads::install()?;
     MINIDUMP_STACK.store(options.get_stack_size(), Ordering::Relaxed);

@@ -99,6 +99,10 @@ const CHUNK: usize = 64 * 1024;
 
 /// The default of [`Options::stack_size`]: 128 KiB per thread.
 pub const DEFAULT_STACK_SIZE: usize = 128 * 1024;
+/// The least [`Options::stack_size`].
+const MIN_STACK_SIZE: usize = 4096;
+/// The largest [`Options::stack_size`].
+const MAX_STACK_SIZE: usize = 64 << 20;
 
 /// What a dump copies besides what it always has. Create with [`Options::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,17 +128,25 @@ impl Options {
     }
 
     /// The most stack memory copied per thread, from the stack pointer up (default 128 KiB;
-    /// at least 4 KiB, at most 64 MiB). A consumer walks a stack only as far as its memory
-    /// goes.
+    /// at least 4 KiB, at most 64 MiB: [`crate::threads::write_minidump_with`] and
+    /// [`crate::crash::Builder::install`] refuse another size with
+    /// [`Error::InvalidInput`]). A consumer walks a stack only as far as its memory goes.
     pub const fn stack_size(mut self, bytes: usize) -> Options {
-        self.stack_size = if bytes < 4096 {
-            4096
-        } else if bytes > 64 << 20 {
-            64 << 20
-        } else {
-            bytes
-        };
+        self.stack_size = bytes;
         self
+    }
+
+    /// [`Error::InvalidInput`] for a setting out of range.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        if !(MIN_STACK_SIZE..=MAX_STACK_SIZE).contains(&self.stack_size) {
+            return Err(Error::InvalidInput(
+                "minidump stack size must be 4 KiB to 64 MiB per thread",
+            ));
+        }
+        Ok(())
     }
 
     /// Also copy `/proc/self/environ` (default: off; environments hold secrets).
@@ -514,6 +526,7 @@ pub(crate) fn write(
     if !SUPPORTED {
         return Err(Error::Unsupported("minidumps on this architecture"));
     }
+    opts.check()?;
     let me = sys::gettid();
     if BUSY
         .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)

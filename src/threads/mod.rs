@@ -213,7 +213,7 @@ impl Builder {
     }
 
     /// How long [`dump_all`], the dump signal and the crash report wait for each thread
-    /// (default [`DEFAULT_TIMEOUT`]).
+    /// (default [`DEFAULT_TIMEOUT`]; 1 ms to 10 minutes).
     pub fn timeout(mut self, timeout: Duration) -> Builder {
         self.timeout = Some(timeout);
         self
@@ -229,9 +229,16 @@ impl Builder {
     /// [`Error::InvalidInput`] for a signal that cannot be caught, a synchronous fault signal
     /// (`SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`, `SIGTRAP`, `SIGSYS`: a request would be taken
     /// for a crash), or one that selftrace uses for something else (the crash handler's, the
-    /// dump signal, a running profiler's; the message names it), [`Error::Timeout`] when
-    /// another installation did not finish within a second.
+    /// dump signal, a running profiler's; the message names it) or a timeout out of range,
+    /// [`Error::Timeout`] when another installation did not finish within a second.
     pub fn install(self) -> Result<(), Error> {
+        if let Some(t) = self.timeout {
+            if t < Duration::from_millis(1) || t > Duration::from_secs(600) {
+                return Err(Error::InvalidInput(
+                    "the per-thread timeout must be 1 ms to 10 minutes",
+                ));
+            }
+        }
         if let Some(t) = self.timeout {
             TIMEOUT_NS.store(duration_ns(t), Ordering::Relaxed);
         }
