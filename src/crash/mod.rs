@@ -183,11 +183,12 @@ impl Builder {
     }
 
     /// How long a crash report waits for the symbolizer's answers, all together (default: 3 s;
-    /// at most 10 minutes). A report whose answers do not come in time keeps names and offsets.
+    /// 1 ms to 10 minutes, [`Builder::install`] refuses another; to not wait at all, turn the
+    /// symbolizer off with [`Builder::symbolizer`]). A report whose answers do not come in time keeps names and offsets.
     /// A longer bound costs nothing while the symbolizer is quick; it is for slow machines and
     /// emulators, where parsing a large program's DWARF takes longer.
     pub fn symbolizer_timeout(mut self, timeout: std::time::Duration) -> Builder {
-        self.symbolizer_timeout = timeout.min(std::time::Duration::from_secs(600));
+        self.symbolizer_timeout = timeout;
         self
     }
 
@@ -232,7 +233,8 @@ impl Builder {
     /// exist before any crash). Not async-signal-safe; call it early in `main`.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a signal that cannot be caught or that selftrace uses for
+    /// [`Error::InvalidInput`] for a symbolizer timeout out of range, a signal that cannot be
+    /// caught or that selftrace uses for
     /// something else (the stack-request or dump signal of [`crate::threads`], a running
     /// profiler's; the message names it), [`Error::NoUnwindInfo`] from
     /// [`crate::init`], [`Error::Sys`] when opening the report file, mapping the report stack,
@@ -243,6 +245,14 @@ impl Builder {
     /// [`crate::minidump::Options::stack_size`] out of range, [`Error::Unsupported`] on a machine
     /// without minidump support.
     pub fn install(self) -> Result<(), Error> {
+        let timeout = self.symbolizer_timeout;
+        if timeout < std::time::Duration::from_millis(1)
+            || timeout > std::time::Duration::from_secs(600)
+        {
+            return Err(Error::InvalidInput(
+                "the symbolizer timeout must be 1 ms to 10 minutes",
+            ));
+        }
         crate::init()?;
         for &sig in &self.signals {
             // Not the stack-request signal, the dump signal or a running profiler's.
