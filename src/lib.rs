@@ -118,6 +118,12 @@
 //! * **Given back**: each has a way out that restores the previous action, except that
 //!   `SIG_DFL` comes back as `SIG_IGN` where a late signal of selftrace's (a deleted timer's, an
 //!   abandoned request's) would otherwise kill the process.
+//! * **One use per signal**: a signal serves one of the rows below at a time. Asking for a
+//!   second use (a request or dump signal that is the crash handler's or the running
+//!   profiler's, a profiler on the dump or request signal, a crash signal that requests
+//!   stacks) is refused with [`Error::InvalidInput`] naming the conflict, and so is a
+//!   synchronous fault signal (`SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`, `SIGTRAP`, `SIGSYS`)
+//!   for anything but the crash handler: a request on it would be taken for a crash.
 //!
 //! | signal | taken by | when | removed by |
 //! |---|---|---|---|

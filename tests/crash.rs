@@ -697,6 +697,45 @@ fn a_handler_installed_before_is_still_called() {
     );
 }
 
+/// Issue 45: settings that cannot work are refused, saying why, before anything is installed
+/// (a symbolizer timeout of zero or past 10 minutes was silently taken or clamped).
+#[test]
+fn settings_out_of_range_are_refused() {
+    use selftrace::Error;
+    use std::time::Duration;
+    fn segv_handler() -> usize {
+        // SAFETY: queries SIGSEGV's action.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut sa);
+            sa.sa_sigaction
+        }
+    }
+    let before = segv_handler();
+    for timeout in [Duration::ZERO, Duration::from_secs(601), Duration::MAX] {
+        let r = selftrace::crash::builder()
+            .symbolizer(false)
+            .symbolizer_timeout(timeout)
+            .install();
+        assert!(
+            matches!(r, Err(Error::InvalidInput(why)) if why.contains("symbolizer timeout")),
+            "{timeout:?}: {r:?}"
+        );
+    }
+    for sig in [0, 65, -1, libc::SIGKILL, libc::SIGSTOP] {
+        let r = selftrace::crash::builder()
+            .symbolizer(false)
+            .signals(&[sig])
+            .install();
+        assert!(
+            matches!(r, Err(Error::InvalidInput("signal cannot be handled"))),
+            "{sig}: {r:?}"
+        );
+    }
+    // Nothing was installed.
+    assert_eq!(segv_handler(), before);
+}
+
 #[test]
 fn uninstall_gives_the_signals_and_the_panic_hook_back() {
     let o = run("uninstalled");

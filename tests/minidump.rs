@@ -278,6 +278,24 @@ fn child_entry() {
         let _tx = start_threads();
         outer_frame(std::hint::black_box(std::ptr::null_mut()));
     }
+    if name == "many-threads" {
+        // More threads than a dump holds (MAX_THREADS), each with a small stack copied.
+        selftrace::crash::builder()
+            .minidump(&dir)
+            .minidump_options(selftrace::minidump::Options::new().stack_size(4096))
+            .symbolizer(false)
+            .install()
+            .expect("install");
+        let extra = selftrace::minidump::MAX_THREADS + 76;
+        for _ in 0..extra {
+            std::thread::Builder::new()
+                .stack_size(64 << 10)
+                .spawn(|| sleep_forever())
+                .expect("spawn");
+        }
+        eprintln!("started {extra} threads");
+        outer_frame(std::hint::black_box(std::ptr::null_mut()));
+    }
     selftrace::crash::builder()
         .minidump(&dir)
         .symbolizer_timeout(timeout)
@@ -875,6 +893,56 @@ fn a_crash_dump_has_every_thread_and_the_crashing_stack() {
     );
 }
 
+/// Issue 45: a crash in a process of more threads than a dump holds wrote 1,024 threads while
+/// its report line read "(1024 threads, 1024 with registers and stack...)". The line and the
+/// dump itself (Crashpad simple annotations, which `minidump-stackwalk --dump` prints) say how
+/// many threads were left out.
+#[test]
+fn a_dump_of_more_threads_than_it_holds_says_how_many_it_left_out() {
+    use minidump::MinidumpCrashpadInfo;
+    use selftrace::minidump::MAX_THREADS;
+    let r = run("many-threads");
+    assert_eq!(r.status.signal(), Some(libc::SIGSEGV), "{}", r.stderr);
+    let path = the_dump(&r);
+    let dump = Minidump::read_path(&path).expect("rust-minidump reads the dump");
+    let listed = dump
+        .get_stream::<MinidumpThreadList>()
+        .expect("ThreadList")
+        .threads
+        .len();
+    assert_eq!(listed, MAX_THREADS);
+    let info = dump
+        .get_stream::<MinidumpCrashpadInfo>()
+        .expect("a Crashpad info stream saying what was left out");
+    let annotation = |key: &str| -> usize {
+        info.simple_annotations
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key}: {:?}", info.simple_annotations))
+            .parse()
+            .unwrap()
+    };
+    let in_process = annotation("selftrace.threads_in_process");
+    let left_out = annotation("selftrace.threads_left_out");
+    assert!(in_process > MAX_THREADS + 76, "{in_process} threads");
+    assert_eq!(left_out, in_process - MAX_THREADS);
+    assert_eq!(annotation("selftrace.max_threads"), MAX_THREADS);
+    // What `minidump-stackwalk --dump` (minidump_dump's format) prints of the stream.
+    let mut printed = Vec::new();
+    info.print(&mut printed).unwrap();
+    let printed = String::from_utf8(printed).unwrap();
+    let want = format!("simple_annotations[\"selftrace.threads_left_out\"] = {left_out}");
+    assert!(printed.contains(&want), "{printed}");
+    let line = r
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("minidump: "))
+        .unwrap_or_else(|| panic!("no minidump line:\n{}", r.stderr));
+    let want = format!(
+        "({listed} threads, {left_out} more left out (a dump holds at most {MAX_THREADS}), "
+    );
+    assert!(line.contains(&want), "{line}");
+}
+
 #[test]
 fn a_stack_overflow_dump_walks_the_overflowing_thread() {
     let r = run("overflow");
@@ -1064,6 +1132,32 @@ fn files_a_dump_cannot_be_written_to_are_refused() {
         "nothing written"
     );
     std::fs::remove_file(&path).unwrap();
+    // Issue 45: a stack size out of range was silently clamped; it is refused, saying why.
+    let file =
+        std::fs::File::create(dir.join(format!("sizes-{}.dmp", std::process::id()))).unwrap();
+    for bytes in [0, 4095, (64 << 20) + 1, usize::MAX] {
+        let options = selftrace::minidump::Options::new().stack_size(bytes);
+        assert!(
+            matches!(
+                selftrace::threads::write_minidump_with(&file, &options),
+                Err(Error::InvalidInput(why)) if why.contains("stack size")
+            ),
+            "{bytes}"
+        );
+        assert!(
+            matches!(
+                selftrace::crash::builder()
+                    .minidump(dir)
+                    .minidump_options(options)
+                    .install(),
+                Err(Error::InvalidInput(why)) if why.contains("stack size")
+            ),
+            "{bytes}"
+        );
+    }
+    assert_eq!(file.metadata().unwrap().len(), 0, "nothing written");
+    drop(file);
+    std::fs::remove_file(dir.join(format!("sizes-{}.dmp", std::process::id()))).unwrap();
     // A directory that does not exist.
     assert!(matches!(
         selftrace::crash::builder()

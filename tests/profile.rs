@@ -594,6 +594,56 @@ fn clear_errors() {
     drop(p.stop());
 }
 
+/// Issue 45: a dump signal equal to a running profiler's was accepted, and every tick then
+/// dumped every thread. Each part of selftrace refuses a signal another part holds, naming it;
+/// a fault signal does not sample; thread ids must be positive.
+#[test]
+fn signals_held_elsewhere_and_bad_tids_are_refused() {
+    let _g = serial();
+    use selftrace::{threads, Error};
+    selftrace::init().unwrap();
+    let message = |r: Result<(), Error>| match r {
+        Err(Error::InvalidInput(m)) => m.to_string(),
+        other => format!("not refused: {other:?}"),
+    };
+    let p = profile::start(99).unwrap();
+    let dump = message(threads::install_dump_signal(libc::SIGPROF));
+    let request = message(threads::builder().signal(libc::SIGPROF).install());
+    drop(p);
+    let _ = threads::uninstall_dump_signal();
+    assert!(dump.contains("the running profiler's"), "{dump}");
+    assert!(request.contains("the running profiler's"), "{request}");
+    // The reverse: the profiler does not take the dump signal, nor the request signal.
+    threads::install_dump_signal(libc::SIGUSR1).unwrap();
+    let on_dump = message(profile::builder().signal(libc::SIGUSR1).start().map(drop));
+    threads::uninstall_dump_signal().unwrap();
+    assert!(on_dump.contains("dump signal"), "{on_dump}");
+    let on_request = message(
+        profile::builder()
+            .signal(threads::default_signal())
+            .start()
+            .map(drop),
+    );
+    assert!(on_request.contains("stack-request signal"), "{on_request}");
+    // Once the dump signal is given back, the profiler may use it.
+    drop(profile::builder().signal(libc::SIGUSR1).start().unwrap());
+    for sig in [libc::SIGTRAP, libc::SIGSYS] {
+        let m = message(profile::builder().signal(sig).start().map(drop));
+        assert!(m.contains("cannot be used for sampling"), "{sig}: {m}");
+    }
+    for tid in [0, -1, i32::MIN] {
+        let m = message(
+            profile::builder()
+                .threads(Threads::Only(vec![tid]))
+                .start()
+                .map(drop),
+        );
+        assert!(m.contains("thread ids must be positive"), "{tid}: {m}");
+    }
+    // After all that, SIGPROF is free again for the profiler.
+    drop(profile::start(99).unwrap().stop());
+}
+
 #[inline(never)]
 fn named_thread_work() -> u64 {
     spin(50)

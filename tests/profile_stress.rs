@@ -196,9 +196,10 @@ fn wall_mode_with_1000_threads_takes_its_first_profile_in_time() {
         "{accounted} periods accounted for, {expected:.0} expected"
     );
     // Most of them sampled: before the fix, 87-96% were dropped (the signals of 99,000
-    // wake-ups a second left the profiler's threads no CPU time to drain the ring).
+    // wake-ups a second left the profiler's threads no CPU time to drain the ring). Not under
+    // qemu-user, whose signal delivery is many times slower than the kernel's.
     assert!(
-        p.dropped as f64 <= 0.5 * accounted,
+        target::under_qemu() || p.dropped as f64 <= 0.5 * accounted,
         "{} of {accounted} periods dropped",
         p.dropped
     );

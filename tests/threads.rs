@@ -893,6 +893,69 @@ fn scenario(name: &str) {
             );
             spinner::STOP.store(true, Ordering::SeqCst);
         }
+        "refuse" => {
+            selftrace::crash::builder()
+                .symbolizer(false)
+                .install()
+                .expect("crash handler");
+            let request = threads::signal().expect("request signal");
+            // Synchronous fault signals never request stacks: the next request would be taken
+            // for a crash (before the fix, dump_all ended in a "SIGSEGV (SI_TKILL)" report).
+            for sig in [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+                libc::SIGSYS,
+            ] {
+                println!(
+                    "request {sig}: {:?}",
+                    threads::builder().signal(sig).install()
+                );
+            }
+            // SIGABRT is no fault signal, but the crash handler holds it.
+            println!(
+                "request abort: {:?}",
+                threads::builder().signal(libc::SIGABRT).install()
+            );
+            println!(
+                "dump segv: {:?}",
+                threads::install_dump_signal(libc::SIGSEGV)
+            );
+            println!(
+                "dump abort: {:?}",
+                threads::install_dump_signal(libc::SIGABRT)
+            );
+            println!(
+                "crash on the request signal: {:?}",
+                selftrace::crash::builder()
+                    .symbolizer(false)
+                    .signals(&[request])
+                    .install()
+            );
+            println!("request signal kept {}", threads::signal() == Some(request));
+            let mut frames = [0usize; 16];
+            for tid in [0, -1, i32::MIN] {
+                println!(
+                    "capture {tid}: {:?}",
+                    threads::capture(tid, &mut frames, Duration::from_secs(1)).map(|w| w.frames)
+                );
+            }
+            for timeout in [
+                Duration::ZERO,
+                Duration::from_micros(999),
+                Duration::from_secs(601),
+            ] {
+                println!(
+                    "timeout {timeout:?}: {:?}",
+                    threads::builder().timeout(timeout).install()
+                );
+            }
+            let devnull = std::fs::File::create("/dev/null").expect("/dev/null");
+            let summary = threads::dump_all(&devnull);
+            println!("dumped after all that {}", summary.stacks >= 1);
+        }
         "chain" => {
             // The program's own handlers, installed before selftrace's: kept, called for the
             // signals that are not selftrace's, and back after uninstall.
@@ -1879,6 +1942,46 @@ fn handlers_are_chained_and_given_back() {
     ] {
         assert!(o.stdout.contains(line), "{line}\n{}", o.stdout);
     }
+}
+
+/// Issue 45: a request signal that is a fault signal or the crash handler's, a dump signal
+/// that is either, a crash signal that requests stacks, and thread ids that are not positive
+/// are refused with an error that says why; the process goes on (no crash report).
+#[test]
+fn signals_that_cannot_work_and_bad_tids_are_refused() {
+    let o = run("refuse");
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    for sig in [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ] {
+        let line = format!(
+            "request {sig}: Err(InvalidInput(\"a synchronous fault signal (SIGSEGV, SIGBUS, \
+             SIGILL, SIGFPE, SIGTRAP, SIGSYS) cannot request stacks"
+        );
+        assert!(o.stdout.contains(&line), "{line}\n{}", o.stdout);
+    }
+    for line in [
+        "request abort: Err(InvalidInput(\"the signal is the crash handler's",
+        "dump segv: Err(InvalidInput(\"a synchronous fault signal",
+        "dump abort: Err(InvalidInput(\"the signal is the crash handler's",
+        "crash on the request signal: Err(InvalidInput(\"the signal is the stack-request signal",
+        "request signal kept true",
+        "capture 0: Err(InvalidInput(\"thread id must be positive",
+        "capture -1: Err(InvalidInput(\"thread id must be positive",
+        "capture -2147483648: Err(InvalidInput(\"thread id must be positive",
+        "timeout 0ns: Err(InvalidInput(\"the per-thread timeout must be 1 ms to 10 minutes",
+        "timeout 999µs: Err(InvalidInput(\"the per-thread timeout must be",
+        "timeout 601s: Err(InvalidInput(\"the per-thread timeout must be",
+        "dumped after all that true",
+    ] {
+        assert!(o.stdout.contains(line), "{line}\n{}", o.stdout);
+    }
+    assert!(!o.stderr.contains("SI_TKILL"), "{}", o.stderr);
 }
 
 #[test]

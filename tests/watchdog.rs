@@ -298,6 +298,32 @@ fn report_frames(stderr: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Issue 45: a period or timeout of zero (silently taken as 1 ms) or an absurd one is refused,
+/// saying which; nothing is started.
+#[test]
+fn settings_out_of_range_are_refused() {
+    use selftrace::Error;
+    for period in [Duration::ZERO, Duration::from_secs(61), Duration::MAX] {
+        let r = watchdog::builder().period(period).install();
+        assert!(
+            matches!(r, Err(Error::InvalidInput(why)) if why.contains("period")),
+            "{period:?}: {r:?}"
+        );
+    }
+    for timeout in [Duration::ZERO, Duration::from_micros(500), Duration::MAX] {
+        let r = watchdog::builder().default_timeout(timeout).install();
+        assert!(
+            matches!(r, Err(Error::InvalidInput(why)) if why.contains("timeout")),
+            "{timeout:?}: {r:?}"
+        );
+        let r = watchdog::watch_with_timeout("refused", timeout).map(drop);
+        assert!(
+            matches!(r, Err(Error::InvalidInput(why)) if why.contains("timeout")),
+            "{timeout:?}: {r:?}"
+        );
+    }
+}
+
 #[test]
 fn a_busy_thread_is_a_soft_lockup_reported_once_then_recovers() {
     let o = run("busy");

@@ -183,11 +183,12 @@ impl Builder {
     }
 
     /// How long a crash report waits for the symbolizer's answers, all together (default: 3 s;
-    /// at most 10 minutes). A report whose answers do not come in time keeps names and offsets.
+    /// 1 ms to 10 minutes, [`Builder::install`] refuses another; to not wait at all, turn the
+    /// symbolizer off with [`Builder::symbolizer`]). A report whose answers do not come in time keeps names and offsets.
     /// A longer bound costs nothing while the symbolizer is quick; it is for slow machines and
     /// emulators, where parsing a large program's DWARF takes longer.
     pub fn symbolizer_timeout(mut self, timeout: std::time::Duration) -> Builder {
-        self.symbolizer_timeout = timeout.min(std::time::Duration::from_secs(600));
+        self.symbolizer_timeout = timeout;
         self
     }
 
@@ -232,19 +233,30 @@ impl Builder {
     /// exist before any crash). Not async-signal-safe; call it early in `main`.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a signal that cannot be caught, [`Error::NoUnwindInfo`] from
+    /// [`Error::InvalidInput`] for a symbolizer timeout out of range, a signal that cannot be
+    /// caught or that selftrace uses for
+    /// something else (the stack-request or dump signal of [`crate::threads`], a running
+    /// profiler's; the message names it), [`Error::NoUnwindInfo`] from
     /// [`crate::init`], [`Error::Sys`] when opening the report file, mapping the report stack,
     /// `sigaltstack`, `sigaction` or forking the symbolizer failed, and the errors of
     /// [`crate::threads::install`] with [`Builder::all_threads`]. With [`Builder::minidump`]:
     /// [`Error::Sys`] when the directory cannot be opened, [`Error::InvalidInput`] for a
-    /// [`Builder::minidump_fd`] that is not seekable or appends, [`Error::Unsupported`] on a machine
+    /// [`Builder::minidump_fd`] that is not seekable or appends or a
+    /// [`crate::minidump::Options::stack_size`] out of range, [`Error::Unsupported`] on a machine
     /// without minidump support.
     pub fn install(self) -> Result<(), Error> {
+        let timeout = self.symbolizer_timeout;
+        if timeout < std::time::Duration::from_millis(1)
+            || timeout > std::time::Duration::from_secs(600)
+        {
+            return Err(Error::InvalidInput(
+                "the symbolizer timeout must be 1 ms to 10 minutes",
+            ));
+        }
         crate::init()?;
         for &sig in &self.signals {
-            if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                return Err(Error::InvalidInput("signal cannot be handled"));
-            }
+            // Not the stack-request signal, the dump signal or a running profiler's.
+            sys::signal::check_use(sig, sys::signal::Owner::Crash)?;
         }
         if let Some(to) = &self.minidump {
             install_minidump(to, self.minidump_options)?;
@@ -471,6 +483,7 @@ fn install_signal(sig: i32, open: u64) -> Result<(), Error> {
         },
     )?;
     TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
+    sys::signal::set_owner(sig, Some(sys::signal::Owner::Crash));
     Ok(())
 }
 
@@ -489,12 +502,15 @@ pub fn uninstall() -> Result<(), Error> {
     let mut result = Ok(());
     for sig in 1..=64 {
         if taken & (1 << (sig - 1)) != 0 {
-            if let Err(errno) = sys::signal::give_back(sig, on_fatal_signal, false) {
-                TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
-                result = Err(Error::Sys {
-                    call: "sigaction",
-                    errno,
-                });
+            match sys::signal::give_back(sig, on_fatal_signal, false) {
+                Ok(()) => sys::signal::set_owner(sig, None),
+                Err(errno) => {
+                    TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
+                    result = Err(Error::Sys {
+                        call: "sigaction",
+                        errno,
+                    });
+                }
             }
         }
     }
@@ -755,6 +771,7 @@ fn install_minidump(to: &MinidumpTo, options: crate::minidump::Options) -> Resul
     if !crate::minidump::SUPPORTED {
         return Err(Error::Unsupported("minidumps on this architecture"));
     }
+    options.check()?;
     #[cfg(feature = "threads")]
     crate::threads::install()?;
     MINIDUMP_STACK.store(options.get_stack_size(), Ordering::Relaxed);
@@ -852,6 +869,12 @@ fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
                 w.push_bytes(b" (");
                 w.push_dec(s.threads() as u64);
                 w.push_bytes(b" threads, ");
+                if s.threads_left_out() > 0 {
+                    w.push_dec(s.threads_left_out() as u64);
+                    w.push_bytes(b" more left out (a dump holds at most ");
+                    w.push_dec(crate::minidump::MAX_THREADS as u64);
+                    w.push_bytes(b"), ");
+                }
                 w.push_dec(s.threads_with_context() as u64);
                 w.push_bytes(b" with registers and stack, ");
                 w.push_dec(s.modules() as u64);

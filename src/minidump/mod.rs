@@ -10,7 +10,9 @@
 //! ([`crate::crash::Builder::minidump`]) or on demand ([`crate::threads::write_minidump`]).
 //!
 //! # What a dump holds
-//! * **ThreadList**: every thread of `/proc/self/task`, with its register context (all general
+//! * **ThreadList**: every thread of `/proc/self/task` up to [`MAX_THREADS`] (1,024; a dump
+//!   that leaves threads out says how many in Crashpad annotations, see [`MAX_THREADS`]),
+//!   with its register context (all general
 //!   registers, flags, and the x87/SSE or FP/SIMD state) and its stack memory from the stack
 //!   pointer (and the red zone below it) up to [`Options::stack_size`] bytes. Each thread
 //!   gives its context from its own signal handler and waits there while its stack is copied,
@@ -67,6 +69,9 @@ const LINUX_CMD_LINE: u32 = 0x4767_0006;
 const LINUX_ENVIRON: u32 = 0x4767_0007;
 const LINUX_AUXV: u32 = 0x4767_0008;
 const LINUX_MAPS: u32 = 0x4767_0009;
+/// Crashpad's info stream (`MinidumpCrashpadInfo`): its simple annotations say what the dump
+/// leaves out.
+const CRASHPAD_INFO: u32 = 0x4350_0001;
 
 const SIGNATURE: u32 = 0x504d_444d; // "MDMP"
 const VERSION: u32 = 0xa793;
@@ -78,7 +83,10 @@ const CV_ELF: u32 = 0x4270_454c;
 /// `PLATFORM_ID` of Linux in Breakpad's `MINIDUMP_SYSTEM_INFO`.
 const PLATFORM_LINUX: u32 = 0x8201;
 
-/// The most threads a dump lists (the rest are counted in [`Summary::threads_left_out`]).
+/// The most threads a dump lists: 1,024. The crashing (or writing) thread is always one of
+/// them; the rest are counted in [`Summary::threads_left_out`], in the crash report's
+/// `minidump:` line, and in the dump itself (Crashpad simple annotations
+/// `selftrace.threads_left_out`, `selftrace.threads_in_process`, `selftrace.max_threads`).
 pub const MAX_THREADS: usize = 1024;
 /// The most objects a dump lists.
 const MAX_MODULES: usize = 4096;
@@ -91,6 +99,10 @@ const CHUNK: usize = 64 * 1024;
 
 /// The default of [`Options::stack_size`]: 128 KiB per thread.
 pub const DEFAULT_STACK_SIZE: usize = 128 * 1024;
+/// The least [`Options::stack_size`].
+const MIN_STACK_SIZE: usize = 4096;
+/// The largest [`Options::stack_size`].
+const MAX_STACK_SIZE: usize = 64 << 20;
 
 /// What a dump copies besides what it always has. Create with [`Options::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,17 +128,25 @@ impl Options {
     }
 
     /// The most stack memory copied per thread, from the stack pointer up (default 128 KiB;
-    /// at least 4 KiB, at most 64 MiB). A consumer walks a stack only as far as its memory
-    /// goes.
+    /// at least 4 KiB, at most 64 MiB: [`crate::threads::write_minidump_with`] and
+    /// [`crate::crash::Builder::install`] refuse another size with
+    /// [`Error::InvalidInput`]). A consumer walks a stack only as far as its memory goes.
     pub const fn stack_size(mut self, bytes: usize) -> Options {
-        self.stack_size = if bytes < 4096 {
-            4096
-        } else if bytes > 64 << 20 {
-            64 << 20
-        } else {
-            bytes
-        };
+        self.stack_size = bytes;
         self
+    }
+
+    /// [`Error::InvalidInput`] for a setting out of range.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        if !(MIN_STACK_SIZE..=MAX_STACK_SIZE).contains(&self.stack_size) {
+            return Err(Error::InvalidInput(
+                "minidump stack size must be 4 KiB to 64 MiB per thread",
+            ));
+        }
+        Ok(())
     }
 
     /// Also copy `/proc/self/environ` (default: off; environments hold secrets).
@@ -309,6 +329,43 @@ pub(crate) fn after_fork() {
     BUSY.store(0, Ordering::Release);
 }
 
+/// Appends a Crashpad info stream (`MinidumpCrashpadInfo` version 1, no report or client id,
+/// no module list) whose simple annotations are `pairs` (at most 4; keys up to 63 bytes),
+/// each value in decimal. Returns the stream's location.
+///
+/// # Async-signal safety
+/// Async-signal-safe (stack buffers, `pwrite`).
+fn crashpad_annotations(f: &mut File, pairs: &[(&[u8], u64)]) -> Loc {
+    /// A `MinidumpUTF8String`: its byte length, the bytes and a NUL.
+    fn utf8(f: &mut File, text: &[u8]) -> Loc {
+        let mut b = [0u8; 4 + 64];
+        let len = text.len().min(63);
+        le32(&mut b, 0, len as u32);
+        b[4..4 + len].copy_from_slice(&text[..len]);
+        f.append(&b[..4 + len + 1])
+    }
+    let n = pairs.len().min(4);
+    let mut dict = [0u8; 4 + 8 * 4];
+    le32(&mut dict, 0, n as u32);
+    for (k, &(key, value)) in pairs.iter().take(n).enumerate() {
+        let key = utf8(f, key);
+        let mut digits = [0u8; 24];
+        let mut w = FixedBuf::new(&mut digits);
+        w.push_dec(value);
+        let len = w.len();
+        let value = utf8(f, &digits[..len]);
+        le32(&mut dict, 4 + 8 * k, key.rva);
+        le32(&mut dict, 8 + 8 * k, value.rva);
+    }
+    let dict = f.append(&dict[..4 + 8 * n]);
+    // version, report_id (16 bytes), client_id (16), simple_annotations, module_list.
+    let mut info = [0u8; 52];
+    le32(&mut info, 0, 1);
+    le32(&mut info, 36, dict.size);
+    le32(&mut info, 40, dict.rva);
+    f.append(&info)
+}
+
 // ---- the file ------------------------------------------------------------------------------
 
 /// The dump file: positioned writes relative to where the dump starts. Offsets are computed in
@@ -475,6 +532,7 @@ pub(crate) fn write(
     if !SUPPORTED {
         return Err(Error::Unsupported("minidumps on this architecture"));
     }
+    opts.check()?;
     let me = sys::gettid();
     if let Err(holder) = BUSY.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
         // A writer that is not a thread of this process (a forked child's parent's) writes
@@ -632,6 +690,19 @@ fn write_locked(
         listed += 1;
     }
     summary.threads = listed;
+    // Threads beyond MAX_THREADS: the dump says so itself, in Crashpad's simple annotations,
+    // which minidump readers show (`minidump-stackwalk --dump`, Sentry, Socorro).
+    if summary.left_out > 0 {
+        let loc = crashpad_annotations(
+            &mut f,
+            &[
+                (b"selftrace.threads_left_out", summary.left_out as u64),
+                (b"selftrace.threads_in_process", seen as u64),
+                (b"selftrace.max_threads", MAX_THREADS as u64),
+            ],
+        );
+        add(st, CRASHPAD_INFO, loc);
+    }
 
     // ThreadList.
     {

@@ -200,7 +200,10 @@ impl Builder {
     /// and starts the profiler's thread. Calls [`crate::init`] if needed.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a setting out of range or a signal that cannot be used,
+    /// [`Error::InvalidInput`] for a setting out of range, a thread id that is not positive, or
+    /// a signal that cannot be used (a fault signal, or one that selftrace uses for something
+    /// else: the stack-request or dump signal of [`crate::threads`], a crash signal; the
+    /// message names it),
     /// [`Error::AlreadyExists`] when another profiler is running, [`Error::ThreadGone`] for a
     /// selected thread that does not exist, [`Error::Sys`] when a system call failed
     /// (`timer_create`, `sigaction`, the thread's creation).
@@ -225,6 +228,8 @@ impl Builder {
                 libc::SIGILL,
                 libc::SIGFPE,
                 libc::SIGABRT,
+                libc::SIGTRAP,
+                libc::SIGSYS,
             ]
             .contains(&self.signal)
         {

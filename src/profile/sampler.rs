@@ -147,15 +147,14 @@ fn signal_fields(info: *const libc::siginfo_t) -> Option<(i32, i32, u64)> {
 /// profiler (pprof-rs, stopping, sets `SIGPROF` to `SIG_IGN`), and a profiler whose signals are
 /// ignored or go to someone else's handler would return empty or partial profiles.
 fn install(sig: i32) -> Result<(), Error> {
-    if crate::threads::signal() == Some(sig) {
-        return Err(Error::InvalidInput(
-            "the stack-request signal of selftrace::threads cannot also sample",
-        ));
-    }
+    // Not the stack-request signal, the dump signal (every tick would dump every thread) nor
+    // a crash signal.
+    sys::signal::check_use(sig, sys::signal::Owner::Profiler)?;
     sys::signal::take(sig, on_sample, libc::SA_RESTART).map_err(|errno| Error::Sys {
         call: "sigaction",
         errno,
     })?;
+    sys::signal::set_owner(sig, Some(sys::signal::Owner::Profiler));
     Ok(())
 }
 
@@ -815,9 +814,15 @@ pub(crate) fn start(b: Builder) -> Result<Running, Error> {
     {
         return Err(Error::AlreadyExists("a running profiler"));
     }
+    let sig = b.signal;
     match start_locked(b) {
         Ok(r) => Ok(r),
         Err(e) => {
+            // A start that failed after taking the signal gives it back.
+            if sys::signal::owner(sig) == Some(sys::signal::Owner::Profiler) {
+                let _ = sys::signal::give_back(sig, on_sample, true);
+                sys::signal::set_owner(sig, None);
+            }
             RUNNING.store(false, Ordering::Release);
             Err(e)
         }
@@ -826,13 +831,18 @@ pub(crate) fn start(b: Builder) -> Result<Running, Error> {
 
 fn start_locked(b: Builder) -> Result<Running, Error> {
     let _ = crate::init();
-    install(b.signal)?;
+    // The threads first: a start refused for them leaves the signal alone.
     if let Threads::Only(tids) = &b.threads {
-        if let Some(gone) = tids.iter().find(|&&t| t <= 0 || sys::tgkill(t, 0).is_err()) {
-            let _ = gone;
+        if tids.iter().any(|&t| t <= 0) {
+            return Err(Error::InvalidInput(
+                "thread ids must be positive (tids of this process)",
+            ));
+        }
+        if tids.iter().any(|&t| sys::tgkill(t, 0).is_err()) {
             return Err(Error::ThreadGone);
         }
     }
+    install(b.signal)?;
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
     let shared = Box::into_raw(Box::new(Shared {
         ring: Ring::new(b.ring_capacity),
@@ -1191,6 +1201,7 @@ impl Running {
         // The signal's previous action back (`SIG_IGN` for `SIG_DFL`: a late signal of a
         // deleted timer must not kill the process).
         let _ = sys::signal::give_back(self.inner.signal, on_sample, true);
+        sys::signal::set_owner(self.inner.signal, None);
         RUNNING.store(false, Ordering::Release);
         profile
     }

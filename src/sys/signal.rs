@@ -254,3 +254,130 @@ pub(crate) fn give_back(
 pub(crate) fn is_installed(sig: i32, ours: Handler) -> bool {
     query(sig).is_ok_and(|a| a.sa_sigaction == ours as *const () as usize)
 }
+
+/// Which part of selftrace holds a signal: one signal serves one purpose, and a second use is
+/// refused with an error that names the conflict ([`check_use`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Owner {
+    /// The crash handler (`crash::Builder::signals`).
+    Crash = 1,
+    /// The stack-request handler of `threads`.
+    Request = 2,
+    /// The dump handler of `threads::install_dump_signal`.
+    Dump = 3,
+    /// A running profiler's sampling handler.
+    Profiler = 4,
+}
+
+/// The owner of each signal (0 = none).
+static OWNERS: [AtomicU8; SIGNALS] = [const { AtomicU8::new(0) }; SIGNALS];
+
+/// Records that `owner` holds `sig` (`None`: nobody any more).
+///
+/// # Async-signal safety
+/// Async-signal-safe (an atomic store).
+pub(crate) fn set_owner(sig: i32, owner: Option<Owner>) {
+    if (1..SIGNALS as i32).contains(&sig) {
+        OWNERS[sig as usize].store(owner.map_or(0, |o| o as u8), Ordering::Release);
+    }
+}
+
+/// Who holds `sig`, if any part of selftrace does.
+pub(crate) fn owner(sig: i32) -> Option<Owner> {
+    if !(1..SIGNALS as i32).contains(&sig) {
+        return None;
+    }
+    match OWNERS[sig as usize].load(Ordering::Acquire) {
+        1 => Some(Owner::Crash),
+        2 => Some(Owner::Request),
+        3 => Some(Owner::Dump),
+        4 => Some(Owner::Profiler),
+        _ => None,
+    }
+}
+
+/// Whether `sig` is a synchronous fault signal: the kernel sends it to a thread for the
+/// instruction it ran (a bad access, an illegal or trapping instruction, a bad system call),
+/// so it means a crash, not a request.
+pub(crate) fn is_fault_signal(sig: i32) -> bool {
+    [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ]
+    .contains(&sig)
+}
+
+/// Whether `sig` can serve `wanted`: not a signal that cannot be caught, not a synchronous
+/// fault signal for anything but the crash handler, and not held by another part of selftrace.
+/// The error names the conflict.
+///
+/// # Async-signal safety
+/// Async-signal-safe (atomic loads).
+pub(crate) fn check_use(sig: i32, wanted: Owner) -> Result<(), crate::Error> {
+    use crate::Error::InvalidInput as Invalid;
+    if !(1..SIGNALS as i32).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
+        return Err(Invalid("signal cannot be handled"));
+    }
+    if wanted != Owner::Crash && is_fault_signal(sig) {
+        return Err(Invalid(match wanted {
+            Owner::Request => {
+                "a synchronous fault signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS) \
+                 cannot request stacks: a request would be taken for a crash"
+            }
+            Owner::Dump => {
+                "a synchronous fault signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS) \
+                 cannot be the dump signal"
+            }
+            _ => {
+                "a synchronous fault signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS) \
+                 cannot sample"
+            }
+        }));
+    }
+    let Some(held) = owner(sig) else {
+        return Ok(());
+    };
+    if held == wanted {
+        return Ok(());
+    }
+    Err(Invalid(match (held, wanted) {
+        (Owner::Crash, Owner::Request) => {
+            "the signal is the crash handler's (crash::Builder::signals): it cannot also \
+             request stacks"
+        }
+        (Owner::Crash, Owner::Dump) => {
+            "the signal is the crash handler's (crash::Builder::signals): it cannot also be \
+             the dump signal"
+        }
+        (Owner::Crash, _) => {
+            "the signal is the crash handler's (crash::Builder::signals): it cannot also sample"
+        }
+        (Owner::Request, Owner::Crash) => {
+            "the signal is the stack-request signal of selftrace::threads: it cannot also be a \
+             crash signal"
+        }
+        (Owner::Request, Owner::Dump) => "the stack-request signal cannot also be the dump signal",
+        (Owner::Request, _) => "the stack-request signal of selftrace::threads cannot also sample",
+        (Owner::Dump, Owner::Crash) => {
+            "the signal is the dump signal of selftrace::threads: it cannot also be a crash \
+             signal"
+        }
+        (Owner::Dump, Owner::Request) => "the dump signal cannot also request stacks",
+        (Owner::Dump, _) => "the dump signal of selftrace::threads cannot also sample",
+        (Owner::Profiler, Owner::Crash) => {
+            "the signal is the running profiler's: it cannot also be a crash signal"
+        }
+        (Owner::Profiler, Owner::Request) => {
+            "the signal is the running profiler's: it cannot also request stacks"
+        }
+        (Owner::Profiler, _) => {
+            "the signal is the running profiler's: it cannot also be the \
+                                 dump signal"
+        }
+    }))
+}

@@ -107,14 +107,9 @@ pub fn install() -> Result<(), Error> {
 
 /// Installs the stack-request handler for `sig` ([`Builder::signal`], [`Builder::install`]).
 fn install_with_signal(sig: i32) -> Result<(), Error> {
-    if !(1..=64).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
-        return Err(Error::InvalidInput("signal cannot be handled"));
-    }
-    if sig == DUMP_SIGNAL.load(Ordering::Relaxed) {
-        return Err(Error::InvalidInput(
-            "the dump signal cannot also request stacks",
-        ));
-    }
+    // Not a fault signal (a request would be taken for a crash), nor the crash handler's, the
+    // dump signal or a running profiler's.
+    sys::signal::check_use(sig, sys::signal::Owner::Request)?;
     // One installer at a time; others wait for it (it takes two system calls), but not
     // forever: a signal handler that interrupted the installing thread itself would wait for
     // itself.
@@ -148,6 +143,7 @@ fn install_with_signal(sig: i32) -> Result<(), Error> {
             }
         })?;
         request::SIGNAL.store(sig, Ordering::Release);
+        sys::signal::set_owner(sig, Some(sys::signal::Owner::Request));
         Ok(())
     })();
     let installed = request::SIGNAL.load(Ordering::Acquire) != 0;
@@ -184,6 +180,7 @@ pub fn uninstall() -> Result<(), Error> {
     let result = sys::signal::give_back(sig, request::on_capture_signal, true);
     if result.is_ok() {
         request::SIGNAL.store(0, Ordering::Release);
+        sys::signal::set_owner(sig, None);
     }
     INSTALL.store(if result.is_ok() { 0 } else { 2 }, Ordering::Release);
     result.map_err(|errno| Error::Sys {
@@ -235,7 +232,7 @@ impl Builder {
     }
 
     /// How long [`dump_all`], the dump signal and the crash report wait for each thread
-    /// (default [`DEFAULT_TIMEOUT`]).
+    /// (default [`DEFAULT_TIMEOUT`]; 1 ms to 10 minutes).
     pub fn timeout(mut self, timeout: Duration) -> Builder {
         self.timeout = Some(timeout);
         self
@@ -248,9 +245,19 @@ impl Builder {
     /// [`install`]).
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a signal that cannot be caught or that the dump signal
-    /// uses, [`Error::Timeout`] when another installation did not finish within a second.
+    /// [`Error::InvalidInput`] for a signal that cannot be caught, a synchronous fault signal
+    /// (`SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGFPE`, `SIGTRAP`, `SIGSYS`: a request would be taken
+    /// for a crash), or one that selftrace uses for something else (the crash handler's, the
+    /// dump signal, a running profiler's; the message names it) or a timeout out of range,
+    /// [`Error::Timeout`] when another installation did not finish within a second.
     pub fn install(self) -> Result<(), Error> {
+        if let Some(t) = self.timeout {
+            if t < Duration::from_millis(1) || t > Duration::from_secs(600) {
+                return Err(Error::InvalidInput(
+                    "the per-thread timeout must be 1 ms to 10 minutes",
+                ));
+            }
+        }
         if let Some(t) = self.timeout {
             TIMEOUT_NS.store(duration_ns(t), Ordering::Relaxed);
         }
@@ -284,6 +291,7 @@ pub fn current_tid() -> i32 {
 /// signal blocked, frame 0 is in this function.
 ///
 /// # Errors
+/// [`Error::InvalidInput`] for a `tid` that is not positive (no thread has one),
 /// [`Error::Timeout`] when the thread does not answer within `timeout` (signal blocked,
 /// stopped, uninterruptible sleep), [`Error::ThreadGone`] when it does not exist or exits
 /// meanwhile, and the errors of [`install`].
@@ -295,6 +303,11 @@ pub fn current_tid() -> i32 {
 /// frame.
 #[inline(never)]
 pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::Walk, Error> {
+    if tid <= 0 {
+        return Err(Error::InvalidInput(
+            "thread id must be positive (a tid of this process)",
+        ));
+    }
     install()?;
     let deadline = sys::monotonic_ns().saturating_add(duration_ns(timeout));
     if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
@@ -517,7 +530,9 @@ pub fn install_dump_signal(sig: i32) -> Result<(), Error> {
 /// puts the previous action back; installing another signal gives the first one back.
 ///
 /// # Errors
-/// [`Error::InvalidInput`] for a signal that cannot be caught or that requests stacks, the
+/// [`Error::InvalidInput`] for a signal that cannot be caught, a synchronous fault signal, or
+/// one that selftrace uses for something else (the stack-request signal, the crash handler's,
+/// a running profiler's: every tick would dump every thread; the message names it), the
 /// errors of [`install`] and of [`crate::init`], [`Error::Sys`] when `sigaction` fails.
 pub fn install_dump_signal_to(sig: i32, fd: impl Into<OwnedFd>) -> Result<(), Error> {
     let fd: OwnedFd = fd.into();
@@ -532,11 +547,9 @@ fn install_dump_signal_fd(sig: i32, fd: i32) -> Result<(), Error> {
         return Err(Error::InvalidInput("signal cannot be handled"));
     }
     install()?;
-    if Some(sig) == signal() {
-        return Err(Error::InvalidInput(
-            "the stack-request signal cannot also be the dump signal",
-        ));
-    }
+    // Not a fault signal, nor the stack-request signal, the crash handler's or a running
+    // profiler's (every tick would dump every thread).
+    sys::signal::check_use(sig, sys::signal::Owner::Dump)?;
     // The index, without waiting for the background indexer: a dump meanwhile names the
     // frames of an object it has not finished by object and offset.
     crate::init()?;
@@ -549,9 +562,11 @@ fn install_dump_signal_fd(sig: i32, fd: i32) -> Result<(), Error> {
     let before = DUMP_SIGNAL.load(Ordering::Relaxed);
     if before != 0 && before != sig {
         sys::signal::give_back(before, on_dump_signal, false).map_err(sys_err)?;
+        sys::signal::set_owner(before, None);
     }
     sys::signal::take(sig, on_dump_signal, libc::SA_RESTART).map_err(sys_err)?;
     DUMP_SIGNAL.store(sig, Ordering::Relaxed);
+    sys::signal::set_owner(sig, Some(sys::signal::Owner::Dump));
     Ok(())
 }
 
@@ -571,6 +586,7 @@ pub fn uninstall_dump_signal() -> Result<(), Error> {
         errno,
     })?;
     DUMP_SIGNAL.store(0, Ordering::Relaxed);
+    sys::signal::set_owner(sig, None);
     Ok(())
 }
 

@@ -237,11 +237,13 @@ pub fn watch(name: &str) -> Result<Watch, Error> {
     )
 }
 
-/// Watches the calling thread as `name`: it must pet at least every `timeout`. See [`watch`].
+/// Watches the calling thread as `name`: it must pet at least every `timeout` (1 ms to 24
+/// hours). See [`watch`].
 ///
 /// # Errors
-/// Those of [`crate::threads::install`].
+/// [`Error::InvalidInput`] for a timeout out of range; those of [`crate::threads::install`].
 pub fn watch_with_timeout(name: &str, timeout: Duration) -> Result<Watch, Error> {
+    check_timeout(timeout)?;
     threads::install()?;
     start_monitor();
     let now = TICK.load(Ordering::Relaxed);
@@ -304,6 +306,16 @@ impl Default for Builder {
     }
 }
 
+/// A stall timeout must be 1 ms to 24 hours.
+fn check_timeout(timeout: Duration) -> Result<(), Error> {
+    if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(24 * 3600) {
+        return Err(Error::InvalidInput(
+            "a watchdog timeout must be 1 ms to 24 hours",
+        ));
+    }
+    Ok(())
+}
+
 /// The defaults: a check every 100 ms, a 2 s timeout for [`watch`], [`Action::Report`], reports
 /// to stderr.
 pub fn builder() -> Builder {
@@ -311,14 +323,14 @@ pub fn builder() -> Builder {
 }
 
 impl Builder {
-    /// How often the monitor checks (default 100 ms; at least 1 ms). Stall durations are
+    /// How often the monitor checks (default 100 ms; 1 ms to 60 s). Stall durations are
     /// measured in these steps.
     pub fn period(mut self, period: Duration) -> Builder {
         self.period = period;
         self
     }
 
-    /// The timeout of [`watch`] (default 2 s; at least 1 ms).
+    /// The timeout of [`watch`] (default 2 s; 1 ms to 24 hours).
     pub fn default_timeout(mut self, timeout: Duration) -> Builder {
         self.default_timeout = timeout;
         self
@@ -352,9 +364,16 @@ impl Builder {
     /// optional: [`watch`] starts the watchdog with the defaults. Normal context.
     ///
     /// # Errors
-    /// Those of [`crate::threads::install`]; with [`Builder::minidump`], [`Error::Sys`] when the
+    /// [`Error::InvalidInput`] for a period or timeout out of range; those of
+    /// [`crate::threads::install`]; with [`Builder::minidump`], [`Error::Sys`] when the
     /// directory cannot be opened and [`Error::Unsupported`] on a machine without minidumps.
     pub fn install(self) -> Result<(), Error> {
+        if self.period < Duration::from_millis(1) || self.period > Duration::from_secs(60) {
+            return Err(Error::InvalidInput(
+                "the watchdog's period must be 1 ms to 60 s",
+            ));
+        }
+        check_timeout(self.default_timeout)?;
         threads::install()?;
         if let Some(dir) = &self.minidump {
             // Never closed: the monitor may be writing into it.
@@ -553,6 +572,15 @@ fn write_minidump(fd: i32) {
                 .unwrap_or_default()
                 .join(String::from_utf8_lossy(&name[..len]).as_ref());
             match result {
+                Ok(s) if s.threads_left_out() > 0 => format!(
+                    "watchdog: minidump {} ({} threads, {} more left out (a dump holds at most \
+                     {}), {} bytes)\n",
+                    path.display(),
+                    s.threads(),
+                    s.threads_left_out(),
+                    crate::minidump::MAX_THREADS,
+                    s.bytes()
+                ),
                 Ok(s) => format!(
                     "watchdog: minidump {} ({} threads, {} bytes)\n",
                     path.display(),
