@@ -392,6 +392,15 @@ fn child_entry() {
             let _tx = start_threads();
             start_masked_thread();
             let (mut dump_out, dump_in) = std::io::pipe().unwrap();
+            // The dump holds the report lock while it cannot write: its pipe holds one page
+            // and is drained only after the request below (a thread that blocks the request
+            // signal no longer holds a dump for its timeout, issue 45).
+            {
+                use std::os::fd::AsRawFd;
+                // SAFETY: F_SETPIPE_SZ on a pipe we own.
+                let r = unsafe { libc::fcntl(dump_in.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+                assert!(r >= 4096, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
+            }
             // Under 10 s: a crashed thread waits that long for the lock, then reports anyway.
             let hold = Duration::from_secs(if x86 { 3 } else { 8 });
             std::thread::Builder::new()
@@ -403,9 +412,6 @@ fn child_entry() {
                 let mut first = [0u8; 1];
                 dump_out.read_exact(&mut first).unwrap();
             }
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut dump_out, &mut std::io::sink());
-            });
             let (tid_tx, tid_rx) = mpsc::channel::<i32>();
             let (go_tx, go_rx) = mpsc::channel::<()>();
             std::thread::Builder::new()
@@ -426,6 +432,9 @@ fn child_entry() {
             let wait = Duration::from_millis(if x86 { 500 } else { 3000 });
             let answer = selftrace::threads::capture(second, &mut buf, wait);
             eprintln!("asked md-second: {:?}", answer.map(|w| w.frames));
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut dump_out, &mut std::io::sink());
+            });
             sleep_forever()
         }
         other => panic!("unknown scenario {other}"),
