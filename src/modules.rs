@@ -524,6 +524,43 @@ mod tests {
     }
 
     #[test]
+    fn identity_is_checked_by_build_id_or_by_the_link_map_path() {
+        if crate::sys::dl_find_object(0).is_err() {
+            // glibc before 2.35: only the build-id is checked (below, with no link map).
+            return;
+        }
+        let s = snapshot();
+        let libc_fn = libc::getpid as *const () as usize;
+        let o = s.find(libc_fn).expect("libc");
+        // As if libc could be unloaded: the checks run.
+        let mut id = o.identity();
+        id.permanent = false;
+        if !id.build_id.is_empty() {
+            assert_eq!(id.verify(libc_fn), Verdict::Same);
+            let mut other = id.clone();
+            other.build_id[0] ^= 1;
+            assert_eq!(other.verify(libc_fn), Verdict::Changed);
+        }
+        // Without a build-id: the link map's load bias and path.
+        let mut by_path = id.clone();
+        by_path.build_id = Box::new([]);
+        by_path.build_id_addr = 0;
+        assert_eq!(by_path.verify(libc_fn), Verdict::Same);
+        let mut other = by_path.clone();
+        other.path = format!("{}x", by_path.path).into();
+        assert_eq!(other.verify(libc_fn), Verdict::Changed);
+        let mut other = by_path.clone();
+        other.bias += 4096;
+        assert_eq!(other.verify(libc_fn), Verdict::Changed);
+        // Another unwind table address: another object.
+        let mut other = id.clone();
+        other.eh_frame_hdr += 8;
+        assert_eq!(other.verify(libc_fn), Verdict::Changed);
+        // Nothing loaded there.
+        assert_eq!(id.verify(8), Verdict::Changed);
+    }
+
+    #[test]
     fn build_id_parser_rejects_truncated_notes() {
         let mut note = Vec::new();
         note.extend_from_slice(&4u32.to_ne_bytes());
