@@ -215,10 +215,25 @@ pub(crate) fn with_room(need: usize, f: &mut dyn FnMut()) -> bool {
 mod tests {
     use super::*;
 
-    /// Runs `f` on a new thread with a 48 KiB stack while every private stack is claimed;
-    /// returns what it wrote to the pipe it is given.
+    /// The function a [`without_private_stacks`] handler runs, and its fd.
+    static CASE: AtomicUsize = AtomicUsize::new(0);
+    static CASE_FD: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(-1);
+
+    extern "C" fn on_case_signal(_: i32) {
+        let f = CASE.load(Ordering::SeqCst);
+        if f != 0 {
+            // SAFETY: `without_private_stacks` stores a `fn(i32)` there.
+            let f: fn(i32) = unsafe { core::mem::transmute::<usize, fn(i32)>(f) };
+            f(CASE_FD.load(Ordering::SeqCst));
+        }
+    }
+
+    /// Runs `f` in a signal handler on a 48 KiB alternate stack (std's threads are larger than
+    /// the room a report wants: glibc's minimum on aarch64 is 128 KiB) of a new thread, while
+    /// every private stack is claimed; returns what it wrote to the pipe it is given.
     fn without_private_stacks(f: fn(i32)) -> String {
-        // One test at a time takes them all (two taking half each would wait for each other).
+        // One test at a time takes them all (two taking half each would wait for each other),
+        // and the signal's action is the process's.
         static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         crate::init().unwrap();
@@ -233,12 +248,43 @@ mod tests {
         // SAFETY: pipe writes two fds.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         let [r, w] = fds;
-        std::thread::Builder::new()
-            .stack_size(48 * 1024)
-            .spawn(move || f(w))
-            .unwrap()
-            .join()
-            .unwrap();
+        CASE.store(f as usize, Ordering::SeqCst);
+        CASE_FD.store(w, Ordering::SeqCst);
+        std::thread::spawn(|| {
+            const SIZE: usize = 48 * 1024;
+            let top = super::super::map_stack(SIZE).unwrap();
+            // SAFETY: a fresh stack of ours (not unmapped: 52 KiB of a test); the handler is a
+            // plain function; SIGURG is raised on this thread only, and its action restored.
+            unsafe {
+                let ss = libc::stack_t {
+                    ss_sp: (top - SIZE) as *mut libc::c_void,
+                    ss_flags: 0,
+                    ss_size: SIZE,
+                };
+                assert_eq!(libc::sigaltstack(&ss, core::ptr::null_mut()), 0);
+                let mut sa: libc::sigaction = core::mem::zeroed();
+                sa.sa_sigaction = on_case_signal as *const () as usize;
+                sa.sa_flags = libc::SA_ONSTACK;
+                libc::sigemptyset(&mut sa.sa_mask);
+                let mut old: libc::sigaction = core::mem::zeroed();
+                assert_eq!(libc::sigaction(libc::SIGURG, &sa, &mut old), 0);
+                let tid = libc::syscall(libc::SYS_gettid);
+                libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGURG);
+                assert_eq!(
+                    libc::sigaction(libc::SIGURG, &old, core::ptr::null_mut()),
+                    0
+                );
+                let off = libc::stack_t {
+                    ss_sp: core::ptr::null_mut(),
+                    ss_flags: libc::SS_DISABLE,
+                    ss_size: 0,
+                };
+                assert_eq!(libc::sigaltstack(&off, core::ptr::null_mut()), 0);
+            }
+        })
+        .join()
+        .unwrap();
+        CASE.store(0, Ordering::SeqCst);
         drop(held);
         // SAFETY: our write end, closed so that reading sees EOF.
         unsafe { libc::close(w) };
@@ -260,7 +306,9 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
-        assert!(small.is_some_and(|r| r < 48 * 1024), "{small:?}");
+        // glibc gives a thread at least PTHREAD_STACK_MIN (128 KiB on aarch64).
+        let size = (48 * 1024).max(libc::PTHREAD_STACK_MIN);
+        assert!(small.is_some_and(|r| r < size), "{small:?}");
         let room = std::thread::Builder::new()
             .stack_size(256 * 1024)
             .spawn(room)
@@ -269,6 +317,14 @@ mod tests {
             .unwrap();
         let room = room.expect("a std thread's stack bounds are known");
         assert!(room > 128 * 1024 && room < 256 * 1024, "{room}");
+        // On the alternate stack: what is left of it.
+        let text = without_private_stacks(|fd| {
+            let room = super::room().unwrap_or(usize::MAX);
+            let ok: &[u8] = if room < 48 * 1024 { b"ok" } else { b"no" };
+            // SAFETY: our buffer to our pipe.
+            unsafe { libc::write(fd, ok.as_ptr().cast(), ok.len()) };
+        });
+        assert_eq!(text, "ok");
     }
 
     #[test]
@@ -290,13 +346,19 @@ mod tests {
     fn dump_all_without_room_says_it_lists_nothing() {
         let text = without_private_stacks(|fd| {
             // SAFETY: the pipe's write end, open during the call.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            let summary = crate::threads::dump_all(fd);
-            assert_eq!(summary.threads, 0);
+            let out = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            let summary = crate::threads::dump_all(out);
+            let none: &[u8] = if summary.threads == 0 {
+                b""
+            } else {
+                b"listed threads!"
+            };
+            // SAFETY: our buffer to our pipe.
+            unsafe { libc::write(fd, none.as_ptr().cast(), none.len()) };
         });
         assert!(
             text.contains("\nnot listed: ")
-                && text.contains(" bytes of stack left, and no private stack free\n"),
+                && text.ends_with(" bytes of stack left, and no private stack free\n---[ end of all threads ]---\n"),
             "{text}"
         );
     }
