@@ -9,7 +9,7 @@
 #![allow(unsafe_code)]
 
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 /// How many private stacks there are (reports and demangling running at the same time; a
 /// caller that finds them all busy checks its own room instead).
@@ -22,18 +22,21 @@ pub(crate) const PRIVATE_STACK: usize = 512 * 1024;
 pub(crate) const FRAMES: usize = 256;
 
 struct Private {
-    busy: AtomicBool,
+    /// 0 while free, else the process id of the holder: a stack held when the process forked
+    /// is held by a thread the child does not have, and the child takes it back.
+    busy: AtomicI32,
     /// High end of the stack (0 while not mapped).
     top: AtomicUsize,
     frames: UnsafeCell<[usize; FRAMES]>,
 }
 
-// SAFETY: `frames` is only touched by the holder of `busy` (claimed with a CAS).
+// SAFETY: `frames` is only touched by the holder of `busy` (claimed with a CAS; in a forked
+// child, the parent's holder does not exist).
 unsafe impl Sync for Private {}
 
 static STACKS: [Private; POOL] = [const {
     Private {
-        busy: AtomicBool::new(false),
+        busy: AtomicI32::new(0),
         top: AtomicUsize::new(0),
         frames: UnsafeCell::new([0; FRAMES]),
     }
@@ -48,12 +51,13 @@ pub(crate) fn fill() {
     if !SWITCHES {
         return;
     }
+    let pid = super::getpid();
     for s in &STACKS {
         if s.top.load(Ordering::Acquire) != 0 {
             continue;
         }
         if s.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(0, pid, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
             if s.top.load(Ordering::Relaxed) == 0 {
@@ -61,7 +65,7 @@ pub(crate) fn fill() {
                     s.top.store(top, Ordering::Release);
                 }
             }
-            s.busy.store(false, Ordering::Release);
+            s.busy.store(0, Ordering::Release);
         }
     }
 }
@@ -109,14 +113,16 @@ pub(crate) struct Claimed {
     i: usize,
 }
 
-/// Claims a free private stack (`None` when all are busy, or before `init()` mapped them).
+/// Claims a free private stack (`None` when all are busy, or before `init()` mapped them). A
+/// stack that a thread of the parent process held when this one forked is free here.
 ///
 /// # Async-signal safety
-/// Async-signal-safe: a compare-and-swap per stack.
+/// Async-signal-safe: `getpid`, a compare-and-swap per stack.
 pub(crate) fn claim() -> Option<Claimed> {
     if !SWITCHES {
         return None;
     }
+    let pid = super::getpid();
     let sp = stack_pointer();
     STACKS.iter().enumerate().find_map(|(i, s)| {
         let top = s.top.load(Ordering::Acquire);
@@ -125,8 +131,13 @@ pub(crate) fn claim() -> Option<Claimed> {
         if top == 0 || (top - PRIVATE_STACK <= sp && sp < top) {
             return None;
         }
+        // Free (0), or held by a thread of the process this one was forked from.
+        let holder = s.busy.load(Ordering::Relaxed);
+        if holder == pid {
+            return None;
+        }
         s.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
             // Built only for a won claim: a dropped `Claimed` gives its stack back.
             .then(|| Claimed { i })
@@ -153,7 +164,7 @@ impl Claimed {
 
 impl Drop for Claimed {
     fn drop(&mut self) {
-        STACKS[self.i].busy.store(false, Ordering::Release);
+        STACKS[self.i].busy.store(0, Ordering::Release);
     }
 }
 
@@ -361,6 +372,38 @@ mod tests {
                 && text.ends_with(" bytes of stack left, and no private stack free\n---[ end of all threads ]---\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_child_takes_back_the_stacks_its_parent_held_at_the_fork() {
+        crate::init().unwrap();
+        let held = loop {
+            // Another test may hold them all for a moment.
+            match claim() {
+                Some(c) => break c,
+                None => std::thread::yield_now(),
+            }
+        };
+        // SAFETY: the child only claims (atomics, getpid) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut all = [None, None, None, None];
+            let mut n = 0;
+            for slot in all.iter_mut() {
+                *slot = claim();
+                n += slot.is_some() as i32;
+            }
+            // SAFETY: leaving the child without running the parent's exit handlers.
+            unsafe { libc::_exit(n) };
+        }
+        let mut status = 0;
+        // SAFETY: our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        drop(held);
+        assert!(libc::WIFEXITED(status), "{status:#x}");
+        // Every stack was free there: the one held here, and any another test held.
+        assert_eq!(libc::WEXITSTATUS(status), POOL as i32);
     }
 
     #[test]
