@@ -391,7 +391,8 @@ fn child_entry() {
 }
 
 /// The dump signal sent to a thread spawned with a 32 KiB stack: its handler runs on that
-/// stack (no alternate stack), dumps every thread, and the program goes on.
+/// stack (no alternate stack), dumps every thread, and the program goes on. (On aarch64 glibc
+/// makes it 128 KiB, its `PTHREAD_STACK_MIN`: the case is strict on x86-64.)
 fn dump_signal_on_a_small_thread() {
     let (w, mut r) = pipe();
     // SAFETY: `w` is our pipe's write end, handed over (kept open by the dump signal).

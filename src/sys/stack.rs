@@ -9,7 +9,7 @@
 #![allow(unsafe_code)]
 
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 /// How many private stacks there are (reports and demangling running at the same time; a
 /// caller that finds them all busy checks its own room instead).
@@ -22,18 +22,21 @@ pub(crate) const PRIVATE_STACK: usize = 512 * 1024;
 pub(crate) const FRAMES: usize = 256;
 
 struct Private {
-    busy: AtomicBool,
+    /// 0 while free, else the process id of the holder: a stack held when the process forked
+    /// is held by a thread the child does not have, and the child takes it back.
+    busy: AtomicI32,
     /// High end of the stack (0 while not mapped).
     top: AtomicUsize,
     frames: UnsafeCell<[usize; FRAMES]>,
 }
 
-// SAFETY: `frames` is only touched by the holder of `busy` (claimed with a CAS).
+// SAFETY: `frames` is only touched by the holder of `busy` (claimed with a CAS; in a forked
+// child, the parent's holder does not exist).
 unsafe impl Sync for Private {}
 
 static STACKS: [Private; POOL] = [const {
     Private {
-        busy: AtomicBool::new(false),
+        busy: AtomicI32::new(0),
         top: AtomicUsize::new(0),
         frames: UnsafeCell::new([0; FRAMES]),
     }
@@ -48,12 +51,13 @@ pub(crate) fn fill() {
     if !SWITCHES {
         return;
     }
+    let pid = super::getpid();
     for s in &STACKS {
         if s.top.load(Ordering::Acquire) != 0 {
             continue;
         }
         if s.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(0, pid, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
             if s.top.load(Ordering::Relaxed) == 0 {
@@ -61,7 +65,7 @@ pub(crate) fn fill() {
                     s.top.store(top, Ordering::Release);
                 }
             }
-            s.busy.store(false, Ordering::Release);
+            s.busy.store(0, Ordering::Release);
         }
     }
 }
@@ -109,14 +113,16 @@ pub(crate) struct Claimed {
     i: usize,
 }
 
-/// Claims a free private stack (`None` when all are busy, or before `init()` mapped them).
+/// Claims a free private stack (`None` when all are busy, or before `init()` mapped them). A
+/// stack that a thread of the parent process held when this one forked is free here.
 ///
 /// # Async-signal safety
-/// Async-signal-safe: a compare-and-swap per stack.
+/// Async-signal-safe: `getpid`, a compare-and-swap per stack.
 pub(crate) fn claim() -> Option<Claimed> {
     if !SWITCHES {
         return None;
     }
+    let pid = super::getpid();
     let sp = stack_pointer();
     STACKS.iter().enumerate().find_map(|(i, s)| {
         let top = s.top.load(Ordering::Acquire);
@@ -125,8 +131,13 @@ pub(crate) fn claim() -> Option<Claimed> {
         if top == 0 || (top - PRIVATE_STACK <= sp && sp < top) {
             return None;
         }
+        // Free (0), or held by a thread of the process this one was forked from.
+        let holder = s.busy.load(Ordering::Relaxed);
+        if holder == pid {
+            return None;
+        }
         s.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
             // Built only for a won claim: a dropped `Claimed` gives its stack back.
             .then(|| Claimed { i })
@@ -153,7 +164,7 @@ impl Claimed {
 
 impl Drop for Claimed {
     fn drop(&mut self) {
-        STACKS[self.i].busy.store(false, Ordering::Release);
+        STACKS[self.i].busy.store(0, Ordering::Release);
     }
 }
 
@@ -215,10 +226,25 @@ pub(crate) fn with_room(need: usize, f: &mut dyn FnMut()) -> bool {
 mod tests {
     use super::*;
 
-    /// Runs `f` on a new thread with a 48 KiB stack while every private stack is claimed;
-    /// returns what it wrote to the pipe it is given.
+    /// The function a [`without_private_stacks`] handler runs, and its fd.
+    static CASE: AtomicUsize = AtomicUsize::new(0);
+    static CASE_FD: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(-1);
+
+    extern "C" fn on_case_signal(_: i32) {
+        let f = CASE.load(Ordering::SeqCst);
+        if f != 0 {
+            // SAFETY: `without_private_stacks` stores a `fn(i32)` there.
+            let f: fn(i32) = unsafe { core::mem::transmute::<usize, fn(i32)>(f) };
+            f(CASE_FD.load(Ordering::SeqCst));
+        }
+    }
+
+    /// Runs `f` in a signal handler on a 48 KiB alternate stack (std's threads are larger than
+    /// the room a report wants: glibc's minimum on aarch64 is 128 KiB) of a new thread, while
+    /// every private stack is claimed; returns what it wrote to the pipe it is given.
     fn without_private_stacks(f: fn(i32)) -> String {
-        // One test at a time takes them all (two taking half each would wait for each other).
+        // One test at a time takes them all (two taking half each would wait for each other),
+        // and the signal's action is the process's.
         static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         crate::init().unwrap();
@@ -233,12 +259,43 @@ mod tests {
         // SAFETY: pipe writes two fds.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         let [r, w] = fds;
-        std::thread::Builder::new()
-            .stack_size(48 * 1024)
-            .spawn(move || f(w))
-            .unwrap()
-            .join()
-            .unwrap();
+        CASE.store(f as usize, Ordering::SeqCst);
+        CASE_FD.store(w, Ordering::SeqCst);
+        std::thread::spawn(|| {
+            const SIZE: usize = 48 * 1024;
+            let top = super::super::map_stack(SIZE).unwrap();
+            // SAFETY: a fresh stack of ours (not unmapped: 52 KiB of a test); the handler is a
+            // plain function; SIGURG is raised on this thread only, and its action restored.
+            unsafe {
+                let ss = libc::stack_t {
+                    ss_sp: (top - SIZE) as *mut libc::c_void,
+                    ss_flags: 0,
+                    ss_size: SIZE,
+                };
+                assert_eq!(libc::sigaltstack(&ss, core::ptr::null_mut()), 0);
+                let mut sa: libc::sigaction = core::mem::zeroed();
+                sa.sa_sigaction = on_case_signal as *const () as usize;
+                sa.sa_flags = libc::SA_ONSTACK;
+                libc::sigemptyset(&mut sa.sa_mask);
+                let mut old: libc::sigaction = core::mem::zeroed();
+                assert_eq!(libc::sigaction(libc::SIGURG, &sa, &mut old), 0);
+                let tid = libc::syscall(libc::SYS_gettid);
+                libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGURG);
+                assert_eq!(
+                    libc::sigaction(libc::SIGURG, &old, core::ptr::null_mut()),
+                    0
+                );
+                let off = libc::stack_t {
+                    ss_sp: core::ptr::null_mut(),
+                    ss_flags: libc::SS_DISABLE,
+                    ss_size: 0,
+                };
+                assert_eq!(libc::sigaltstack(&off, core::ptr::null_mut()), 0);
+            }
+        })
+        .join()
+        .unwrap();
+        CASE.store(0, Ordering::SeqCst);
         drop(held);
         // SAFETY: our write end, closed so that reading sees EOF.
         unsafe { libc::close(w) };
@@ -260,7 +317,9 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
-        assert!(small.is_some_and(|r| r < 48 * 1024), "{small:?}");
+        // glibc gives a thread at least PTHREAD_STACK_MIN (128 KiB on aarch64).
+        let size = (48 * 1024).max(libc::PTHREAD_STACK_MIN);
+        assert!(small.is_some_and(|r| r < size), "{small:?}");
         let room = std::thread::Builder::new()
             .stack_size(256 * 1024)
             .spawn(room)
@@ -269,6 +328,14 @@ mod tests {
             .unwrap();
         let room = room.expect("a std thread's stack bounds are known");
         assert!(room > 128 * 1024 && room < 256 * 1024, "{room}");
+        // On the alternate stack: what is left of it.
+        let text = without_private_stacks(|fd| {
+            let room = super::room().unwrap_or(usize::MAX);
+            let ok: &[u8] = if room < 48 * 1024 { b"ok" } else { b"no" };
+            // SAFETY: our buffer to our pipe.
+            unsafe { libc::write(fd, ok.as_ptr().cast(), ok.len()) };
+        });
+        assert_eq!(text, "ok");
     }
 
     #[test]
@@ -290,15 +357,53 @@ mod tests {
     fn dump_all_without_room_says_it_lists_nothing() {
         let text = without_private_stacks(|fd| {
             // SAFETY: the pipe's write end, open during the call.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            let summary = crate::threads::dump_all(fd);
-            assert_eq!(summary.threads, 0);
+            let out = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            let summary = crate::threads::dump_all(out);
+            let none: &[u8] = if summary.threads == 0 {
+                b""
+            } else {
+                b"listed threads!"
+            };
+            // SAFETY: our buffer to our pipe.
+            unsafe { libc::write(fd, none.as_ptr().cast(), none.len()) };
         });
         assert!(
             text.contains("\nnot listed: ")
-                && text.contains(" bytes of stack left, and no private stack free\n"),
+                && text.ends_with(" bytes of stack left, and no private stack free\n---[ end of all threads ]---\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_child_takes_back_the_stacks_its_parent_held_at_the_fork() {
+        crate::init().unwrap();
+        let held = loop {
+            // Another test may hold them all for a moment.
+            match claim() {
+                Some(c) => break c,
+                None => std::thread::yield_now(),
+            }
+        };
+        // SAFETY: the child only claims (atomics, getpid) and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut all = [None, None, None, None];
+            let mut n = 0;
+            for slot in all.iter_mut() {
+                *slot = claim();
+                n += slot.is_some() as i32;
+            }
+            // SAFETY: leaving the child without running the parent's exit handlers.
+            unsafe { libc::_exit(n) };
+        }
+        let mut status = 0;
+        // SAFETY: our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        drop(held);
+        assert!(libc::WIFEXITED(status), "{status:#x}");
+        // Every stack was free there: the one held here, and any another test held.
+        assert_eq!(libc::WEXITSTATUS(status), POOL as i32);
     }
 
     #[test]
