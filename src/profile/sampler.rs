@@ -636,7 +636,9 @@ impl Aggregator {
             mappings,
             dropped: dropped_total - self.dropped_before,
         };
-        self.interval_start = SystemTime::now();
+        // The next interval begins where this one ended, to the nanosecond (not when this
+        // function is done: consecutive profiles have no gap, however long naming took).
+        self.interval_start = profile.start + profile.duration;
         self.interval_instant = now;
         self.dropped_before = dropped_total;
         // Keep the per-address cache bounded for long continuous profiling: what the next
