@@ -399,7 +399,11 @@ fn child_entry() {
                 use std::os::fd::AsRawFd;
                 // SAFETY: F_SETPIPE_SZ on a pipe we own.
                 let r = unsafe { libc::fcntl(dump_in.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
-                assert!(r >= 4096, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
+                assert!(
+                    r >= 4096,
+                    "F_SETPIPE_SZ: {}",
+                    std::io::Error::last_os_error()
+                );
             }
             // Under 10 s: a crashed thread waits that long for the lock, then reports anyway.
             let hold = Duration::from_secs(if x86 { 3 } else { 8 });
