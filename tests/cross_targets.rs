@@ -54,6 +54,12 @@ const NOT_UNDER_QEMU: &[(&str, &str)] = &[
         "cross_targets",
         "this file: it drives the other targets from x86-64",
     ),
+    (
+        "fuzz",
+        "mutates inputs of the parsers of outside bytes (ELF, DWARF, trace text, maps lines, \
+         names), which have no architecture-specific code; both PLT decoders (x86-64 and \
+         aarch64) are fuzzed on the x86-64 run",
+    ),
     ("markers", MARKERS),
     ("markers_alloc", MARKERS),
     ("markers_dropped", MARKERS),
