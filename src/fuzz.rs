@@ -61,8 +61,8 @@ pub fn symbol_tables(path: &str, addrs: &[u64]) -> Tables {
 
 /// Reads the DWARF of the ELF file at `path` as the file:line resolver does and looks up each
 /// of `addrs` (link-time addresses): the number of frames (inlined and outer) found, or `None`
-/// when the DWARF cannot be read. Normal context; the sections read are never freed (as the
-/// resolver's are).
+/// when the DWARF cannot be read. Normal context; the sections read are never freed and the
+/// file stays open (as the resolver's, once per object): one descriptor per call.
 pub fn dwarf_lines(path: &str, addrs: &[u64]) -> Option<usize> {
     crate::symbolize::lines::fuzz_lines(path, addrs)
 }

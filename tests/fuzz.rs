@@ -17,7 +17,13 @@
 //! Bounded for CI: each target runs a fixed number of iterations or for a few seconds,
 //! whichever ends first. Environment: `SELFTRACE_FUZZ_SEED` (the PRNG seed, printed; else one
 //! from the clock), `SELFTRACE_FUZZ_ITERS` (iterations per target; then the time limit is
-//! `SELFTRACE_FUZZ_SECS`, default unlimited), `SELFTRACE_FUZZ_SECS` (seconds per target).
+//! `SELFTRACE_FUZZ_SECS`, default unlimited), `SELFTRACE_FUZZ_SECS` (seconds per target),
+//! `SELFTRACE_FUZZ_VERBOSE` (print every panic as it happens). The `dwarf` target runs at most
+//! as many inputs as the process may open files (the file:line reader keeps each file open).
+//!
+//! Release mode: `cargo test --release --all-features --config
+//! 'profile.release.package.selftrace.overflow-checks=true' --test fuzz` runs the same checks
+//! on optimized code, with overflow checks in selftrace (a silent wrap is a panic there).
 //! Every crash found is kept as `tests/fixtures/fuzz/regressions/<target>--<name>` and replayed
 //! by `regressions_replay`.
 // The parsers reached need these features (`cargo test --all-features` runs it).
@@ -361,7 +367,12 @@ fn run_seed() -> u64 {
 
 /// Iterations and time for one target: `default` iterations within 4 s, unless the
 /// environment says otherwise.
-fn budget(default: u64) -> (u64, Duration) {
+fn budget(default: u64, cap: u64) -> (u64, Duration) {
+    let (n, t) = budget_asked(default);
+    (n.min(cap), t)
+}
+
+fn budget_asked(default: u64) -> (u64, Duration) {
     match env_u64("SELFTRACE_FUZZ_ITERS") {
         Some(n) => (
             n,
@@ -401,6 +412,9 @@ fn quiet_panics() {
                 .name()
                 .is_some_and(|n| n.starts_with("fuzz-"))
             {
+                if std::env::var_os("SELFTRACE_FUZZ_VERBOSE").is_some() {
+                    eprintln!("{msg}");
+                }
                 LAST_PANIC.with(|p| *p.borrow_mut() = Some(msg));
             } else {
                 eprintln!("{msg}");
@@ -447,11 +461,12 @@ fn fuzz(
     fields: impl Fn(&[u8]) -> Vec<(usize, usize)>,
     text: bool,
     default_iters: u64,
+    cap: u64,
     check: impl Fn(&[u8]) + Send + Sync + 'static,
 ) {
     quiet_panics();
     let seed = run_seed() ^ fnv(target.as_bytes());
-    let (iters, time) = budget(default_iters);
+    let (iters, time) = budget(default_iters, cap);
     let field_sets: Vec<Vec<(usize, usize)>> = seeds.iter().map(|s| fields(s)).collect();
     let start = Instant::now();
     let cur = Arc::new(Current {
@@ -787,9 +802,40 @@ const TARGETS: &[(&str, &str, bool, bool, u64, Check)] = &[
     ("demangle", "demangle", true, true, 5_000, check_demangle),
 ];
 
+/// How many more files this process may keep open: the soft limit raised to the hard one,
+/// less a margin for everything else (the other targets run at the same time).
+fn fd_budget() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct given, nothing else.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+    }
+    // (rlim_t is u64 on 64-bit Linux, not everywhere.)
+    #[allow(clippy::unnecessary_cast)]
+    let cur = lim.rlim_cur as u64;
+    cur.saturating_sub(200)
+}
+
 fn run_target(name: &str) {
     let &(target, dir, lines, text, iters, check) =
         TARGETS.iter().find(|t| t.0 == name).expect("a target");
+    // The file:line reader keeps the file of each object open for the life of the process (its
+    // sections are read on demand): one descriptor per input of `dwarf`.
+    let cap = if target == "dwarf" {
+        let cap = fd_budget();
+        eprintln!("fuzz dwarf: {cap} inputs at most (one open file each)");
+        cap
+    } else {
+        u64::MAX
+    };
     let _scratch = Scratch::new(&format!("fuzz-{target}"));
     let seeds = corpus(dir, lines);
     let elf = dir == "elf";
@@ -799,6 +845,7 @@ fn run_target(name: &str) {
         move |d: &[u8]| if elf { elf_fields(d) } else { Vec::new() },
         text,
         iters,
+        cap,
         check,
     );
 }
