@@ -122,6 +122,12 @@ fn wall_mode_with_1000_threads_takes_its_first_profile_in_time() {
 
     const THREADS: usize = 1000;
     const INTERVAL: Duration = Duration::from_secs(1);
+    if target::under_qemu() {
+        // qemu-user emulates 32 POSIX timers per process: a Wall-mode profiler of more threads
+        // cannot start there (timer_create fails with EAGAIN, which start() returns).
+        eprintln!("skipped under qemu-user: it has 32 POSIX timers, this test needs {THREADS}");
+        return;
+    }
     selftrace::init().expect("init");
     let gate = Arc::new((Mutex::new(false), Condvar::new()));
     let started = Arc::new(Barrier::new(THREADS + 1));

@@ -1556,10 +1556,11 @@ fn a_thread_with_the_signal_blocked_times_out() {
     // The dump does not wait a timeout for it: it lists it with the reason.
     let b = block(&o.stdout, "masked");
     assert!(b.contains("state R (running)"), "{b}");
-    assert!(b.contains(" no stack (request signal blocked)"), "{b}");
+    assert!(b.contains(blocked_says()), "{b}");
     let (summary, v) = summary(&o.stdout);
-    assert_eq!(v[2], 0, "{summary}");
-    assert_eq!(v[4], 1, "{summary}");
+    let qemu = usize::from(target::under_qemu());
+    assert_eq!(v[2], qemu, "{summary}");
+    assert_eq!(v[4], 1 - qemu, "{summary}");
     assert_eq!(v[1], v[0] - 1, "{summary}");
 }
 
@@ -1676,10 +1677,7 @@ fn a_crash_report_lists_every_thread() {
     );
     let masked = block(others, "masked");
     assert!(masked.contains("state R (running)"), "{masked}");
-    assert!(
-        masked.contains(" no stack (request signal blocked)"),
-        "{masked}"
-    );
+    assert!(masked.contains(blocked_says()), "{masked}");
     // One block: a single end line, at the end.
     assert_eq!(r.matches("---[ end of report ]---").count(), 1, "{r}");
     // (qemu-user adds its own line when the program dies by a signal.)
@@ -1697,6 +1695,12 @@ fn a_crash_report_lists_every_thread() {
 
 #[test]
 fn a_crash_with_a_thousand_threads_blocking_the_request_signal_ends_at_once() {
+    if target::under_qemu() {
+        // The threads' status shows the emulator's mask (see `blocked_says`): each would be
+        // asked, and the dump bounded by its overall deadline only, at emulation speed.
+        eprintln!("skipped under qemu-user: a thread's status does not show its blocked signals");
+        return;
+    }
     let o = run("crash-1000-blocked");
     assert_eq!(o.signal, Some(libc::SIGSEGV), "{}\n{}", o.stdout, o.stderr);
     let r = &o.stderr;
@@ -1732,6 +1736,13 @@ fn a_crash_with_a_thousand_threads_blocking_the_request_signal_ends_at_once() {
 #[test]
 #[cfg(feature = "profile")]
 fn forked_children_are_never_stuck_on_a_lock_of_the_parent() {
+    if target::under_qemu() {
+        // qemu-user 10 aborts in its own code under this storm of forks of a process whose
+        // threads keep running ("qemu_plugin_vcpu_init_hook: assertion failed", "cpu_exec:
+        // assertion failed", seen in the children).
+        eprintln!("skipped under qemu-user: it aborts in its own code under this fork storm");
+        return;
+    }
     let o = run("fork-storm");
     assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
     let line = o
@@ -1782,7 +1793,9 @@ fn summary(text: &str) -> (&str, Vec<usize>) {
 /// A summary line's counts (threads, answered, timed out, ...), without qemu-user's own
 /// threads: under qemu the process's task list also holds the emulator's helper thread, which
 /// runs no guest code and so never answers. It is named as the main thread was when it started
-/// (the emulator's or the program's name), and its block says "no stack (timeout)".
+/// (the emulator's or the program's name), and its block says "no stack (timeout)", or "no stack
+/// (request signal blocked)" when its status shows the emulator's mask with every signal
+/// blocked.
 fn summary_values(line: &str, text: &str) -> Vec<usize> {
     let mut v: Vec<usize> = line[8..].split(' ').map(|x| x.parse().unwrap()).collect();
     if v.len() < 3 || !target::under_qemu() {
@@ -1795,31 +1808,50 @@ fn summary_values(line: &str, text: &str) -> Vec<usize> {
             .parse::<i32>()
             .ok()
     });
-    // (name, tid, timed out) of every block.
-    let mut blocks: Vec<(&str, i32, bool)> = Vec::new();
+    // (name, tid, no stack: 1 timed out, 2 signal blocked) of every block.
+    let mut blocks: Vec<(&str, i32, u8)> = Vec::new();
     for l in text.lines() {
         if let Some(rest) = l.strip_prefix("thread \"") {
             let Some((name, after)) = rest.split_once("\" tid ") else {
                 continue;
             };
             let tid = after.split(',').next().and_then(|t| t.parse().ok());
-            blocks.push((name, tid.unwrap_or(0), false));
-        } else if l.contains("no stack (timeout)") {
+            blocks.push((name, tid.unwrap_or(0), 0));
+        } else if l.contains("no stack (timeout)")
+            || l.contains("no stack (request signal blocked)")
+        {
             if let Some(b) = blocks.last_mut() {
-                b.2 = true;
+                b.2 = if l.contains("(timeout)") { 1 } else { 2 };
             }
         }
     }
     let main_name = blocks.iter().find(|b| Some(b.1) == pid).map(|b| b.0);
-    let helpers = blocks
-        .iter()
-        .filter(|b| b.2 && Some(b.1) != pid && Some(b.0) == main_name)
-        .map(|b| b.1)
-        .collect::<std::collections::HashSet<_>>()
-        .len();
-    v[0] -= helpers.min(v[0]);
-    v[2] -= helpers.min(v[2]);
+    let helpers = |kind: u8| {
+        blocks
+            .iter()
+            .filter(|b| b.2 == kind && Some(b.1) != pid && Some(b.0) == main_name)
+            .map(|b| b.1)
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    let (timed_out, blocked) = (helpers(1), helpers(2));
+    v[0] -= (timed_out + blocked).min(v[0]);
+    v[2] -= timed_out.min(v[2]);
+    if let Some(n) = v.get_mut(4) {
+        *n -= blocked.min(*n);
+    }
     v
+}
+
+/// What a dump says of a thread that blocks the request signal: the reason, read from its
+/// status; under qemu-user that status is the emulator's host thread's, whose mask does not
+/// show the guest's, so the thread is asked and times out.
+fn blocked_says() -> &'static str {
+    if target::under_qemu() {
+        " no stack (timeout)"
+    } else {
+        " no stack (request signal blocked)"
+    }
 }
 
 /// The frame names of the scenario's `after NAME` lines (a capture once the thread answers).

@@ -249,10 +249,16 @@ fn settle(
     mine: Option<Mine<'_>>,
 ) -> (Answer, bool) {
     match p {
-        Pending::Posted(t, deadline, why) => (
-            explained(request::wait_one(&t, deadline, frames), why),
-            true,
-        ),
+        Pending::Posted(t, grace, Some(why)) => {
+            // A thread whose status said it blocks the signal gets a grace; its status is read
+            // again then, and one that blocked it only for a moment gets the full deadline.
+            let full = deadline(timeout_ns, overall, None);
+            let mut unblocked = || super::cannot_answer(tid).is_none();
+            let (a, extended) =
+                request::wait_one_with_grace(&t, grace, full, &mut unblocked, frames);
+            (explained(a, (!extended).then_some(why)), true)
+        }
+        Pending::Posted(t, deadline, None) => (request::wait_one(&t, deadline, frames), true),
         Pending::Answered(a) => (a, true),
         Pending::Myself => match mine {
             Some((n, end, f)) => {

@@ -304,20 +304,62 @@ pub(crate) fn wait_one(t: &Ticket, deadline: u64, out: &mut [usize]) -> Answer {
 /// `Frames` the caller reads it ([`frames`], [`context`]) and must [`release`] it; after
 /// `Timeout` or `Gone` the slot is released (or left to the handler).
 pub(crate) fn wait_answer(t: &Ticket, deadline: u64) -> Answer {
+    wait_until(t, deadline).unwrap_or_else(|| cancel(t).unwrap_or(Answer::Timeout))
+}
+
+/// Waits for one request until `deadline` without giving it up: `None` when the deadline
+/// passed with no answer (the request stays posted: wait again, or [`cancel`] it).
+fn wait_until(t: &Ticket, deadline: u64) -> Option<Answer> {
     loop {
         let seen = answers();
         if let Some(a) = poll(t) {
-            return a;
+            return Some(a);
         }
         let now = sys::monotonic_ns();
         if now >= deadline {
-            return cancel(t).unwrap_or(Answer::Timeout);
+            return None;
         }
         if sys::tgkill(t.tid, 0) == Err(libc::ESRCH) {
-            return cancel(t).unwrap_or(Answer::Gone);
+            return Some(cancel(t).unwrap_or(Answer::Gone));
         }
         wait(seen, (deadline - now).min(10_000_000));
     }
+}
+
+/// [`wait_one`] for a thread whose status said it could not answer (the request signal
+/// blocked): it has until `grace`; then, if `can_answer_now()` says that changed (the signal
+/// was blocked for a moment: glibc blocks every signal while it creates a thread, and so does
+/// qemu-user at times), or if the thread is answering another request (whose handler runs with
+/// the signal blocked), until `deadline`. The answer, and whether it was waited for past the
+/// grace (a timeout then is not the blocked signal's).
+pub(crate) fn wait_one_with_grace(
+    t: &Ticket,
+    grace: u64,
+    deadline: u64,
+    can_answer_now: &mut dyn FnMut() -> bool,
+    out: &mut [usize],
+) -> (Answer, bool) {
+    let (a, extended) = match wait_until(t, grace.min(deadline)) {
+        Some(a) => (a, false),
+        None if grace < deadline && (answering_another(t) || can_answer_now()) => {
+            (wait_answer(t, deadline), true)
+        }
+        None => (cancel(t).unwrap_or(Answer::Timeout), false),
+    };
+    let a = match a {
+        Answer::Frames(..) => finish(t, a, out),
+        other => other,
+    };
+    (a, extended)
+}
+
+/// Whether `t`'s thread is in its handler for another request now.
+fn answering_another(t: &Ticket) -> bool {
+    TABLE.iter().enumerate().any(|(i, slot)| {
+        i != t.slot
+            && slot.target.load(Ordering::Acquire) == t.tid
+            && state(slot.word.load(Ordering::Acquire)) == RUNNING
+    })
 }
 
 fn finish(t: &Ticket, a: Answer, out: &mut [usize]) -> Answer {
