@@ -336,33 +336,51 @@ impl Instance {
     /// through its own [`marker_path`](Self::marker_path). An instance made by
     /// [`for_markers`](Self::for_markers) on a kernel that cannot copy markers (before 6.17)
     /// reads the top-level buffer too, without consuming it; any other instance reads only its
-    /// own buffer (never the events of other programs in the top-level one). Markers the kernel had to drop (a buffer too small for the rate
-    /// they were written at) are missing: [`dropped_events`](Self::dropped_events) counts them,
-    /// and [`read_markers_counted`](Self::read_markers_counted) returns both.
+    /// own buffer (never the events of other programs in the top-level one). Markers the
+    /// kernel had to drop (a buffer too small for the rate they were written at) are missing:
+    /// [`dropped_events`](Self::dropped_events) counts them; marker lines not in the grammar
+    /// are left out too: [`read_markers_counted`](Self::read_markers_counted) returns the
+    /// events with both counts.
     ///
     /// # Errors
     /// Those of [`read_trace`](Self::read_trace); when the instance reads the top-level buffer
     /// too, also those of [`tracefs::root`](super::root) and of reading the top-level `trace`
     /// (as `read_trace`).
     pub fn read_markers(&self) -> Result<Vec<parse::MarkerEvent>, Error> {
-        let mut events = parse::markers(&self.read_trace()?);
+        Ok(self.markers_and_unparsed()?.0)
+    }
+
+    fn markers_and_unparsed(&self) -> Result<(Vec<parse::MarkerEvent>, parse::Unparsed), Error> {
+        let own = self.read_trace()?;
+        let mut events = parse::markers(&own);
+        let mut unparsed = parse::unparsed(&own);
         if self.reads_top_level {
             let top = read_lossy(&root()?.join("trace"))?;
             events.extend(parse::markers(&top));
             events.sort_by_key(|e| e.timestamp_ns);
+            let more = parse::unparsed(&top);
+            unparsed.lines += more.lines;
+            unparsed.markers += more.markers;
+            unparsed.first = unparsed.first.or(more.first);
         }
-        Ok(events)
+        Ok((events, unparsed))
     }
 
-    /// [`read_markers`](Self::read_markers) and the number of events the kernel dropped
-    /// ([`dropped_events`](Self::dropped_events)), read right after: 0 means nothing is missing.
+    /// [`read_markers`](Self::read_markers) with what is missing from it: the number of events
+    /// the kernel dropped ([`dropped_events`](Self::dropped_events), read right after) and the
+    /// lines that could not be parsed ([`parse::unparsed`](super::unparsed)). Nothing is
+    /// missing when [`MarkersRead::is_complete`] says so.
     ///
     /// # Errors
     /// Those of [`read_markers`](Self::read_markers), then those of
     /// [`dropped_events`](Self::dropped_events).
-    pub fn read_markers_counted(&self) -> Result<(Vec<parse::MarkerEvent>, u64), Error> {
-        let events = self.read_markers()?;
-        Ok((events, self.dropped_events()?))
+    pub fn read_markers_counted(&self) -> Result<MarkersRead, Error> {
+        let (events, unparsed) = self.markers_and_unparsed()?;
+        Ok(MarkersRead {
+            events,
+            dropped: self.dropped_events()?,
+            unparsed,
+        })
     }
 
     /// Every record of the instance's `trace` (markers, uprobe hits, other events), owned.
@@ -372,6 +390,26 @@ impl Instance {
     pub fn read_records(&self) -> Result<Vec<OwnedRecord>, Error> {
         let text = self.read_trace()?;
         Ok(parse::records(&text).map(OwnedRecord::from).collect())
+    }
+}
+
+/// The trace-marker events of an instance and what is missing from them
+/// ([`Instance::read_markers_counted`]).
+#[derive(Clone, Debug)]
+pub struct MarkersRead {
+    /// The events read, in time order.
+    pub events: Vec<parse::MarkerEvent>,
+    /// Events the kernel dropped (`overrun` + `dropped events` of the per-CPU `stats`).
+    pub dropped: u64,
+    /// Lines of the trace text that could not be parsed (not records, or marker text not in the
+    /// grammar).
+    pub unparsed: parse::Unparsed,
+}
+
+impl MarkersRead {
+    /// Whether every event is here: none dropped, none unparsed.
+    pub fn is_complete(&self) -> bool {
+        self.dropped == 0 && self.unparsed.is_empty()
     }
 }
 

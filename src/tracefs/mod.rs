@@ -56,10 +56,11 @@ use std::{ffi::CString, os::unix::ffi::OsStrExt, path::Path};
 #[cfg(feature = "tracefs")]
 pub use error::Error;
 #[cfg(feature = "tracefs")]
-pub use instance::{Instance, OwnedRecord};
+pub use instance::{Instance, MarkersRead, OwnedRecord};
 #[cfg(feature = "tracefs")]
 pub use parse::{
-    markers, parse_marker, parse_record, records, MarkerEvent, MarkerKind, MarkerParts, Record,
+    markers, parse_marker, parse_record, records, unparsed, MarkerEvent, MarkerKind, MarkerParts,
+    Record, Unparsed,
 };
 #[cfg(feature = "tracefs")]
 pub use session::{

@@ -119,7 +119,8 @@ fn parse_timestamp(s: &str) -> Option<u64> {
     }
 }
 
-/// Every event line of a `trace` file's text, in order.
+/// Every event line of a `trace` file's text, in order. Lines in no known layout are left out:
+/// [`unparsed`] counts them.
 pub fn records(text: &str) -> impl Iterator<Item = Record<'_>> {
     text.lines().filter_map(parse_record)
 }
@@ -275,7 +276,83 @@ pub fn parse_marker(text: &str) -> Option<MarkerParts<'_>> {
     })
 }
 
-/// Every trace-marker event in a `trace` file's text, in order.
+/// What [`records`] and [`markers`] leave out of a `trace` file's text, counted (nothing is left
+/// out silently): comments (`#`), blank lines and the kernel's `CPU:N [LOST M EVENTS]` notices
+/// (counted by [`Instance::dropped_events`](super::Instance::dropped_events)) are not counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unparsed {
+    /// Lines that are not event records in any layout [`parse_record`] knows.
+    pub lines: usize,
+    /// `tracing_mark_write` records whose text is not in the marker grammar (written by a
+    /// program with a wrong format, or cut by the kernel).
+    pub markers: usize,
+    /// The first line counted, for a message.
+    pub first: Option<String>,
+}
+
+impl Unparsed {
+    /// Whether nothing was left out.
+    pub fn is_empty(&self) -> bool {
+        self.lines == 0 && self.markers == 0
+    }
+}
+
+impl std::fmt::Display for Unparsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} lines not in the trace format, {} marker texts not in the marker grammar",
+            self.lines, self.markers
+        )?;
+        if let Some(first) = &self.first {
+            write!(f, " (first: {first:?})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `line` is the kernel's notice of lost events (`CPU:3 [LOST 120 EVENTS]`).
+fn is_lost_notice(line: &str) -> bool {
+    line.trim_start()
+        .strip_prefix("CPU:")
+        .and_then(|r| r.split_once(' '))
+        .is_some_and(|(cpu, rest)| {
+            cpu.bytes().all(|b| b.is_ascii_digit())
+                && rest.starts_with("[LOST ")
+                && rest.trim_end().ends_with("EVENTS]")
+        })
+}
+
+/// Counts what [`records`] and [`markers`] leave out of `text`.
+pub fn unparsed(text: &str) -> Unparsed {
+    let mut u = Unparsed::default();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') || is_lost_notice(line) {
+            continue;
+        }
+        let bad = match parse_record(line) {
+            None => {
+                u.lines += 1;
+                true
+            }
+            Some(r)
+                if r.event == "tracing_mark_write" && MarkerEvent::from_record(&r).is_none() =>
+            {
+                u.markers += 1;
+                true
+            }
+            Some(_) => false,
+        };
+        if bad && u.first.is_none() {
+            u.first = Some(line.to_owned());
+        }
+    }
+    u
+}
+
+/// Every trace-marker event in a `trace` file's text, in order. Marker lines whose text is not
+/// in the grammar are left out: [`unparsed`] counts them.
 pub fn markers(text: &str) -> Vec<MarkerEvent> {
     records(text)
         .filter_map(|r| MarkerEvent::from_record(&r))
@@ -320,6 +397,29 @@ mod tests {
         assert!(parse_record("# tracer: nop").is_none());
         assert!(parse_record("").is_none());
         assert!(parse_record("garbage line").is_none());
+    }
+
+    #[test]
+    fn what_is_left_out_is_counted() {
+        let text = "# tracer: nop\n\
+            #\n\
+            \n\
+            CPU:1 [LOST 120 EVENTS]\n\
+            \x20 a-1 [000] ...1. 1.000001: tracing_mark_write: B|1|ok\n\
+            \x20 a-1 [000] ...1. 1.000002: tracing_mark_write: Q|1|not a marker\n\
+            \x20 a-1 [000] ...1. 1.000003: sched_waking: comm=x pid=1\n\
+            garbage line\n\
+            \x20 a-1 [000] ...1. 1.000004: tracing_mark_write: C|1|n|not a number\n";
+        assert_eq!(markers(text).len(), 1);
+        assert_eq!(records(text).count(), 4);
+        let u = unparsed(text);
+        assert_eq!((u.lines, u.markers), (1, 2));
+        assert_eq!(
+            u.first.as_deref(),
+            Some("  a-1 [000] ...1. 1.000002: tracing_mark_write: Q|1|not a marker")
+        );
+        assert!(!u.is_empty());
+        assert!(unparsed("# only\nCPU:0 [LOST 3 EVENTS]\n").is_empty());
     }
 
     #[test]

@@ -517,6 +517,8 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
             }
         }
         let lines = tracefs::records(&text).count();
+        // Lines no parser could read are said, not skipped silently.
+        let unparsed = tracefs::unparsed(&text);
         let ended = match (status.code(), ExitStatusExt::signal(&status)) {
             (Some(c), _) => format!("command exited with status {c}"),
             (None, Some(sig)) => format!("command killed by signal {sig}"),
@@ -533,7 +535,12 @@ pub fn record(o: RecordOptions) -> Result<i32, String> {
             events.iter().filter(|e| e.kind != EventKind::Probe).count(),
         );
         eprintln!(
-            "wrote {} (ftrace text: ui.perfetto.dev) and {} (Chrome JSON)\n",
+            "{}wrote {} (ftrace text: ui.perfetto.dev) and {} (Chrome JSON)\n",
+            if unparsed.is_empty() {
+                String::new()
+            } else {
+                format!("selftrace record: left out of the summary and the JSON: {unparsed}\n")
+            },
             o.output.display(),
             json_path.display()
         );
