@@ -106,6 +106,24 @@ struct Loaded {
     dwos: Dwos,
 }
 
+impl Loaded {
+    /// The frames (inlined ones first) at link-time address `svma`, split units answered from
+    /// the `.dwo` files loaded with the object.
+    fn find_frames(&self, svma: u64) -> Result<addr2line::FrameIter<'_, Reader>, gimli::Error> {
+        use addr2line::LookupContinuation as _;
+        let mut lookup = self.ctx.find_frames(svma);
+        loop {
+            match lookup {
+                addr2line::LookupResult::Output(r) => return r,
+                addr2line::LookupResult::Load { load, continuation } => {
+                    let dwo = self.dwos.iter().find(|(id, _)| *id == load.dwo_id);
+                    lookup = continuation.resume(dwo.map(|(_, d)| d.clone()));
+                }
+            }
+        }
+    }
+}
+
 /// The split units' DWARF (each `.dwo` file joined to its parent), by DWO id.
 type Dwos = Vec<(gimli::DwoId, Arc<gimli::Dwarf<Reader>>)>;
 
@@ -266,18 +284,9 @@ pub(crate) fn fuzz_lines(path: &str, addrs: &[u64]) -> Option<usize> {
     let mut frames = 0;
     // As in `resolve_symbols`: the last address has no line.
     for &a in addrs.iter().filter(|&&a| a != u64::MAX) {
-        let mut lookup = loaded.ctx.find_frames(a);
-        let found = loop {
-            match lookup {
-                addr2line::LookupResult::Output(r) => break r,
-                addr2line::LookupResult::Load { load, continuation } => {
-                    let dwo = loaded.dwos.iter().find(|(id, _)| *id == load.dwo_id);
-                    use addr2line::LookupContinuation as _;
-                    lookup = continuation.resume(dwo.map(|(_, d)| d.clone()));
-                }
-            }
+        let Ok(mut it) = loaded.find_frames(a) else {
+            continue;
         };
-        let Ok(mut it) = found else { continue };
         while let Ok(Some(f)) = it.next() {
             frames += 1;
             let _ = f.location.map(|l| (l.file, l.line));
@@ -426,18 +435,7 @@ fn resolve_symbols(obj: &'static ObjectSymbols, svma: u64, sym: Option<SymbolNam
             return None;
         }
         // Split units' `.dwo` files were loaded with the object: answered from there.
-        let mut lookup = loaded.ctx.find_frames(svma);
-        let found = loop {
-            match lookup {
-                addr2line::LookupResult::Output(r) => break r,
-                addr2line::LookupResult::Load { load, continuation } => {
-                    let dwo = loaded.dwos.iter().find(|(id, _)| *id == load.dwo_id);
-                    use addr2line::LookupContinuation as _;
-                    lookup = continuation.resume(dwo.map(|(_, d)| d.clone()));
-                }
-            }
-        };
-        let Ok(mut it) = found else {
+        let Ok(mut it) = loaded.find_frames(svma) else {
             return Some(NoLine::BadDwarf);
         };
         loop {
