@@ -63,9 +63,9 @@ pub(crate) fn walk(
             }
         }
         // A slot from the pool: scratch space and a private stack to walk on. Without one
-        // (before init, or all busy) the walk runs on the caller's stack with the rule cache
-        // and frame pointers only.
-        let mut slot = state.and_then(|_| SlotGuard::claim(start.sp() >> 12));
+        // (before init, or all busy for longer than CLAIM_WAIT_NS) the walk runs on the
+        // caller's stack with the rule cache and frame pointers only.
+        let mut slot = state.and_then(|_| claim_waiting(start.sp() >> 12));
         let top = slot.as_ref().map_or(0, SlotGuard::stack_top);
         let mut job = Job {
             start,
@@ -89,6 +89,32 @@ pub(crate) fn walk(
         }
         *out = job.out;
     })
+}
+
+/// How long a walk waits for a slot when every one is busy: other threads' walks hold them for
+/// microseconds, so a burst of more walks than slots (96 threads capturing at once) is not cut
+/// short with `StopReason::Busy`; a walk in a signal handler whose own thread holds a slot
+/// (the handler interrupted a walk) waits this long at most.
+const CLAIM_WAIT_NS: u64 = 2_000_000;
+
+/// [`SlotGuard::claim`], yielding the CPU between tries for up to [`CLAIM_WAIT_NS`].
+///
+/// # Async-signal safety
+/// Async-signal-safe: compare-and-swaps, `sched_yield` and the monotonic clock; bounded.
+fn claim_waiting(hint: usize) -> Option<SlotGuard> {
+    if let Some(s) = SlotGuard::claim(hint) {
+        return Some(s);
+    }
+    let deadline = sys::monotonic_ns().saturating_add(CLAIM_WAIT_NS);
+    loop {
+        sys::sched_yield();
+        if let Some(s) = SlotGuard::claim(hint) {
+            return Some(s);
+        }
+        if sys::monotonic_ns() >= deadline {
+            return None;
+        }
+    }
 }
 
 /// The common case without a slot, a stack switch or any setup: a capture whose frames the hot
