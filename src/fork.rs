@@ -83,6 +83,7 @@ unsafe extern "C" fn child() {
         Ordering::Release,
     );
     crate::symbolize::after_fork_release();
+    sys::signal::after_fork();
     crate::crash::after_fork();
     crate::modules::after_fork();
     crate::symbolize::after_fork();

@@ -173,6 +173,26 @@ pub(crate) fn take_masked(
     result
 }
 
+/// In a forked child (one thread): a signal whose action a thread of the parent was changing
+/// at the fork (state 1, a claim nobody will end) is settled from the action the kernel has
+/// now: the saved previous handler there means ours was not installed (or was given back):
+/// nothing saved; anything else means ours is installed over the saved action (which `take`
+/// writes before it installs). Without this, every later change of that signal failed with
+/// `EAGAIN` in the child.
+pub(crate) fn after_fork() {
+    for (sig, s) in SAVED.iter().enumerate().skip(1) {
+        if s.state.load(Ordering::Acquire) != 1 {
+            continue;
+        }
+        let now = match query(sig as i32) {
+            Ok(a) if a.sa_sigaction == s.handler.load(Ordering::Relaxed) => 0,
+            Ok(_) => 2,
+            Err(_) => 0,
+        };
+        s.state.store(now, Ordering::Release);
+    }
+}
+
 /// The handler that was installed before ours (`SIG_DFL` when none was saved).
 pub(crate) fn previous_handler(sig: i32) -> usize {
     match slot(sig) {
@@ -380,4 +400,35 @@ pub(crate) fn check_use(sig: i32, wanted: Owner) -> Result<(), crate::Error> {
                                  dump signal"
         }
     }))
+}
+
+#[cfg(test)]
+mod fork_tests {
+    use super::*;
+
+    extern "C" fn ours(_: i32, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+    /// A claim left by a thread of the parent (state 1) is settled in the child: changes of
+    /// the signal work again instead of failing with EAGAIN.
+    #[test]
+    fn a_change_under_way_at_the_fork_is_settled_in_the_child() {
+        let sig = libc::SIGRTMIN() + 11;
+        let s = slot(sig).unwrap();
+        // Ours installed, previous saved, then a give_back under way in a parent thread.
+        assert_eq!(take(sig, ours, 0), Ok(Taken::Now));
+        s.state.store(1, Ordering::Release);
+        assert_eq!(take(sig, ours, 0), Err(libc::EAGAIN));
+        after_fork();
+        assert_eq!(s.state.load(Ordering::Acquire), 2);
+        assert_eq!(give_back(sig, ours, false), Ok(()));
+        assert_eq!(s.state.load(Ordering::Acquire), 0);
+        // A take under way before it installed ours: the kernel still has the previous one.
+        s.handler
+            .store(query(sig).unwrap().sa_sigaction, Ordering::Relaxed);
+        s.state.store(1, Ordering::Release);
+        after_fork();
+        assert_eq!(s.state.load(Ordering::Acquire), 0);
+        assert_eq!(take(sig, ours, 0), Ok(Taken::Now));
+        assert_eq!(give_back(sig, ours, false), Ok(()));
+    }
 }
