@@ -36,14 +36,13 @@ pub fn signal_frame_size() -> usize {
     aux.max(libc::MINSIGSTKSZ)
 }
 
-/// Runs `f` (given the handler's `ucontext_t`) in a handler on an alternate stack of `size`
-/// bytes, and returns how many bytes of that stack were touched (the signal frame included).
-pub fn run(size: usize, f: fn(*const libc::ucontext_t)) -> usize {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+/// Maps `size` bytes (rounded up to pages) read-write with a guard page below: the mapping's
+/// base and length.
+fn map_guarded(size: usize) -> (*mut libc::c_void, usize) {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let mapped = size.div_ceil(page) * page + page;
-    // SAFETY: a fresh private anonymous mapping, unmapped below.
+    // SAFETY: a fresh private anonymous mapping; the caller unmaps it or keeps it.
     let base = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -57,6 +56,14 @@ pub fn run(size: usize, f: fn(*const libc::ucontext_t)) -> usize {
     assert_ne!(base, libc::MAP_FAILED);
     // SAFETY: the lowest page of our mapping becomes the guard page.
     assert_eq!(unsafe { libc::mprotect(base, page, libc::PROT_NONE) }, 0);
+    (base, mapped)
+}
+
+/// Runs `f` (given the handler's `ucontext_t`) in a handler on an alternate stack of `size`
+/// bytes, and returns how many bytes of that stack were touched (the signal frame included).
+pub fn run(size: usize, f: fn(*const libc::ucontext_t)) -> usize {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (base, mapped) = map_guarded(size);
     // The stack is the `size` bytes right below the mapping's end.
     let top = base as usize + mapped;
     let low = top - size;
@@ -104,23 +111,7 @@ pub fn run(size: usize, f: fn(*const libc::ucontext_t)) -> usize {
 /// thread's, for a handler that does not return (a crash); [`used`] measures it from inside a
 /// later handler. Returns its low end. The mapping is never unmapped.
 pub fn install_painted(size: usize) -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let mapped = size.div_ceil(page) * page + page;
-    // SAFETY: a fresh private anonymous mapping, kept for the rest of the process.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            mapped,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(base, libc::MAP_FAILED);
-    // SAFETY: the lowest page of our mapping becomes the guard page.
-    assert_eq!(unsafe { libc::mprotect(base, page, libc::PROT_NONE) }, 0);
+    let (base, mapped) = map_guarded(size);
     let low = base as usize + mapped - size;
     // SAFETY: [low, low + size) is mapped writable and ours; it stays mapped.
     unsafe {
