@@ -1,4 +1,5 @@
-//! Fork safety: a forked child has one thread, the one that called `fork()`; every lock that
+//! Fork-safe locks and cells (the mechanism; the `pthread_atfork` handlers that use it for every
+//! subsystem are [`crate::atfork`]): a forked child has one thread, the one that called `fork()`; every lock that
 //! another thread of the parent held at that moment stays held in the child, by nobody.
 //!
 //! selftrace handles each of its locks and of the states that threads of the parent own in one
@@ -11,12 +12,12 @@
 //!   value it guards may have been half updated: caches start over (the old value is leaked,
 //!   never read again nor freed, since `'static` references into it may be out there);
 //! - **held across the fork**: the caches whose loss costs a child most (the parsed DWARF, the
-//!   resolved frames, the symbol index) are taken by [`prepare`], the `pthread_atfork` prepare
-//!   handler, before the fork (each wait bounded: [`PREPARE_WAIT_NS`] in all, else the child
+//!   resolved frames, the symbol index) are taken by the `pthread_atfork` prepare handler
+//!   ([`crate::atfork`]), before the fork (each wait bounded, else the child
 //!   takes them over as above) and released in the parent and in the child, so that a child
 //!   forked during a lookup keeps them;
-//! - **reset in the child**: [`child`], a `pthread_atfork` child handler registered before
-//!   `main`, frees what the parent's other threads held: reader marks of the published
+//! - **reset in the child**: the `pthread_atfork` child handler ([`crate::atfork`]), registered
+//!   before `main`, frees what the parent's other threads held: reader marks of the published
 //!   snapshots, walk slots and reuse records, stack requests in flight, a minidump being
 //!   written, the profiler's state (its threads and timers are not inherited), the symbolizer
 //!   process's pipes (that process answers the parent: the child's crash reports name
@@ -34,65 +35,19 @@
 use crate::sys;
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 /// Raised by [`child`] in every forked child (9 bits: it lives in the lock word).
 static GENERATION: AtomicU32 = AtomicU32::new(0);
-static REGISTERED: AtomicBool = AtomicBool::new(false);
 
-/// The longest [`prepare`] delays a fork for the caches' locks, in all: lookups take
-/// microseconds to milliseconds; a DWARF parse that takes longer is started over by the child.
-pub(crate) const PREPARE_WAIT_NS: u64 = 200_000_000;
-
-// Registers the child handler before main, in normal context (pthread_atfork allocates).
-#[used]
-#[link_section = ".init_array"]
-static STARTUP: extern "C" fn() = startup_ctor;
-
-extern "C" fn startup_ctor() {
-    register();
-}
-
-/// Registers [`prepare`], [`parent`] and [`child`] with `pthread_atfork`, once. Normal
-/// context (glibc allocates); the constructor above does it before `main`.
-pub(crate) fn register() {
-    if REGISTERED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    if sys::atfork(prepare, parent, child).is_err() {
-        REGISTERED.store(false, Ordering::Release);
-    }
-}
-
-/// The `pthread_atfork` prepare handler, in the forking thread: takes the caches' locks, so
-/// that the child gets them whole (see the module docs).
-unsafe extern "C" fn prepare() {
-    let deadline = sys::monotonic_ns().saturating_add(PREPARE_WAIT_NS);
-    crate::symbolize::before_fork(deadline);
-}
-
-/// The `pthread_atfork` parent handler: releases what [`prepare`] took.
-unsafe extern "C" fn parent() {
-    crate::symbolize::after_fork_release();
-}
-
-/// The `pthread_atfork` child handler: runs in the new child, which has one thread.
-unsafe extern "C" fn child() {
+/// Starts a new fork generation: called by the `pthread_atfork` child handler
+/// ([`crate::atfork`]) first thing in a forked child, so that every [`ForkMutex`] held before
+/// the fork is taken over by its next user. Async-signal-safe (one atomic store).
+pub(crate) fn next_generation() {
     GENERATION.store(
         (GENERATION.load(Ordering::Relaxed) + 1) & GEN_MASK,
         Ordering::Release,
     );
-    crate::symbolize::after_fork_release();
-    sys::signal::after_fork();
-    crate::crash::after_fork();
-    crate::modules::after_fork();
-    crate::symbolize::after_fork();
-    crate::unwind::after_fork();
-    crate::minidump::after_fork();
-    #[cfg(feature = "threads")]
-    crate::threads::after_fork();
-    #[cfg(feature = "profile")]
-    crate::profile::after_fork();
 }
 
 /// A value set once and never freed, read lock-free: unlike `OnceLock`, whose initialisation

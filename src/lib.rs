@@ -166,6 +166,7 @@
 // Lets `#[usdt::probe]` (which names `::selftrace`) work inside this crate's own tests.
 extern crate self as selftrace;
 
+mod atfork;
 pub mod crash;
 mod error;
 mod fork;
@@ -234,7 +235,7 @@ pub use unwind::{
 /// pointers).
 pub fn init() -> Result<(), Error> {
     // (Registered before main by a constructor; again here in case that was not linked in.)
-    fork::register();
+    atfork::register();
     modules::refresh(false);
     unwind::prepare();
     symbolize::rebuild();
