@@ -296,26 +296,12 @@ pub(crate) fn rebuild() {
     });
 }
 
-/// Makes sure the index covers the objects loaded now, with every name: initialises the module
-/// snapshot if needed, refreshes it if objects were loaded or unloaded, rebuilds the index, and
-/// waits for the objects that the background indexer has not finished
-/// ([`set_background_index`]).
-///
-/// Not async-signal-safe. `selftrace::init()` and `selftrace::refresh()` do the same; call one
-/// of them (or this) before using [`symbolize`] in a signal handler, and again after `dlopen`.
-///
-/// # Errors
-/// [`crate::Error::NoUnwindInfo`] as [`crate::init`].
-pub fn prepare() -> Result<(), crate::Error> {
-    crate::init()?;
-    rebuild();
-    wait_indexed(None);
-    Ok(())
-}
+/// Moved to [`crate::prepare`] (`selftrace::prepare`); this path keeps working.
+pub use crate::setup::prepare;
 
 /// Waits for the background indexer's objects: those of `addrs`, or every object. Normal
 /// context.
-fn wait_indexed(addrs: Option<&[usize]>) {
+pub(crate) fn wait_indexed(addrs: Option<&[usize]>) {
     let slots: Vec<&'static Slot> = INDEX.read(|i| {
         let Some(i) = i else { return Vec::new() };
         let unbuilt = |e: &Entry| e.syms.get().is_none().then_some(e.syms);
@@ -339,7 +325,9 @@ pub(crate) fn ensure() {
     let have = crate::modules::with_current(|s| s.map(|s| s.generation()));
     match have {
         None => {
-            let _ = crate::init();
+            // What `selftrace::init` does, from below it: the snapshot and the unwinder.
+            crate::modules::refresh(false);
+            crate::unwind::prepare();
         }
         Some(g) if INDEX.read(|i| i.map(|i| i.generation)) == Some(g) => return,
         Some(_) => {}
@@ -355,7 +343,7 @@ pub(crate) fn ensure() {
 pub(crate) fn ensure_covers(addrs: &[usize]) {
     ensure();
     if crate::modules::with_current(|s| s.is_some_and(|s| s.is_stale())) {
-        crate::refresh();
+        refresh_all();
     }
     // The objects of these addresses that the background indexer has not finished.
     wait_indexed(Some(addrs));
@@ -364,8 +352,16 @@ pub(crate) fn ensure_covers(addrs: &[usize]) {
 /// Normal context, proven by the caller: refreshes the snapshot if the loader's objects
 /// changed, and the unwinder and the index with it.
 fn refresh_now() {
-    crate::refresh();
+    refresh_all();
     ensure();
+}
+
+/// What `selftrace::refresh` does, from below it: a new module snapshot if the loader's objects
+/// changed, then the unwinder and the index over it. Normal context.
+fn refresh_all() {
+    crate::modules::refresh(false);
+    crate::unwind::rebuild();
+    rebuild();
 }
 
 /// Looks up `addr` in the index: `None` outside every loaded object (or before the index is
