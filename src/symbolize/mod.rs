@@ -66,14 +66,16 @@
 //! }
 //! ```
 
-mod background;
+mod debug_file;
+pub(crate) mod elf;
 mod file;
 mod format;
 pub(crate) mod index;
 pub(crate) mod lines;
 mod names;
+mod slots;
+mod table;
 
-pub use background::set_background_index;
 pub(crate) use format::write_truncation;
 pub use format::{
     demangle_into, demangle_to, without_version, write_kernel_frame, FixedBuf, FrameKind,
@@ -82,6 +84,7 @@ pub use format::{
 pub use index::SymbolSource;
 pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol, NoLine};
 pub use names::SymbolName;
+pub use slots::set_background_index;
 
 use crate::published::Published;
 use core::ops::Range;
@@ -246,14 +249,14 @@ pub(crate) fn after_fork() {
 /// Before a fork (the prepare handler): takes the caches' locks, waiting until `deadline` at
 /// most, so that the child gets them whole (see `crate::fork`).
 pub(crate) fn before_fork(deadline: u64) {
-    index::before_fork(deadline);
+    slots::before_fork(deadline);
     lines::before_fork(deadline);
 }
 
 /// After a fork, in the parent and in the child: releases what [`before_fork`] took.
 pub(crate) fn after_fork_release() {
     lines::after_fork_release();
-    index::after_fork_release();
+    slots::after_fork_release();
 }
 
 /// Builds the symbol index for the current module snapshot, unless it is already up to date.
@@ -273,13 +276,13 @@ pub(crate) fn rebuild() {
     }
     // Build outside the writer lock of the published cell: file I/O and parsing take time.
     // Objects of at least `background` bytes are built by the background indexer.
-    let background = background::background_min();
+    let background = slots::background_min();
     let entries: Box<[Entry]> = objects
         .iter()
         .map(|o| Entry {
             range: o.range.clone(),
             bias: o.bias,
-            syms: index::for_object(o, background),
+            syms: slots::for_object(o, background),
             identity: o.identity(),
         })
         .collect();
@@ -315,7 +318,7 @@ pub(crate) fn wait_indexed(addrs: Option<&[usize]>) {
         }
     });
     for s in slots {
-        background::wait(s);
+        slots::wait(s);
     }
 }
 
@@ -787,6 +790,6 @@ pub(crate) fn object_for(addr: usize, sym: &Symbol) -> Option<(&'static ObjectSy
         let e = i?.find(addr)?;
         (e.bias == sym.bias && core::ptr::eq(&*e.syms.path, sym.path)).then_some((e.syms, e.bias))
     })?;
-    background::wait(slot);
+    slots::wait(slot);
     Some((slot.get()?, bias))
 }
