@@ -168,6 +168,7 @@ extern crate self as selftrace;
 
 pub mod crash;
 mod error;
+mod fmt;
 mod fork;
 // Entry points of the fuzz harness (tests/fuzz.rs) into internal parsers: not a stable API.
 #[doc(hidden)]

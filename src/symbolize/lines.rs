@@ -8,9 +8,10 @@
 //! a few hundred nanoseconds.
 #![allow(unsafe_code)]
 
-use super::format::{FixedBuf, FrameKind};
+use super::format::FrameKind;
 use super::index::ObjectSymbols;
 use super::{frame_kind, lookup, Mode, SymbolName};
+use crate::fmt::FixedBuf;
 use crate::fork::ForkMutex;
 use crate::unwind::WalkEnd;
 use addr2line::gimli;

@@ -76,10 +76,12 @@ mod names;
 mod slots;
 mod table;
 
+// Defined in the crate's `fmt` module (under every report writer); public here.
+pub use crate::fmt::FixedBuf;
 pub(crate) use format::write_truncation;
 pub use format::{
-    demangle_into, demangle_to, without_version, write_kernel_frame, FixedBuf, FrameKind,
-    KernelOptions, SymbolsOptions, DEMANGLE_STACK, RAW_NAME_MAX,
+    demangle_into, demangle_to, without_version, write_kernel_frame, FrameKind, KernelOptions,
+    SymbolsOptions, DEMANGLE_STACK, RAW_NAME_MAX,
 };
 pub use index::SymbolSource;
 pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol, NoLine};
