@@ -357,7 +357,7 @@ pub fn write_kernel_frame(
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
-pub(crate) fn write_truncation(w: &mut FixedBuf<'_>, t: &crate::Truncation) {
+pub(crate) fn write_truncation(w: &mut FixedBuf<'_>, t: &crate::unwind::Truncation) {
     w.push_bytes(b" stack truncated: ");
     w.push_str(t.reason.as_str());
     w.push_bytes(b" at ");

@@ -647,7 +647,7 @@ impl Backtrace {
     fn walk_here() -> Backtrace {
         let mut addrs = vec![0usize; 256];
         let walk = loop {
-            let walk = crate::Capture::new().walk(&mut addrs);
+            let walk = crate::unwind::Capture::new().walk(&mut addrs);
             if walk.end != WalkEnd::BufferFull || addrs.len() >= crate::unwind::MAX_FRAMES {
                 break walk;
             }
