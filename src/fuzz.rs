@@ -43,7 +43,7 @@ pub fn symbol_tables(path: &str, addrs: &[u64]) -> Tables {
         is_vdso: false,
         permanent: false,
     };
-    let t = crate::symbolize::index::build(&o, &[]);
+    let t = crate::symbolize::elf::build(&o, &[]);
     let found = addrs
         .iter()
         .filter_map(|&a| {
@@ -71,9 +71,9 @@ pub fn dwarf_lines(path: &str, addrs: &[u64]) -> Option<usize> {
 /// `addr` (with `sh_entsize` `entsize`) decodes to: `(start, size, GOT slot)`.
 pub fn plt_entries(aarch64: bool, bytes: &[u8], addr: u64, entsize: u64) -> Vec<(u64, u64, u64)> {
     if aarch64 {
-        crate::symbolize::index::plt_aarch64(bytes, addr)
+        crate::symbolize::elf::plt_aarch64(bytes, addr)
     } else {
-        crate::symbolize::index::plt_x86_64(bytes, addr, entsize)
+        crate::symbolize::elf::plt_x86_64(bytes, addr, entsize)
     }
 }
 

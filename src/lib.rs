@@ -169,6 +169,7 @@ extern crate self as selftrace;
 mod atfork;
 pub mod crash;
 mod error;
+mod fmt;
 mod fork;
 // Entry points of the fuzz harness (tests/fuzz.rs) into internal parsers: not a stable API.
 #[doc(hidden)]
@@ -179,6 +180,7 @@ pub mod modules;
 #[cfg_attr(docsrs, doc(cfg(feature = "profile")))]
 pub mod profile;
 mod published;
+mod setup;
 pub mod symbolize;
 mod sys;
 #[cfg(feature = "threads")]
@@ -212,48 +214,9 @@ pub const SIGNAL_STACK_BUDGET: usize = if cfg!(debug_assertions) {
     4 * 1024
 };
 pub use error::Error;
+pub use setup::{init, prepare, refresh};
 pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
 pub use unwind::{
     capture, set_auto_refresh, Capture, Regs, StopReason, Truncation, UnwindMode, UnwindStats,
     Walk, WalkEnd,
 };
-
-/// Snapshots the loaded objects, builds the DWARF unwinder and the symbol index, and learns the
-/// calling thread's stack bounds. Idempotent: a second call only does work when objects were
-/// loaded or unloaded since. Not async-signal-safe: call it early, outside signal handlers
-/// (capture works before it too, with frame pointers only).
-///
-/// The symbol tables of objects that map 64 MiB or more (rustc's `librustc_driver`, a browser's
-/// main library) are built by a background thread instead, so that `init` does not take a
-/// tenth of a second per such object; until one is built, lookups there give no name
-/// ([`symbolize::SymbolSource::Pending`]) and the normal-context functions that need names wait
-/// for it. [`symbolize::set_background_index`] changes the size or turns this off;
-/// [`symbolize::prepare`] waits for every object.
-///
-/// # Errors
-/// [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then use frame
-/// pointers).
-pub fn init() -> Result<(), Error> {
-    // (Registered before main by a constructor; again here in case that was not linked in.)
-    atfork::register();
-    modules::refresh(false);
-    unwind::prepare();
-    symbolize::rebuild();
-    let ok = modules::with_current(|s| {
-        s.is_some_and(|s| s.objects().iter().any(|o| o.eh_frame_hdr.is_some()))
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::NoUnwindInfo)
-    }
-}
-
-/// Picks up objects loaded or unloaded since the last snapshot (`dlopen`, `dlclose`): publishes
-/// a new unwinder and symbol index. Captures running meanwhile in other threads or signal
-/// handlers keep using the old ones until they finish. Not async-signal-safe.
-pub fn refresh() {
-    modules::refresh(false);
-    unwind::rebuild();
-    symbolize::rebuild();
-}

@@ -1,4 +1,5 @@
-//! An ELF file read on demand into memory selftrace owns, for `object`'s parsers.
+//! An ELF file read on demand into memory selftrace owns, for `object`'s parsers, and how
+//! such a file is opened ([`open_cache`]: regular files only, never waiting on a FIFO).
 //!
 //! Like `object`'s `ReadCache` (each range read once with `pread`-like reads and kept until the
 //! cache is dropped, never mapped), but a range is read straight into new memory instead of
@@ -8,6 +9,8 @@
 
 use core::cell::RefCell;
 use core::ops::Range;
+use object::read::elf::ElfFile64;
+use object::Endianness;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read as _, Seek as _, SeekFrom};
@@ -133,6 +136,40 @@ impl<'a> object::ReadRef<'a> for &'a FileCache {
             (range.start, delimiter),
             found.into_boxed_slice(),
         ))
+    }
+}
+
+/// An ELF file read with `pread` into buffers owned by the cache (never mapped).
+pub(crate) type Cache = FileCache;
+/// An ELF file parsed over a [`Cache`] or over memory.
+pub(crate) type Elf<'d, R> = ElfFile64<'d, Endianness, R>;
+
+/// Opens a regular file for reading through a [`Cache`] (`None` for anything else: a FIFO or
+/// a device would block or never end).
+pub(crate) fn open_cache(path: &str) -> Option<Cache> {
+    open_file(path).and_then(Cache::new)
+}
+
+/// Opens a regular file for reading (`None` for anything else).
+pub(crate) fn open_file(path: &str) -> Option<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags_nonblock()
+        .open(path)
+        .ok()?;
+    file.metadata().ok().filter(|m| m.is_file())?;
+    Some(file)
+}
+
+/// `O_NONBLOCK | O_CLOEXEC` on open, so that opening a FIFO does not wait for a writer.
+trait NonBlock {
+    fn custom_flags_nonblock(&mut self) -> &mut Self;
+}
+
+impl NonBlock for std::fs::OpenOptions {
+    fn custom_flags_nonblock(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        self.custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
     }
 }
 

@@ -8,9 +8,10 @@
 //! a few hundred nanoseconds.
 #![allow(unsafe_code)]
 
-use super::format::{FixedBuf, FrameKind};
+use super::format::FrameKind;
 use super::index::ObjectSymbols;
 use super::{frame_kind, lookup, Mode, SymbolName};
+use crate::fmt::FixedBuf;
 use crate::fork::ForkMutex;
 use crate::unwind::WalkEnd;
 use addr2line::gimli;
@@ -132,7 +133,7 @@ type Dwos = Vec<(gimli::DwoId, Arc<gimli::Dwarf<Reader>>)>;
 /// missing or not the one its skeleton unit names (by DWO id): half its DWARF could give wrong
 /// lines (a skeleton unit's line table alone gives an inlined function's line under the name
 /// of the function it is inlined into), which is worse than none.
-fn load_context(src: &super::index::DwarfFile) -> Result<Loaded, NoLine> {
+fn load_context(src: &super::debug_file::DwarfFile) -> Result<Loaded, NoLine> {
     let dwarf = load_dwarf(src, false)?;
     let dwos = load_dwos(&dwarf)?;
     let ctx = Context::from_dwarf(dwarf).map_err(|_| NoLine::BadDwarf)?;
@@ -167,7 +168,7 @@ fn load_dwos(dwarf: &gimli::Dwarf<Reader>) -> Result<Dwos, NoLine> {
         let missing = || NoLine::SplitDwarfMissing {
             dwo: Box::leak(path.to_string_lossy().into_owned().into_boxed_str()),
         };
-        let Some(src) = path.to_str().map(|p| super::index::DwarfFile {
+        let Some(src) = path.to_str().map(|p| super::debug_file::DwarfFile {
             path: p.into(),
             build_id: None,
             crc: None,
@@ -190,7 +191,10 @@ fn load_dwos(dwarf: &gimli::Dwarf<Reader>) -> Result<Dwos, NoLine> {
 }
 
 /// Reads the DWARF sections of `src` (a `.dwo` file's `*.dwo` sections when `dwo`).
-fn load_dwarf(src: &super::index::DwarfFile, dwo: bool) -> Result<gimli::Dwarf<Reader>, NoLine> {
+fn load_dwarf(
+    src: &super::debug_file::DwarfFile,
+    dwo: bool,
+) -> Result<gimli::Dwarf<Reader>, NoLine> {
     use object::{Object as _, ObjectSection as _};
     // Read with pread into memory that is never freed (not mapped: a file truncated on disk
     // must not make a later lookup fault), and only if it is still the file the index chose.
@@ -236,7 +240,7 @@ fn load_dwarf(src: &super::index::DwarfFile, dwo: bool) -> Result<gimli::Dwarf<R
         }
         // Read with one pread into a calloc'd buffer (not through the header cache, which
         // zero-fills byte by byte), decompressed if need be, kept with the cached context.
-        let raw = super::index::read_range(&data, range.offset, range.compressed_size)
+        let raw = super::debug_file::read_range(&data, range.offset, range.compressed_size)
             .ok_or(NoLine::Unreadable { section })?;
         let bytes: &'static [u8] = match range.format {
             object::CompressionFormat::None => Box::leak(raw.into_boxed_slice()),
@@ -260,7 +264,7 @@ fn load_dwarf(src: &super::index::DwarfFile, dwo: bool) -> Result<gimli::Dwarf<R
 
 /// Whether `sec` is `SHF_COMPRESSED` with a compression type other than zlib and zstd.
 fn unknown_compression<'d, R: object::ReadRef<'d>>(
-    file: &super::index::Elf<'d, R>,
+    file: &super::file::Elf<'d, R>,
     sec: &object::read::elf::ElfSection64<'d, '_, object::Endianness, R>,
 ) -> bool {
     use object::elf::{ELFCOMPRESS_ZLIB, ELFCOMPRESS_ZSTD};
@@ -275,7 +279,7 @@ fn unknown_compression<'d, R: object::ReadRef<'d>>(
 /// For the fuzz harness ([`crate::fuzz::dwarf_lines`]): reads the DWARF of the ELF file at
 /// `path` as [`load_context`] does for an object and looks up `addrs`; the frames found.
 pub(crate) fn fuzz_lines(path: &str, addrs: &[u64]) -> Option<usize> {
-    let src = super::index::DwarfFile {
+    let src = super::debug_file::DwarfFile {
         path: path.into(),
         build_id: None,
         crc: None,
@@ -643,7 +647,7 @@ impl Backtrace {
     fn walk_here() -> Backtrace {
         let mut addrs = vec![0usize; 256];
         let walk = loop {
-            let walk = crate::Capture::new().walk(&mut addrs);
+            let walk = crate::unwind::Capture::new().walk(&mut addrs);
             if walk.end != WalkEnd::BufferFull || addrs.len() >= crate::unwind::MAX_FRAMES {
                 break walk;
             }

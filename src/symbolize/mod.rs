@@ -66,22 +66,27 @@
 //! }
 //! ```
 
-mod background;
+mod debug_file;
+pub(crate) mod elf;
 mod file;
 mod format;
 pub(crate) mod index;
 pub(crate) mod lines;
 mod names;
+mod slots;
+mod table;
 
-pub use background::set_background_index;
+// Defined in the crate's `fmt` module (under every report writer); public here.
+pub use crate::fmt::FixedBuf;
 pub(crate) use format::write_truncation;
 pub use format::{
-    demangle_into, demangle_to, without_version, write_kernel_frame, FixedBuf, FrameKind,
-    KernelOptions, SymbolsOptions, DEMANGLE_STACK, RAW_NAME_MAX,
+    demangle_into, demangle_to, without_version, write_kernel_frame, FrameKind, KernelOptions,
+    SymbolsOptions, DEMANGLE_STACK, RAW_NAME_MAX,
 };
 pub use index::SymbolSource;
 pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol, NoLine};
 pub use names::SymbolName;
+pub use slots::set_background_index;
 
 use crate::published::Published;
 use core::ops::Range;
@@ -246,14 +251,14 @@ pub(crate) fn after_fork() {
 /// Before a fork (the prepare handler): takes the caches' locks, waiting until `deadline` at
 /// most, so that the child gets them whole (see `crate::fork`).
 pub(crate) fn before_fork(deadline: u64) {
-    index::before_fork(deadline);
+    slots::before_fork(deadline);
     lines::before_fork(deadline);
 }
 
 /// After a fork, in the parent and in the child: releases what [`before_fork`] took.
 pub(crate) fn after_fork_release() {
     lines::after_fork_release();
-    index::after_fork_release();
+    slots::after_fork_release();
 }
 
 /// Builds the symbol index for the current module snapshot, unless it is already up to date.
@@ -273,13 +278,13 @@ pub(crate) fn rebuild() {
     }
     // Build outside the writer lock of the published cell: file I/O and parsing take time.
     // Objects of at least `background` bytes are built by the background indexer.
-    let background = background::background_min();
+    let background = slots::background_min();
     let entries: Box<[Entry]> = objects
         .iter()
         .map(|o| Entry {
             range: o.range.clone(),
             bias: o.bias,
-            syms: index::for_object(o, background),
+            syms: slots::for_object(o, background),
             identity: o.identity(),
         })
         .collect();
@@ -296,26 +301,12 @@ pub(crate) fn rebuild() {
     });
 }
 
-/// Makes sure the index covers the objects loaded now, with every name: initialises the module
-/// snapshot if needed, refreshes it if objects were loaded or unloaded, rebuilds the index, and
-/// waits for the objects that the background indexer has not finished
-/// ([`set_background_index`]).
-///
-/// Not async-signal-safe. `selftrace::init()` and `selftrace::refresh()` do the same; call one
-/// of them (or this) before using [`symbolize`] in a signal handler, and again after `dlopen`.
-///
-/// # Errors
-/// [`crate::Error::NoUnwindInfo`] as [`crate::init`].
-pub fn prepare() -> Result<(), crate::Error> {
-    crate::init()?;
-    rebuild();
-    wait_indexed(None);
-    Ok(())
-}
+/// Moved to [`crate::prepare`] (`selftrace::prepare`); this path keeps working.
+pub use crate::setup::prepare;
 
 /// Waits for the background indexer's objects: those of `addrs`, or every object. Normal
 /// context.
-fn wait_indexed(addrs: Option<&[usize]>) {
+pub(crate) fn wait_indexed(addrs: Option<&[usize]>) {
     let slots: Vec<&'static Slot> = INDEX.read(|i| {
         let Some(i) = i else { return Vec::new() };
         let unbuilt = |e: &Entry| e.syms.get().is_none().then_some(e.syms);
@@ -329,7 +320,7 @@ fn wait_indexed(addrs: Option<&[usize]>) {
         }
     });
     for s in slots {
-        background::wait(s);
+        slots::wait(s);
     }
 }
 
@@ -339,7 +330,9 @@ pub(crate) fn ensure() {
     let have = crate::modules::with_current(|s| s.map(|s| s.generation()));
     match have {
         None => {
-            let _ = crate::init();
+            // What `selftrace::init` does, from below it: the snapshot and the unwinder.
+            crate::modules::refresh(false);
+            crate::unwind::prepare();
         }
         Some(g) if INDEX.read(|i| i.map(|i| i.generation)) == Some(g) => return,
         Some(_) => {}
@@ -355,7 +348,7 @@ pub(crate) fn ensure() {
 pub(crate) fn ensure_covers(addrs: &[usize]) {
     ensure();
     if crate::modules::with_current(|s| s.is_some_and(|s| s.is_stale())) {
-        crate::refresh();
+        refresh_all();
     }
     // The objects of these addresses that the background indexer has not finished.
     wait_indexed(Some(addrs));
@@ -364,8 +357,16 @@ pub(crate) fn ensure_covers(addrs: &[usize]) {
 /// Normal context, proven by the caller: refreshes the snapshot if the loader's objects
 /// changed, and the unwinder and the index with it.
 fn refresh_now() {
-    crate::refresh();
+    refresh_all();
     ensure();
+}
+
+/// What `selftrace::refresh` does, from below it: a new module snapshot if the loader's objects
+/// changed, then the unwinder and the index over it. Normal context.
+fn refresh_all() {
+    crate::modules::refresh(false);
+    crate::unwind::rebuild();
+    rebuild();
 }
 
 /// Looks up `addr` in the index: `None` outside every loaded object (or before the index is
@@ -791,6 +792,6 @@ pub(crate) fn object_for(addr: usize, sym: &Symbol) -> Option<(&'static ObjectSy
         let e = i?.find(addr)?;
         (e.bias == sym.bias && core::ptr::eq(&*e.syms.path, sym.path)).then_some((e.syms, e.bias))
     })?;
-    background::wait(slot);
+    slots::wait(slot);
     Some((slot.get()?, bias))
 }

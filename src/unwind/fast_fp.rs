@@ -4,7 +4,7 @@
 
 use super::arch;
 use super::fast::{readable_word, Fast};
-use super::objects::{LoadedCheck, ObjectCheck, State};
+use super::objects::{LoadedCheck, State};
 use super::regs::RegSet;
 use super::step::is_trampoline_at;
 use super::types::StopReason;
@@ -88,7 +88,7 @@ pub(crate) fn fp_chain(
     // The code range return addresses are checked against in one comparison: the previous
     // frame's object, without the signal trampolines (so no frame in it needs a check).
     let (mut text_start, mut text_len) = state.objects.get(loaded.last).map_or((0, 0), |o| {
-        fp_text(o, state.restorer_span, pc.wrapping_sub(1))
+        o.fp_text(state.restorer_span, pc.wrapping_sub(1))
     });
     // The object before: at first the one where the outermost frames are.
     let (mut prev_start, mut prev_len) = state.fp_outer[0];
@@ -229,28 +229,6 @@ pub(crate) fn fp_chain(
     end
 }
 
-/// The code range that frame-pointer mode checks `ra - 1` against in one comparison, as
-/// (start, length): the part of `o`'s first executable segment around `at` that holds no
-/// return address into a signal trampoline (`restorers`, the lowest and highest; empty when
-/// lowest > highest). `(0, 0)` when `at` is not in it.
-pub(crate) fn fp_text(o: &ObjectCheck, (lo, hi): (usize, usize), at: usize) -> (usize, usize) {
-    let (mut start, mut end) = (o.text.start, o.text.end);
-    // Return addresses lo..=hi are `at` values lo - 1..=hi - 1.
-    if lo <= hi && lo <= end && hi > start {
-        if at.wrapping_add(1) < lo {
-            end = end.min(lo - 1);
-        } else if at >= hi {
-            start = start.max(hi);
-        } else {
-            return (0, 0);
-        }
-    }
-    if at < start || at >= end {
-        return (0, 0);
-    }
-    (start, end - start)
-}
-
 /// What [`fp_other_object`] found at a return address outside the current code range.
 enum Other {
     /// Code of a trusted object: its range.
@@ -285,7 +263,7 @@ fn fp_other_object(state: &State, loaded: &mut LoadedCheck, ra: usize) -> Other 
             }
             loaded.enter(i);
             // (0, 0) outside the first executable segment: fine, checked again next time.
-            let (start, len) = fp_text(o, (lo, hi), ra - 1);
+            let (start, len) = o.fp_text((lo, hi), ra - 1);
             Other::Code(start, len)
         }
         Some(_) => Other::Slow,

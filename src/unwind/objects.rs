@@ -36,6 +36,28 @@ impl ObjectCheck {
         (self.text.start <= pc && end <= self.text.end)
             || self.more_exec.iter().any(|r| r.start <= pc && end <= r.end)
     }
+
+    /// The code range that frame-pointer mode checks `ra - 1` against in one comparison, as
+    /// (start, length): the part of the object's first executable segment around `at` that
+    /// holds no return address into a signal trampoline (`restorers`, the lowest and highest;
+    /// empty when lowest > highest). `(0, 0)` when `at` is not in it.
+    pub(crate) fn fp_text(&self, (lo, hi): (usize, usize), at: usize) -> (usize, usize) {
+        let (mut start, mut end) = (self.text.start, self.text.end);
+        // Return addresses lo..=hi are `at` values lo - 1..=hi - 1.
+        if lo <= hi && lo <= end && hi > start {
+            if at.wrapping_add(1) < lo {
+                end = end.min(lo - 1);
+            } else if at >= hi {
+                start = start.max(hi);
+            } else {
+                return (0, 0);
+            }
+        }
+        if at < start || at >= end {
+            return (0, 0);
+        }
+        (start, end - start)
+    }
 }
 
 /// The published unwinder: objects, their tables, and the rule cache.
@@ -51,7 +73,7 @@ pub(crate) struct State {
     /// where the outermost frames of almost every stack are: looked at before any search
     /// ([`State::find_near`]). `usize::MAX` if not known.
     pub(crate) outer: usize,
-    /// That object's code as frame-pointer mode checks it (`fast_fp::fp_text`): the pieces
+    /// That object's code as frame-pointer mode checks it ([`ObjectCheck::fp_text`]): the pieces
     /// below and above the signal trampolines, as (start, length); `(0, 0)` for none. Only
     /// when the object is permanent (so that no frame in it needs a check).
     pub(crate) fp_outer: [(usize, usize); 2],
@@ -96,8 +118,8 @@ impl State {
         let outer = find_in(&objects, start_routine).unwrap_or(usize::MAX);
         let fp_outer = match objects.get(outer) {
             Some(o) if o.permanent && !o.text.is_empty() => [
-                super::fast_fp::fp_text(o, restorer_span, o.text.start),
-                super::fast_fp::fp_text(o, restorer_span, restorer_span.1.max(o.text.start)),
+                o.fp_text(restorer_span, o.text.start),
+                o.fp_text(restorer_span, restorer_span.1.max(o.text.start)),
             ],
             _ => [(0, 0); 2],
         };

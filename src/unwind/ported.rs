@@ -3,7 +3,7 @@
 
 use super::outcome::{Outcome, Start};
 use super::regs::RegSet;
-use super::types::{Regs, StopReason, Truncation, UnwindMode, Walk};
+use super::types::{Regs, StopReason, Truncation, UnwindMode, Walk, WalkEnd};
 use super::{entry, walk};
 
 pub(crate) use super::memory::thread_stack;
@@ -34,7 +34,7 @@ pub(crate) unsafe fn capture_from_ucontext(
 ) -> Walk {
     let none = Walk {
         frames: 0,
-        end: super::WalkEnd::Truncated(Truncation {
+        end: WalkEnd::Truncated(Truncation {
             pc: 0,
             reason: StopReason::BadSignalFrame,
         }),

@@ -71,7 +71,9 @@ pub(crate) fn finish(start: &Start, buf: &mut [usize], mode: UnwindMode, out: &m
     if learn_stack {
         memory::learn_thread_stack();
     }
-    let refreshed = refresh && crate::modules::try_refresh();
+    // Also when another thread refreshed the snapshot (the symbolizer's catch-up, say) and this
+    // unwinder has not followed it yet.
+    let refreshed = refresh && (crate::modules::try_refresh() || behind_snapshot());
     if refreshed {
         rebuild();
     }
@@ -80,6 +82,15 @@ pub(crate) fn finish(start: &Start, buf: &mut [usize], mode: UnwindMode, out: &m
         walk::walk(start, buf, mode, true, out);
     }
 }
+
+/// Whether the published unwinder was built from an older module snapshot than the current
+/// one (or not built at all while there is one). Normal context.
+fn behind_snapshot() -> bool {
+    let current = crate::modules::with_current(|s| s.map(|s| s.generation()));
+    let built = super::objects::with_state(|s| s.map(|s| s.generation));
+    current.is_some() && current != built
+}
+
 /// Runs `refresh` if the calling thread is in proven normal context: automatic refresh is on,
 /// this thread is not refreshing already, and no signal handler runs below on its stack (see
 /// [`no_signal_frame_above`]). Returns whether it ran. For the lookups of names that find an

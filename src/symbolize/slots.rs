@@ -1,4 +1,6 @@
-//! Building the symbol tables of objects: now, or in a background thread for large ones.
+//! The slot registry and its policy: which slot an object gets (one per distinct object, reused
+//! across snapshots and `dlopen`/`dlclose` cycles), and whether its symbol tables are built now
+//! or in a background thread for large ones.
 //!
 //! A program that loads a very large object (rustc's `librustc_driver` with `libLLVM`: 256,600
 //! function symbols, 37 MB of string tables) would spend a tenth of a second in `init` or
@@ -21,7 +23,8 @@
 //! gone, and builds what it needs itself.
 #![allow(unsafe_code)]
 
-use super::index::{build, ObjectSymbols, Slot};
+use super::elf::build;
+use super::index::{ObjectSymbols, Slot};
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
@@ -238,5 +241,99 @@ pub(crate) fn wait(slot: &'static Slot) {
             // Woken when it is built; now and then, check that the builder is alive.
             crate::sys::futex_wait(&slot.changed, changed, RECHECK_NS);
         }
+    }
+}
+
+/// What identifies an object across snapshots.
+#[derive(PartialEq, Eq)]
+struct Key {
+    path: Box<str>,
+    build_id: Box<[u8]>,
+    glibc_path: Box<str>,
+    /// Another file at the same path (rebuilt, without a build-id or with the same one) is
+    /// another object.
+    file: Option<crate::modules::FileId>,
+}
+
+/// Every object ever seen, for reuse (normal context only). A forked child takes it over from a
+/// thread of the parent that held it and starts over (the slots it leaks stay valid).
+static CACHE: crate::fork::ForkMutex<Vec<(Key, &'static Slot)>> =
+    crate::fork::ForkMutex::new(Vec::new());
+
+/// Before a fork: holds the object cache, waiting until `deadline` at most.
+pub(crate) fn before_fork(deadline: u64) {
+    CACHE.hold_for_fork(deadline, Vec::new);
+}
+
+/// After a fork: releases what [`before_fork`] took.
+pub(crate) fn after_fork_release() {
+    CACHE.release_after_fork();
+}
+
+/// Directories searched for separate debug files, in order: `$SELFTRACE_DEBUG_DIR` (if set),
+/// then `/usr/lib/debug`.
+fn debug_roots() -> Vec<String> {
+    let mut roots = Vec::new();
+    if let Some(d) = std::env::var_os("SELFTRACE_DEBUG_DIR") {
+        roots.push(d.to_string_lossy().into_owned());
+    }
+    roots.push("/usr/lib/debug".to_string());
+    roots
+}
+
+/// The slot of a loaded object: from the cache, or new, its tables built now or, for an
+/// object that maps at least `background` bytes, queued for the background indexer. Normal
+/// context only.
+pub(crate) fn for_object(o: &crate::modules::Object, background: usize) -> &'static Slot {
+    let glibc_path = glibc_name(o);
+    let key = Key {
+        path: o.path.as_str().into(),
+        build_id: o.build_id.clone().unwrap_or_default().into(),
+        glibc_path: glibc_path.as_str().into(),
+        file: o.file,
+    };
+    let later = !o.is_vdso && o.range.len() >= background;
+    let mut cache = CACHE.lock_or_reset(Vec::new);
+    if let Some(&(_, slot)) = cache.iter().find(|(k, _)| *k == key) {
+        drop(cache);
+        // Another thread may be building it now (a concurrent `init`): a table that is not
+        // for the background indexer is there when this returns, as if built here.
+        if !later {
+            wait(slot);
+        }
+        return slot;
+    }
+    // Claimed now by this thread if it builds the tables itself, before any other thread
+    // can find the slot in the cache.
+    let builder = if later { 0 } else { me() };
+    let slot: &'static Slot = Box::leak(Box::new(Slot::new(
+        key.path.clone(),
+        key.glibc_path.clone(),
+        key.build_id.clone(),
+        o.clone(),
+        debug_roots().into(),
+        builder,
+    )));
+    cache.push((key, slot));
+    drop(cache);
+    if later {
+        queue(slot);
+    } else {
+        build_now(slot);
+    }
+    slot
+}
+
+/// The name glibc's `dladdr` gives an object.
+fn glibc_name(o: &crate::modules::Object) -> String {
+    if o.is_vdso {
+        "linux-vdso.so.1".to_string()
+    } else if o.is_main {
+        std::env::args_os()
+            .next()
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        o.path.clone()
     }
 }
