@@ -256,3 +256,8 @@ pub fn refresh() {
     unwind::rebuild();
     symbolize::rebuild();
 }
+
+/// The README's examples, compiled (and run where they are not `no_run`) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
