@@ -220,3 +220,8 @@ pub use unwind::{
     capture, set_auto_refresh, Capture, Regs, StopReason, Truncation, UnwindMode, UnwindStats,
     Walk, WalkEnd,
 };
+
+/// The README's examples, compiled (and run where they are not `no_run`) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

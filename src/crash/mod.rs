@@ -38,6 +38,42 @@
 //! most 3 seconds for the answers. Without it (disabled, dead, slow, or for objects loaded
 //! after install), frames keep their async-signal-safe names and `[object+offset]`, which
 //! `addr2line -f -C -i -e OBJECT OFFSET` resolves offline with the listed build-ids.
+//!
+//! # Inlined frames, overflows, recursion
+//!
+//! In a release build functions are inlined into their callers; each frame then lists the
+//! functions inlined at its address first, innermost first, each with its own file:line, and the
+//! physical function last with the frame's address (the order of std's backtraces, gdb and
+//! minidump-stackwalk); the pc line names the innermost function
+//! (`cargo run --release --example crash -- inlined`):
+//!
+//! ```text
+//! RIP: 0x56476fec1efd : core::ptr::read_volatile, inlined into crash::scenarios::crash_inlined+0x2cd/0x38b [crash+0x4eefd]
+//! ...
+//! Call Trace:
+//!  #0 [inlined] core::ptr::read_volatile at .../library/core/src/ptr/mod.rs:2091:9
+//!  #0 [inlined] crash::scenarios::inlined_leaf at tests/support/crash_scenarios.rs:363:14
+//!  #0 [inlined] crash::scenarios::inlined_mid at tests/support/crash_scenarios.rs:368:5
+//!  #0 0x56476fec1efd : crash::scenarios::crash_inlined+0x2cd/0x38b [crash+0x4eefd] at tests/support/crash_scenarios.rs:373:15
+//!  #1 0x56476fec2026 : crash::scenarios::caller_inlined+0x6/0x8 [crash+0x4f026] at tests/support/crash_scenarios.rs:378:5
+//! ```
+//!
+//! The watchdog's reports (normal context) list frames the same way; thread dumps written from a
+//! signal handler (`dump_all`, the dump signal) have names and offsets only. A stack overflow
+//! says so, and recursion is printed once:
+//!
+//! ```text
+//! stack overflow: the fault address 0x7f32043fffa8 lies in the guard area below the stack (sp 0x7f32043fff90)
+//! ...
+//!  #1 0x55c31f852647 : crash::scenarios::crash_recurse+0x87/0xc3 [crash+0xf2647]
+//!  frames 2-10895 repeat: crash::scenarios::crash_recurse
+//!  #10896 0x55c31f852a7a : crash::scenarios::caller_overflow+0xa/0x14 [crash+0xf2a7a]
+//! ```
+//!
+//! `examples/crash.rs` shows every kind of crash: `cargo run --example crash -- list`. The build
+//! settings that give reports names, file:line and inlined frames (the release profile's `debug`,
+//! `split-debuginfo`, `strip`, `panic`; debug files by build-id) are in the repository's
+//! docs/crash.md.
 #![allow(unsafe_code)]
 
 mod arch;

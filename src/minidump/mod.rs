@@ -40,6 +40,40 @@
 //! (a regular file, not a pipe) and not opened with `O_APPEND`.
 //!
 //! Only on x86-64 and aarch64 (elsewhere [`crate::Error::Unsupported`]).
+//!
+//! # How it is written
+//! * Files: the crash handler (and the watchdog before `Action::Abort`) writes `<uuid>.dmp` (a
+//!   random version-4 UUID) in the directory opened at install time: first as `<uuid>.dmp.tmp`,
+//!   created with `O_EXCL` and mode 0600, `fsync`ed, then renamed to `<uuid>.dmp` once complete
+//!   (removed if the write failed), and named in the text report, which comes first; the process
+//!   still dies by its signal. So a dump being written or cut short is never uploaded as a
+//!   finished one. Header and directory are written last (a dump cut short has no valid
+//!   header). After a dump to a given fd, its position is at the dump's end.
+//! * The writing thread's own registers are taken in the writer's own frame (inline assembly), so
+//!   they describe a frame that stays live while its stack is copied; only the registers a stack
+//!   walk needs (rsp, rbp, rbx, r12-r15, rip; on aarch64 sp, x19-x30, pc) are set, the others are
+//!   zero.
+//! * A held thread waits at most 2 s for the writer; if the copy of its stack takes longer, the
+//!   thread says so and the dump keeps its registers but leaves its stack out
+//!   ([`Summary::stacks_left_out`]) rather than pair them with a stack that changed. Threads that
+//!   cannot answer (stopped, or blocking the request signal, from `/proc/self/task/TID/status`)
+//!   are not asked; all threads together get at most four times one thread's timeout.
+//! * A thread that crashes while another reports waits in its crash handler; the dump takes that
+//!   thread's registers at its own fault, not in the handler.
+//! * One dump is written at a time (a second writer gets [`crate::Error::InvalidInput`]). A dump
+//!   stays below the 4 GiB the format's 32-bit offsets reach: stacks are left out before the room
+//!   for the streams after them runs out. The buffers are about 700 KB of `.bss`, touched only
+//!   while a dump is written.
+//!
+//! # Not (yet) in a dump
+//! * The module list is the one of the last `init()`/`refresh()`; an object `dlopen`ed after it is
+//!   missing from the dump (its memory is still in the maps stream), and so is one `dlclose`d
+//!   since (checked without locks at the crash: another library may lie at its addresses now).
+//! * No `MD_LINUX_DSO_DEBUG` (the loader's `r_debug` list), no thread priorities, no memory beyond
+//!   stacks and the crashing instruction (no heap, no memory that registers point to).
+//!
+//! How the dumps are checked with rust-minidump, and how to read one with `minidump-stackwalk`:
+//! the repository's docs/minidump.md.
 #![allow(unsafe_code)]
 
 #[macro_use]

@@ -68,6 +68,18 @@
 //! # Outputs
 //! [`Profile::folded`] (always available), a gzipped pprof `profile.proto` with the `pprof`
 //! feature, an SVG flame graph with the `flamegraph` feature.
+//!
+//! A stack the unwinder could not finish carries its reason and shows as `[truncated: <reason>]`
+//! at its root: a profile never presents a truncated stack as complete. The pprof profile holds
+//! samples with `[samples, cpu|wall nanoseconds]`, one location per address with inlined
+//! functions as its lines, functions with file and line, one mapping per executable segment with
+//! its build-id, labels `thread` and `thread_id`, the period and the duration; `profile::http`
+//! serves it as Go's `net/http/pprof` does. The core library depends on none of the output
+//! crates (prost, flate2, inferno). One profiler runs at a time (`start` gives
+//! `Error::AlreadyExists` while one does).
+//!
+//! How accurate the profiles are and what the profiler survives (next to pprof-rs), measured:
+//! the repository's docs/profiler.md.
 
 mod data;
 #[cfg(feature = "flamegraph")]

@@ -65,6 +65,45 @@
 //!     assert!(len > 0);
 //! }
 //! ```
+//!
+//! # Where names come from
+//! Each object's `.symtab`, else a separate debug file (`/usr/lib/debug/.build-id/xx/yyyy.debug`,
+//! or `.gnu_debuglink`; `$SELFTRACE_DEBUG_DIR` is searched first), else `.dynsym`; PLT stubs are
+//! named `name@plt` from the PLT relocations, as gdb, perf and objdump do; the vDSO from its image
+//! in memory. A symbol never covers addresses outside its own section. A debug file is used only
+//! when it is provably the object's: the same build-id (a `.build-id/` file without a build-id
+//! note is refused), or, through `.gnu_debuglink`, the CRC32 the link names (as gdb checks).
+//! Stripped objects, deleted files, anonymous executable memory, 0 and garbage get placeholders
+//! (`path(+0x...)`, `[0x...]`, `<unknown>`, `??`), never a panic. glibc's signal trampoline is
+//! named `__restore_rt`; symbol versions (`__libc_start_main@@GLIBC_2.34`) are dropped from
+//! printed names (not from the raw [`Symbol::name`], nor from glibc's raw format).
+//!
+//! An object's names are stored front-coded (sorted for objects of 30,000 names or more, in
+//! blocks of 4, each name after a block's first as the length of the prefix it shares with the
+//! one before and the rest of its bytes), so [`Symbol::name`] is a [`SymbolName`] decoded on
+//! demand; for rustc's `librustc_driver` and `libLLVM` the names take 74 bytes each instead of
+//! 135 as plain copies. The index costs 12 bytes per symbol plus a page directory (at most 16
+//! bytes per symbol) plus the names; each page entry keeps copies of the two symbols that cover
+//! most of its page, so most lookups go from the directory straight to the name.
+//!
+//! # Where lines come from
+//! DWARF is read from the object itself or from its debug file (as above), with sections
+//! compressed as distributions ship them: `SHF_COMPRESSED` with zlib (Debian's `-dbg` packages)
+//! or zstd, and GNU's older `.zdebug_*`. Split DWARF (`gcc -gsplit-dwarf`, rustc's
+//! `-Csplit-debuginfo=unpacked`) is read from each skeleton unit's `.dwo` file (`DW_AT_dwo_name`
+//! under `DW_AT_comp_dir`, used only when its DWO id is the skeleton's); an object with a `.dwo`
+//! missing gets no file:line at all and says which file is missing (its skeleton line tables
+//! alone would give an inlined function's line under its caller's name). Not read: `.dwp`
+//! packages, and Fedora's MiniDebugInfo (`.gnu_debugdata`: such objects get `.dynsym` names,
+//! [`SymbolSource::Dynsym`]).
+//!
+//! No missing line is silent: a frame without file:line says why ([`BacktraceFrame::no_line`],
+//! printed by [`Backtrace`]'s `Display` and by crash reports as `(no file:line: ...)`): no debug
+//! info in the object (with what to set or install), a debug file replaced since it was indexed, a
+//! section compressed in a format this build cannot read, a section that is truncated or whose
+//! compressed data is corrupt, DWARF that cannot be parsed, or a missing `.dwo`. Any section that
+//! cannot be read fails the object's DWARF as a whole: half of it could give wrong lines. DWARF
+//! sections are read (and decompressed) into the heap when file:line is first needed.
 
 mod debug_file;
 pub(crate) mod elf;

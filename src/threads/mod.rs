@@ -54,6 +54,26 @@
 //! assert!(summary.stacks >= 2);
 //! worker.join().unwrap();
 //! ```
+//!
+//! # What a dump shows
+//!
+//! The demo (`cargo run --release --all-features --example demo`, part 6) holds a `Mutex` in one
+//! thread and waits for it in another; both stacks show it (an excerpt):
+//!
+//! ```text
+//! thread "holder" tid 8633, state S (sleeping), cpu 0.001s
+//! Call Trace:
+//!  #0 0x7f282d7af545 : clock_nanosleep+0x65/0x86 [libc.so.6+0xcf545]
+//!  #1 0x55f1402bf8e7 : std::thread::functions::sleep+0x77/0xb6 [demo+0x1d38e7]
+//!  #2 0x55f140166842 : demo::hold_the_lock+0x62/0x139 [demo+0x7a842]
+//!  ...
+//! thread "waiter" tid 8634, state S (sleeping), cpu 0.000s
+//! Call Trace:
+//!  #0 0x7f282d7e1827 : syscall+0x17/0x33 [libc.so.6+0x101827]
+//!  #1 0x55f1402a9096 : <std::sys::sync::mutex::futex::Mutex>::lock_contended+0xb6/0xe7 [demo+0x1bd096]
+//!  #2 0x55f140166afc : demo::wait_for_the_lock+0x6c/0xfd [demo+0x7aafc]
+//!  ...
+//! ```
 #![allow(unsafe_code)]
 
 pub(crate) mod dump;

@@ -88,6 +88,21 @@
 //! the fork handlers write the parent's pid.
 //!
 //! [`set_marker_path`], [`detach`], [`init`] and the tag setters are for normal context.
+//!
+//! # Reading them back, and Perfetto
+//!
+//! With the feature `tracefs`, `tracefs::Instance::for_markers("name")` creates a private ftrace
+//! instance that receives the markers, removed on drop; its `read_markers()` parses them into
+//! `MarkerEvent`s, and `tracefs::parse_record` parses any `trace` line (uprobe hits, sched events).
+//! `examples/markers.rs` (as root: `cargo run --example markers`) writes sections on two threads,
+//! async sections, a named track and counters, reads them back, prints them, and saves the
+//! instance's trace as `target/selftrace-markers.trace`. To see it in Perfetto, open
+//! <https://ui.perfetto.dev>, choose "Open trace file" and pick that file (the plain ftrace text
+//! format, which Perfetto imports; the output of `trace-cmd report` is not accepted). Sections are
+//! slices on each thread's track, async sections and named tracks are tracks of the process,
+//! counters are counter tracks. To record the markers together with kernel events, enable those
+//! events in the instance before the run (e.g. `inst.set_event_enabled("sched", "sched_switch",
+//! true)`). With the feature `tracing`, `MarkerLayer` writes `tracing` spans as sections.
 
 mod format;
 #[cfg(feature = "tracing")]

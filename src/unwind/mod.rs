@@ -51,6 +51,45 @@
 //! checks). The generic core (the walk, the rule cache, checked memory, walk reuse) reads what it
 //! needs of the machine from `arch`; on other targets there is no unwinder, and every capture
 //! returns no frames and [`StopReason::Unsupported`].
+//!
+//! # How the fast path and walk reuse work
+//! The rule cache holds 16,384 entries in 4-way buckets keyed by the pc, with a seqlock per entry:
+//! a reader never waits, a writer that finds the entry busy gives up. The hot loop restores only
+//! the frame pointer of the callee-saved registers; when a later frame needs one it dropped (a CFA
+//! based on rbx), the walk is repeated with full tracking, so the common case pays nothing for
+//! the rare one. A walk whose frames are all in the cache runs on the caller's stack without
+//! claiming a walker slot; a walk that needs the CFI (a miss) continues on a private 256 KiB
+//! stack, so the 8 KiB alternate signal stacks std gives its threads are enough.
+//!
+//! Walk reuse: each thread keeps a record of its last complete walk (per frame the pc, sp and
+//! frame pointer it started from, and the addresses of the words its step read). A walk that
+//! reaches a recorded frame (same pc and sp, and the same frame pointer where a step above depends
+//! on it) checks that the stack still holds every recorded word above it and takes those frames
+//! without stepping them; the first word that differs ends the reuse, so the result is always
+//! the one a full walk gives. Records live in a fixed table of static memory claimed with one
+//! compare-and-swap per walk; only frames in objects that are never unloaded and whose rule is
+//! based on the stack or frame pointer are recorded. [`stats`] counts kernel copies, rules
+//! derived, precise re-walks and frames reused.
+//!
+//! # Checked reads without `process_vm_readv`
+//! Where `process_vm_readv` is not available (ENOSYS under qemu-user, ENOSYS or EPERM from a
+//! container's seccomp profile) a checked read is a `write(2)` of the range into a pipe of
+//! selftrace's own, a page at a time, and a `read(2)` back: the kernel reads the memory and fails
+//! with EFAULT where it cannot (four pipes, claimed by compare-and-swap, made with `pipe2` on
+//! first use and again after `fork`). Code bytes (the signal-trampoline check) are read the same
+//! way. The main program, the vDSO and objects mapped at program start (glibc never unloads
+//! those) have their unwind tables read in place. The stack pointer must grow at each step; walks
+//! are bounded by the buffer and a frame cap.
+//!
+//! A thread that never called selftrace is walked with direct reads too: its stack bounds come
+//! from glibc's `struct pthread` (the `stackblock` fields, located once at `init()` by comparing
+//! with `pthread_getattr_np` in a probe thread). Before `init()` a capture still works (frame
+//! pointers, `_dl_find_object`) and never allocates.
+//!
+//! Why not framehop: its x86-64 rules carry rip, rsp and rbp only (no register tracking, so no CFA
+//! based on rbx), a rule it cannot translate silently falls back to frame pointers, and its rule
+//! cache is per slot and direct-mapped (509 entries). selftrace reads the CFI with gimli and keeps
+//! its own cache.
 #![allow(unsafe_code)]
 
 /// Declares the items only where the unwinder has a port.

@@ -68,6 +68,34 @@
 //! arguments of `probe!` are still type-checked and evaluated (so a program behaves the same on
 //! every target), but no note, `nop` or semaphore is emitted, `probe_enabled!` and
 //! `probe_lazy!`'s condition are `false`, and [`probes()`] lists none.
+//!
+//! # Linkers
+//!
+//! Works under rust-lld (Rust's default linker) as under GNU ld: `.stapsdt.base` is kept and
+//! executable, `.probes` is page-aligned (so `bpftrace -c`, `perf record -- cmd` and
+//! enable-then-exec raise the semaphore), and the notes of code removed by `--gc-sections` go with
+//! it.
+//!
+//! # With the tools
+//!
+//! `examples/probes.rs`, watched as root:
+//!
+//! ```sh
+//! cargo build --release --example probes
+//! bpftrace -e 'usdt:./target/release/examples/probes:demo:tick { printf("tick %d %s\n", arg0, str(arg1, arg2)); }' \
+//!     -c './target/release/examples/probes 5'
+//! bpftrace -l 'usdt:./target/release/examples/probes:*'
+//! gdb -batch -ex 'break -probe-stap demo:handle' -ex run -ex 'print $_probe_arg0' \
+//!     --args ./target/release/examples/probes 1
+//! perf probe -x ./target/release/examples/probes sdt_demo:tick
+//! perf record -e sdt_demo:tick -- ./target/release/examples/probes 1 && perf script
+//! perf probe -d 'sdt_demo:*'
+//! ```
+//!
+//! A program can also attach the kernel to its own probes (feature `tracefs`):
+//! `tracefs::uprobe::UprobeEvent::for_probe` registers a uprobe with the probe's semaphore as
+//! reference counter and typed fetch arguments (removed on drop), to be enabled in a private
+//! `tracefs::Instance`. The cost of a disabled probe is in the repository's docs/benchmarks.md.
 #![allow(unsafe_code)]
 
 mod arg;
