@@ -1,37 +1,52 @@
 //! aarch64: DWARF register numbers ("DWARF for the Arm 64-bit Architecture": x0-x30 are 0-30,
-//! sp 31), the `ucontext_t` layout, the kernel's signal trampoline, pointer authentication, and
-//! the capture entry.
+//! sp 31, pc 32, as gimli names them), the `ucontext_t` layout, the kernel's signal trampoline,
+//! pointer authentication, and the capture entry.
 #![allow(unsafe_code)]
 
 mod entry;
 pub(crate) use entry::{entry_asm, ENTRY_REGS};
 
+use gimli::AArch64;
+
 use super::BadPcReturn;
 
-/// Register slots: x0-x30, sp (DWARF 0-31), and the pc (not a DWARF register: slot 32).
+/// Register slots: x0-x30, sp and the pc (DWARF 0-32; no CFI has a column for the pc).
 pub(crate) const COUNT: usize = 33;
 /// `x19`, the first callee-saved register.
-pub(crate) const X19: u16 = 19;
+pub(crate) const X19: u16 = AArch64::X19.0;
 /// `x29`, the frame pointer.
-pub(crate) const FP: u16 = 29;
+pub(crate) const FP: u16 = AArch64::X29.0;
 /// `x30`, the link register: the return-address column.
-pub(crate) const RA: u16 = 30;
+pub(crate) const RA: u16 = AArch64::X30.0;
 /// `sp`.
-pub(crate) const SP: u16 = 31;
+pub(crate) const SP: u16 = AArch64::SP.0;
 /// The slot of the frame's pc.
-pub(crate) const PC: u16 = 32;
+pub(crate) const PC: u16 = AArch64::PC.0;
+/// x19-x28, the callee-saved registers other than the frame pointer.
+pub(crate) const X19_X28: [u16; 10] = [
+    AArch64::X19.0,
+    AArch64::X20.0,
+    AArch64::X21.0,
+    AArch64::X22.0,
+    AArch64::X23.0,
+    AArch64::X24.0,
+    AArch64::X25.0,
+    AArch64::X26.0,
+    AArch64::X27.0,
+    AArch64::X28.0,
+];
 /// The link register.
 pub(crate) const LR: Option<u16> = Some(RA);
 
 /// The registers a call preserves (AAPCS64): x19-x28, x29, sp. x30 is the return address of
 /// the call itself: the caller's own x30 is not known after it.
-pub(crate) const CALLEE_SAVED_REGS: [u16; 12] = [19, 20, 21, 22, 23, 24, 25, 26, 27, 28, FP, SP];
+pub(crate) const CALLEE_SAVED_REGS: [u16; 12] = join(&X19_X28, &[FP, SP]);
 /// [`CALLEE_SAVED_REGS`] as a mask of register slots.
 pub(crate) const CALLEE_SAVED: u64 = 0x3ff << X19 | 1 << FP | 1 << SP;
 
 /// The callee-saved registers a compiled rule tracks (its lanes): x29 first (the hot loop
 /// reads the frame pointer's lane from the first rule word), then x19-x28.
-pub(crate) const SAVED: [u16; LANES] = [FP, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
+pub(crate) const SAVED: [u16; LANES] = join(&[FP], &X19_X28);
 /// How many.
 pub(crate) const LANES: usize = 11;
 /// The frame pointer's lane.
@@ -47,7 +62,7 @@ pub(crate) const fn lane_regs(lanes: u64) -> u64 {
 /// Whether DWARF register `n` is a general register (x0-x30).
 #[inline]
 pub(crate) const fn is_gpr(n: u16) -> bool {
-    n <= 30
+    n <= AArch64::X30.0
 }
 
 /// A row without a rule for x30 keeps it: a leaf that has not saved the link register returns
@@ -123,3 +138,19 @@ pub(crate) const UC_FROM_TRAMPOLINE_SP: usize = core::mem::size_of::<libc::sigin
 /// The vDSO's `__kernel_rt_sigreturn` (and qemu-user's and musl's trampolines):
 /// `mov x8, #139` (`__NR_rt_sigreturn`) then `svc #0`.
 pub(crate) const TRAMPOLINE: &[u8] = &[0x68, 0x11, 0x80, 0xd2, 0x01, 0x00, 0x00, 0xd4];
+
+/// `head` then `tail` as one array (a build error if they are not `N` registers in all).
+pub(crate) const fn join<const N: usize>(head: &[u16], tail: &[u16]) -> [u16; N] {
+    assert!(head.len() + tail.len() == N);
+    let mut out = [0; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < head.len() {
+            head[i]
+        } else {
+            tail[i - head.len()]
+        };
+        i += 1;
+    }
+    out
+}

@@ -1,23 +1,31 @@
-//! x86-64: DWARF register numbers (System V psABI, figure 3.36), the `ucontext_t` layout, glibc's
+//! x86-64: DWARF register numbers (System V psABI, figure 3.36, as gimli names them), the `ucontext_t` layout, glibc's
 //! signal trampoline, and the capture entry.
 
 mod entry;
 pub(crate) use entry::{entry_asm, ENTRY_REGS};
+
+use gimli::X86_64;
 
 use super::BadPcReturn;
 
 /// Register slots: `rax`..`r15` and `rip`, by DWARF number.
 pub(crate) const COUNT: usize = 17;
 /// `rbx`.
-pub(crate) const RBX: u16 = 3;
+pub(crate) const RBX: u16 = X86_64::RBX.0;
 /// `rbp`, the frame pointer.
-pub(crate) const FP: u16 = 6;
+pub(crate) const FP: u16 = X86_64::RBP.0;
 /// `rsp`.
-pub(crate) const SP: u16 = 7;
+pub(crate) const SP: u16 = X86_64::RSP.0;
 /// `r12`.
-pub(crate) const R12: u16 = 12;
+pub(crate) const R12: u16 = X86_64::R12.0;
+/// `r13`.
+pub(crate) const R13: u16 = X86_64::R13.0;
+/// `r14`.
+pub(crate) const R14: u16 = X86_64::R14.0;
+/// `r15`.
+pub(crate) const R15: u16 = X86_64::R15.0;
 /// The return-address column (`rip`).
-pub(crate) const RA: u16 = 16;
+pub(crate) const RA: u16 = X86_64::RA.0;
 /// The slot of the frame's pc: the return-address column itself.
 pub(crate) const PC: u16 = RA;
 /// No link register.
@@ -25,12 +33,12 @@ pub(crate) const LR: Option<u16> = None;
 
 /// The registers a call preserves: `rbx`, `rbp`, `rsp`, `r12`-`r15`. After a call the others
 /// hold whatever the callee left in them.
-pub(crate) const CALLEE_SAVED_REGS: [u16; 7] = [RBX, FP, SP, 12, 13, 14, 15];
+pub(crate) const CALLEE_SAVED_REGS: [u16; 7] = [RBX, FP, SP, R12, R13, R14, R15];
 /// [`CALLEE_SAVED_REGS`] as a mask of register slots.
 pub(crate) const CALLEE_SAVED: u64 = mask(&CALLEE_SAVED_REGS);
 
 /// The callee-saved registers a compiled rule tracks (its lanes): rbx, rbp, r12-r15.
-pub(crate) const SAVED: [u16; LANES] = [RBX, FP, 12, 13, 14, 15];
+pub(crate) const SAVED: [u16; LANES] = [RBX, FP, R12, R13, R14, R15];
 /// How many.
 pub(crate) const LANES: usize = 6;
 /// The frame pointer's lane.
@@ -46,7 +54,7 @@ pub(crate) const fn lane_regs(lanes: u64) -> u64 {
 /// Whether DWARF register `n` is a general register (`rax`..`r15`).
 #[inline]
 pub(crate) const fn is_gpr(n: u16) -> bool {
-    n < 16
+    n <= R15
 }
 
 /// A row without a rule for `rip` marks the outermost frame (every x86-64 CIE gives one).
