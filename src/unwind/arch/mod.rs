@@ -4,9 +4,9 @@
 //! Each architecture is a zero-sized type that implements [`Arch`] (framehop's shape): its
 //! registers, its `ucontext_t` layout and signal frame, its code, written as data. Both
 //! architectures compile on every host, so a `cargo check` on x86-64 type-checks aarch64's
-//! tables and evaluates [`check`] on them, and the reverse. Only what runs instructions of the
-//! machine itself is built for its own target alone: the capture entry's `entry_asm!` is used
-//! only there, and `strip_ra` (aarch64's `xpaclri`) exists only there.
+//! tables and evaluates [`check`] on them, and the reverse. Only the inline assembly (the
+//! capture entry's `entry_asm!`, aarch64's `strip_ra`) and the checks against the machine's own
+//! `libc::ucontext_t` are built for their own target alone.
 //!
 //! The generic code reads the host's architecture through the plain items below ([`COUNT`],
 //! [`SAVED`], [`UC_OFFSETS`], ...), constants of [`Host`]: the walk loops fold them exactly as

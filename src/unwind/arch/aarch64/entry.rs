@@ -11,6 +11,7 @@ pub(crate) const ENTRY_REGS: [u16; 13] = join(&[PC, SP, FP], &X19_X28);
 /// The instructions of the naked entry `(buf, len, mode, out)`: it pushes a frame record and
 /// [`ENTRY_REGS`] (128 bytes) and calls `{inner}(buf, len, mode, &words, out)`. Its CFI lets a
 /// profiler unwind through it.
+#[cfg(target_arch = "aarch64")]
 macro_rules! entry_asm {
     () => {
         concat!(
@@ -48,4 +49,5 @@ macro_rules! entry_asm {
         )
     };
 }
+#[cfg(target_arch = "aarch64")]
 pub(crate) use entry_asm;

@@ -1,11 +1,12 @@
 //! aarch64: DWARF register numbers ("DWARF for the Arm 64-bit Architecture": x0-x30 are 0-30,
 //! sp 31, pc 32, as gimli names them), the `ucontext_t` layout, the kernel's signal trampoline,
 //! pointer authentication, and the capture entry. Compiled on every host (see [`super`]); only
-//! `strip_ra` and the entry's instructions are used on aarch64 alone.
+//! `strip_ra` and the entry's instructions (inline assembly) exist on aarch64 alone.
 #![allow(unsafe_code)]
-#![cfg_attr(not(target_arch = "aarch64"), allow(dead_code, unused_imports, unused_macros))]
+#![cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 
 mod entry;
+#[cfg(target_arch = "aarch64")]
 pub(crate) use entry::entry_asm;
 
 use gimli::AArch64;

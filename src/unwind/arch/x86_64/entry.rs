@@ -11,6 +11,7 @@ pub(crate) const ENTRY_REGS: [u16; 8] = [PC, SP, FP, RBX, R12, R13, R14, R15];
 /// own stack and calls `{inner}(buf, len, mode, &words, out)`. Being naked, it is correct with
 /// or without frame pointers; its CFI (`.cfi_adjust_cfa_offset`) lets a profiler unwind through
 /// it.
+#[cfg(target_arch = "x86_64")]
 macro_rules! entry_asm {
     () => {
         concat!(
@@ -45,4 +46,5 @@ macro_rules! entry_asm {
         )
     };
 }
+#[cfg(target_arch = "x86_64")]
 pub(crate) use entry_asm;
