@@ -2,15 +2,16 @@
 //! pointer and callee-saved registers exactly as they are at the call, then calls the walker's
 //! inner entry.
 
-use super::{FP, PC, SP};
+use super::{join, FP, PC, SP, X19_X28};
 
 /// The register slot of each word the entry saves, in order: the return address (the caller's
 /// pc), the caller's stack pointer, x29, x19-x28.
-pub(crate) const ENTRY_REGS: [u16; 13] = [PC, SP, FP, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28];
+pub(crate) const ENTRY_REGS: [u16; 13] = join(&[PC, SP, FP], &X19_X28);
 
 /// The instructions of the naked entry `(buf, len, mode, out)`: it pushes a frame record and
 /// [`ENTRY_REGS`] (128 bytes) and calls `{inner}(buf, len, mode, &words, out)`. Its CFI lets a
 /// profiler unwind through it.
+#[cfg(target_arch = "aarch64")]
 macro_rules! entry_asm {
     () => {
         concat!(
@@ -48,4 +49,5 @@ macro_rules! entry_asm {
         )
     };
 }
+#[cfg(target_arch = "aarch64")]
 pub(crate) use entry_asm;

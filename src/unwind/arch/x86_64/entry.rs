@@ -1,16 +1,17 @@
 //! The x86-64 capture entry: saves the caller's return address, stack pointer and callee-saved
 //! registers exactly as they are at the call, then calls the walker's inner entry.
 
-use super::{FP, PC, SP};
+use super::{FP, PC, R12, R13, R14, R15, RBX, SP};
 
 /// The register slot of each word the entry saves, in order: the return address (the caller's
 /// pc), the caller's stack pointer, rbp, rbx, r12-r15.
-pub(crate) const ENTRY_REGS: [u16; 8] = [PC, SP, FP, super::RBX, 12, 13, 14, 15];
+pub(crate) const ENTRY_REGS: [u16; 8] = [PC, SP, FP, RBX, R12, R13, R14, R15];
 
 /// The instructions of the naked entry `(buf, len, mode, out)`: it stores [`ENTRY_REGS`] on its
 /// own stack and calls `{inner}(buf, len, mode, &words, out)`. Being naked, it is correct with
 /// or without frame pointers; its CFI (`.cfi_adjust_cfa_offset`) lets a profiler unwind through
 /// it.
+#[cfg(target_arch = "x86_64")]
 macro_rules! entry_asm {
     () => {
         concat!(
@@ -45,4 +46,5 @@ macro_rules! entry_asm {
         )
     };
 }
+#[cfg(target_arch = "x86_64")]
 pub(crate) use entry_asm;

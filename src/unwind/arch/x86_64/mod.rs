@@ -1,81 +1,83 @@
-//! x86-64: DWARF register numbers (System V psABI, figure 3.36), the `ucontext_t` layout, glibc's
-//! signal trampoline, and the capture entry.
+//! x86-64: DWARF register numbers (System V psABI, figure 3.36, as gimli names them), the
+//! `ucontext_t` layout, glibc's signal trampoline, and the capture entry. Compiled on every
+//! host (see [`super`]); only the entry's instructions (inline assembly) exist on x86-64 alone.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 mod entry;
-pub(crate) use entry::{entry_asm, ENTRY_REGS};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use entry::entry_asm;
 
-use super::BadPcReturn;
+use gimli::X86_64;
 
-/// Register slots: `rax`..`r15` and `rip`, by DWARF number.
-pub(crate) const COUNT: usize = 17;
+use super::{Arch, BadPcReturn};
+
+/// x86-64, as the unwinder sees it.
+pub(crate) struct ArchX86_64;
+
 /// `rbx`.
-pub(crate) const RBX: u16 = 3;
+pub(crate) const RBX: u16 = X86_64::RBX.0;
 /// `rbp`, the frame pointer.
-pub(crate) const FP: u16 = 6;
+pub(crate) const FP: u16 = X86_64::RBP.0;
 /// `rsp`.
-pub(crate) const SP: u16 = 7;
+pub(crate) const SP: u16 = X86_64::RSP.0;
 /// `r12`.
-pub(crate) const R12: u16 = 12;
+pub(crate) const R12: u16 = X86_64::R12.0;
+/// `r13`.
+pub(crate) const R13: u16 = X86_64::R13.0;
+/// `r14`.
+pub(crate) const R14: u16 = X86_64::R14.0;
+/// `r15`.
+pub(crate) const R15: u16 = X86_64::R15.0;
 /// The return-address column (`rip`).
-pub(crate) const RA: u16 = 16;
+pub(crate) const RA: u16 = X86_64::RA.0;
 /// The slot of the frame's pc: the return-address column itself.
 pub(crate) const PC: u16 = RA;
-/// No link register.
-pub(crate) const LR: Option<u16> = None;
 
-/// The registers a call preserves: `rbx`, `rbp`, `rsp`, `r12`-`r15`. After a call the others
-/// hold whatever the callee left in them.
-pub(crate) const CALLEE_SAVED_REGS: [u16; 7] = [RBX, FP, SP, 12, 13, 14, 15];
-/// [`CALLEE_SAVED_REGS`] as a mask of register slots.
-pub(crate) const CALLEE_SAVED: u64 = mask(&CALLEE_SAVED_REGS);
+/// Register slots: `rax`..`r15` and `rip`, by DWARF number.
+const COUNT: usize = 17;
 
-/// The callee-saved registers a compiled rule tracks (its lanes): rbx, rbp, r12-r15.
-pub(crate) const SAVED: [u16; LANES] = [RBX, FP, 12, 13, 14, 15];
-/// How many.
-pub(crate) const LANES: usize = 6;
-/// The frame pointer's lane.
-pub(crate) const FP_LANE: usize = 1;
+/// Where `uc_mcontext.gregs` starts in `ucontext_t`: after `uc_flags`, `uc_link` and the
+/// 24-byte `uc_stack` (the kernel's `struct ucontext`, asm/ucontext.h, whose `uc_mcontext` is
+/// `struct sigcontext`, asm/sigcontext.h, starting with the general registers).
+const GREGS: usize = 40;
 
-/// The registers of the lanes in `lanes` other than the frame pointer's, as a mask of register
-/// slots: rbx is lane 0, r12-r15 lanes 2-5.
-#[inline(always)]
-pub(crate) const fn lane_regs(lanes: u64) -> u64 {
-    (lanes & 1) << RBX | (lanes >> 2) << R12
-}
-
-/// Whether DWARF register `n` is a general register (`rax`..`r15`).
-#[inline]
-pub(crate) const fn is_gpr(n: u16) -> bool {
-    n < 16
-}
-
-/// A row without a rule for `rip` marks the outermost frame (every x86-64 CIE gives one).
-pub(crate) const RA_UNSPECIFIED_IS_SAME: bool = false;
-
-/// Instructions are byte-aligned: any pc may be one.
-pub(crate) const CODE_ALIGN: usize = 1;
-
-/// x86-64 has no pointer authentication: a return address is used as it is.
-#[inline(always)]
-pub(crate) fn strip_ra(ra: usize) -> usize {
-    ra
-}
-
-/// No code without CFI returns through a register (x86-64's PLT entries have CFI).
-pub(crate) const LINK_STUB: &[(u32, u32)] = &[];
-
-/// A `call` through a bad pointer pushed the return address.
-pub(crate) const BAD_PC_RETURN: BadPcReturn = BadPcReturn::TopOfStack;
-
-/// `push rbp; mov rbp, rsp`: the caller's stack pointer is the frame record's end.
-pub(crate) const RECORD_GIVES_SP: bool = true;
-
-/// gimli reads x86-64 CFI without vendor extensions.
-pub(crate) const VENDOR: gimli::Vendor = gimli::Vendor::Default;
+/// The index in `gregs` (glibc's `REG_*`, the order of the kernel's `struct sigcontext`: r8-r15,
+/// rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip) of each register slot.
+const GREG: [usize; COUNT] = [
+    13, // rax
+    12, // rdx
+    14, // rcx
+    11, // rbx
+    9,  // rsi
+    8,  // rdi
+    10, // rbp
+    15, // rsp
+    0,  // r8
+    1,  // r9
+    2,  // r10
+    3,  // r11
+    4,  // r12
+    5,  // r13
+    6,  // r14
+    7,  // r15
+    16, // rip
+];
 
 /// Offset of each register slot in `ucontext_t` (`uc_mcontext.gregs[REG_*]`).
-pub(crate) const UC_OFFSETS: [usize; COUNT] = {
-    const GREGS: usize = core::mem::offset_of!(libc::ucontext_t, uc_mcontext);
+const UC_OFFSETS: [usize; COUNT] = {
+    let mut out = [0; COUNT];
+    let mut i = 0;
+    while i < COUNT {
+        out[i] = GREGS + 8 * GREG[i];
+        i += 1;
+    }
+    out
+};
+
+/// [`UC_OFFSETS`] is what this machine's libc says (the same computation from `libc`'s
+/// definitions, which exist only on x86-64).
+#[cfg(target_arch = "x86_64")]
+const _: () = {
     let greg = [
         libc::REG_RAX,
         libc::REG_RDX,
@@ -95,31 +97,116 @@ pub(crate) const UC_OFFSETS: [usize; COUNT] = {
         libc::REG_R15,
         libc::REG_RIP,
     ];
-    let mut out = [0; COUNT];
+    let mc = core::mem::offset_of!(libc::ucontext_t, uc_mcontext);
     let mut i = 0;
     while i < COUNT {
-        out[i] = GREGS + 8 * greg[i] as usize;
+        assert!(UC_OFFSETS[i] == mc + 8 * greg[i] as usize);
         i += 1;
     }
-    out
 };
 
-/// Where the `ucontext_t` sits relative to the stack pointer when the signal trampoline runs:
-/// the kernel's `rt_sigframe` starts with the handler's return address (`pretcode`), which the
-/// handler's `ret` popped, so `sp` points straight at `uc`.
-pub(crate) const UC_FROM_TRAMPOLINE_SP: usize = 0;
+impl Arch for ArchX86_64 {
+    const COUNT: usize = COUNT;
+    const FP: u16 = FP;
+    const SP: u16 = SP;
+    const RA: u16 = RA;
+    const PC: u16 = PC;
+    /// No link register.
+    const LR: Option<u16> = None;
+    /// `rbx`, `rbp`, `rsp`, `r12`-`r15`. After a call the others hold whatever the callee left
+    /// in them.
+    const CALLEE_SAVED_REGS: &'static [u16] = &[RBX, FP, SP, R12, R13, R14, R15];
+    /// rbx, rbp, r12-r15: [`Arch::lane_regs`] depends on this order.
+    const SAVED: &'static [u16] = &[RBX, FP, R12, R13, R14, R15];
+    const FP_LANE: usize = 1;
+    /// A row without a rule for `rip` marks the outermost frame (every x86-64 CIE gives one).
+    const RA_UNSPECIFIED_IS_SAME: bool = false;
+    /// Instructions are byte-aligned: any pc may be one.
+    const CODE_ALIGN: usize = 1;
+    /// No code without CFI returns through a register (x86-64's PLT entries have CFI).
+    const LINK_STUB: &'static [(u32, u32)] = &[];
+    /// A `call` through a bad pointer pushed the return address.
+    const BAD_PC_RETURN: BadPcReturn = BadPcReturn::TopOfStack;
+    /// `push rbp; mov rbp, rsp`: the caller's stack pointer is the frame record's end.
+    const RECORD_GIVES_SP: bool = true;
+    /// gimli reads x86-64 CFI without vendor extensions.
+    const VENDOR: gimli::Vendor = gimli::Vendor::Default;
+    const UC_OFFSETS: &'static [usize] = &UC_OFFSETS;
+    /// The kernel's `rt_sigframe` starts with the handler's return address (`pretcode`), which
+    /// the handler's `ret` popped, so `sp` points straight at `uc`.
+    const UC_FROM_TRAMPOLINE_SP: usize = 0;
+    /// The trampoline glibc (and musl, and Go) install as `sa_restorer`: `mov $15, %rax`
+    /// (`__NR_rt_sigreturn`) then `syscall`.
+    const TRAMPOLINE: &'static [u8] = &[0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+    const ENTRY_REGS: &'static [u16] = &entry::ENTRY_REGS;
 
-/// The trampoline glibc (and musl, and Go) install as `sa_restorer`: `mov $15, %rax`
-/// (`__NR_rt_sigreturn`) then `syscall`.
-pub(crate) const TRAMPOLINE: &[u8] = &[0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
-
-/// A mask with the bits of `regs` set.
-const fn mask(regs: &[u16]) -> u64 {
-    let mut m = 0;
-    let mut i = 0;
-    while i < regs.len() {
-        m |= 1 << regs[i];
-        i += 1;
+    /// rbx is lane 0, r12-r15 lanes 2-5.
+    #[inline(always)]
+    fn lane_regs(lanes: u64) -> u64 {
+        (lanes & 1) << RBX | (lanes >> 2) << R12
     }
-    m
+
+    /// `rax`..`r15`.
+    #[inline]
+    fn is_gpr(n: u16) -> bool {
+        n <= R15
+    }
+}
+
+/// x86-64 has no pointer authentication: a return address is used as it is.
+#[inline(always)]
+pub(crate) fn strip_ra(ra: usize) -> usize {
+    ra
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's x86-64 `struct ucontext` up to the registers of its `struct sigcontext`
+    /// (asm/ucontext.h, asm/sigcontext.h, asm-generic/signal.h's `stack_t`), as C lays it out.
+    #[repr(C)]
+    struct Ucontext {
+        uc_flags: u64,
+        uc_link: u64,
+        ss_sp: u64,
+        ss_flags: i32,
+        ss_size: u64,
+        r8_r15: [u64; 8],
+        rdi: u64,
+        rsi: u64,
+        rbp: u64,
+        rbx: u64,
+        rdx: u64,
+        rax: u64,
+        rcx: u64,
+        rsp: u64,
+        rip: u64,
+    }
+
+    #[test]
+    fn uc_offsets_follow_the_kernels_struct() {
+        use core::mem::offset_of;
+        let r8 = offset_of!(Ucontext, r8_r15);
+        let want = [
+            offset_of!(Ucontext, rax),
+            offset_of!(Ucontext, rdx),
+            offset_of!(Ucontext, rcx),
+            offset_of!(Ucontext, rbx),
+            offset_of!(Ucontext, rsi),
+            offset_of!(Ucontext, rdi),
+            offset_of!(Ucontext, rbp),
+            offset_of!(Ucontext, rsp),
+            r8,
+            r8 + 8,
+            r8 + 16,
+            r8 + 24,
+            r8 + 32,
+            r8 + 40,
+            r8 + 48,
+            r8 + 56,
+            offset_of!(Ucontext, rip),
+        ];
+        assert_eq!(<ArchX86_64 as Arch>::UC_OFFSETS, want);
+    }
 }
