@@ -166,6 +166,7 @@
 // Lets `#[usdt::probe]` (which names `::selftrace`) work inside this crate's own tests.
 extern crate self as selftrace;
 
+mod context;
 pub mod crash;
 mod error;
 mod fork;

@@ -42,11 +42,7 @@
 //! Only on x86-64 and aarch64 (elsewhere [`crate::Error::Unsupported`]).
 #![allow(unsafe_code)]
 
-#[macro_use]
-mod arch;
-
-pub(crate) use arch::{context_from_ucontext, CONTEXT_SIZE};
-
+use crate::context::{self as arch, context_from_ucontext, le16, le32, le64, CONTEXT_SIZE};
 use crate::symbolize::FixedBuf;
 use crate::sys;
 use crate::Error;
@@ -220,28 +216,6 @@ pub(crate) struct Fault {
     pub(crate) tid: i32,
     /// Its context at the fault (never null).
     pub(crate) uc: *const libc::ucontext_t,
-}
-
-// ---- little-endian helpers -----------------------------------------------------------------
-
-pub(crate) fn le16(b: &mut [u8], off: usize, v: u16) {
-    b[off..off + 2].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn le32(b: &mut [u8], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn le64(b: &mut [u8], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-#[cfg_attr(
-    not(any(target_arch = "x86_64", target_arch = "aarch64")),
-    allow(dead_code)
-)]
-pub(crate) fn rd64(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 
 // ---- state ---------------------------------------------------------------------------------
@@ -642,7 +616,7 @@ fn write_locked(
             // The writing thread itself: its registers here, in this function, whose frame
             // and callers stay as they are while the stack is copied below it.
             _ if tid == me => {
-                let regs = own_registers!();
+                let regs = arch::own_registers!();
                 arch::context_from_own(&regs, &mut st.context);
                 Got::Here
             }

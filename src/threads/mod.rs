@@ -395,7 +395,7 @@ pub(crate) enum ContextAnswer {
 pub(crate) fn request_context(
     tid: i32,
     timeout_ns: u64,
-    out: &mut [u8; crate::minidump::CONTEXT_SIZE],
+    out: &mut [u8; crate::context::CONTEXT_SIZE],
 ) -> ContextAnswer {
     if install().is_err() {
         return ContextAnswer::Timeout;

@@ -66,7 +66,7 @@ struct Slot {
     end: UnsafeCell<crate::WalkEnd>,
     /// The thread's register context in the minidump's `CONTEXT_*` layout (written and read
     /// like `buf`); its length in `frames` for a [`WANT_CONTEXT`] request.
-    context: UnsafeCell<[u8; crate::minidump::CONTEXT_SIZE]>,
+    context: UnsafeCell<[u8; crate::context::CONTEXT_SIZE]>,
 }
 
 /// A request for the thread's stack (frames).
@@ -92,7 +92,7 @@ static TABLE: [Slot; SLOTS] = [const {
         frames: AtomicUsize::new(0),
         buf: UnsafeCell::new([0; SLOT_FRAMES]),
         end: UnsafeCell::new(crate::WalkEnd::Complete),
-        context: UnsafeCell::new([0; crate::minidump::CONTEXT_SIZE]),
+        context: UnsafeCell::new([0; crate::context::CONTEXT_SIZE]),
     }
 }; SLOTS];
 
@@ -480,5 +480,5 @@ unsafe fn write_context(slot: &Slot, uc: *const libc::ucontext_t) -> usize {
     // SAFETY: RUNNING makes the buffer ours (the caller's contract).
     let ctx = unsafe { &mut *slot.context.get() };
     // SAFETY: uc is the kernel's ucontext (the caller's contract).
-    unsafe { crate::minidump::context_from_ucontext(uc, ctx) }
+    unsafe { crate::context::context_from_ucontext(uc, ctx) }
 }
