@@ -7,7 +7,7 @@
 //! containers, sandboxes. selftrace has what a dump needs in-process: each thread's registers
 //! and stack through its stack-request signal (see [`crate::threads`]), the loaded objects with
 //! their build-ids, and the signal. A dump is written by the crash handler
-//! ([`crate::crash::Builder::minidump`]) or on demand ([`crate::threads::write_minidump`]).
+//! ([`crate::crash::Builder::minidump`]) or on demand ([`write_to`]).
 //!
 //! # What a dump holds
 //! * **ThreadList**: every thread of `/proc/self/task` up to [`MAX_THREADS`] (1,024; a dump
@@ -124,7 +124,7 @@ impl Options {
     }
 
     /// The most stack memory copied per thread, from the stack pointer up (default 128 KiB;
-    /// at least 4 KiB, at most 64 MiB: [`crate::threads::write_minidump_with`] and
+    /// at least 4 KiB, at most 64 MiB: [`write_to`] and
     /// [`crate::crash::Builder::install`] refuse another size with
     /// [`Error::InvalidInput`]). A consumer walks a stack only as far as its memory goes.
     pub const fn stack_size(mut self, bytes: usize) -> Options {
@@ -486,7 +486,45 @@ impl File {
     }
 }
 
-// ---- writing -------------------------------------------------------------------------------
+// ---- writing ----------------------------------------------------------------------------
+
+/// Writes a minidump of the running process to `fd` (a regular file, from its current
+/// position): every thread's registers and stack, the loaded objects, the system (see the
+/// [module docs](self)), for hang reports and "dump without crashing". The calling thread is
+/// in it too, stopped in this function. Waits up to [`crate::threads::timeout`] for each
+/// thread. (Formerly `threads::write_minidump{,_with}`, which still work.)
+///
+/// ```no_run
+/// selftrace::init()?;
+/// let file = std::fs::File::create("live.dmp").expect("create");
+/// let summary = selftrace::minidump::write_to(&file, &selftrace::minidump::Options::new())?;
+/// println!("{} threads", summary.threads());
+/// # Ok::<(), selftrace::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidInput`] when `fd` is not seekable, appends (`O_APPEND`), or another dump
+/// is being written,
+/// [`Error::NotFound`] before [`crate::init`] (no module list yet), [`Error::Sys`] when a write
+/// fails (`ENOSPC`, ...), [`Error::Unsupported`] on a machine
+/// without minidump support (not x86-64 or aarch64).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+#[cfg(feature = "threads")]
+#[cfg_attr(docsrs, doc(cfg(feature = "threads")))]
+pub fn write_to(fd: impl std::os::fd::AsFd, options: &Options) -> Result<Summary, Error> {
+    use std::os::fd::AsRawFd;
+    if !crate::modules::with_current(|s| s.is_some()) {
+        return Err(Error::NotFound(
+            "the module list: call selftrace::init() before writing a minidump",
+        ));
+    }
+    let _ = crate::threads::install();
+    let _lock = crate::crash::lock::OutputLock::acquire();
+    let timeout_ns = crate::threads::timeout().as_nanos().min(u64::MAX as u128) as u64;
+    write(fd.as_fd().as_raw_fd(), None, options, timeout_ns)
+}
 
 /// Whether dumps can be written on this machine.
 pub(crate) const SUPPORTED: bool = CONTEXT_SIZE != 0;
@@ -904,11 +942,12 @@ fn thread_context(
 ) -> Got {
     #[cfg(feature = "threads")]
     {
-        match crate::threads::request_context(tid, timeout_ns, &mut st.context) {
-            crate::threads::ContextAnswer::Context(ticket) => {
+        use crate::threads::request::{release_context, request_context, ContextAnswer};
+        match request_context(tid, timeout_ns, &mut st.context) {
+            ContextAnswer::Context(ticket) => {
                 rec.context = f.append(&st.context);
                 let mut stack = copy_stack(st, f, rec, opts);
-                if !crate::threads::release_context(ticket) {
+                if !release_context(ticket) {
                     // It stopped waiting before the copy ended: the copy is not its stack at
                     // the time of its registers.
                     rec.stack = Loc::default();
@@ -917,8 +956,8 @@ fn thread_context(
                 }
                 Got::Done { stack }
             }
-            crate::threads::ContextAnswer::Timeout => Got::Nothing,
-            crate::threads::ContextAnswer::Gone => Got::Gone,
+            ContextAnswer::Timeout => Got::Nothing,
+            ContextAnswer::Gone => Got::Gone,
         }
     }
     #[cfg(not(feature = "threads"))]
@@ -934,7 +973,7 @@ fn thread_context(
 fn cannot_answer(tid: i32) -> bool {
     #[cfg(feature = "threads")]
     {
-        crate::threads::cannot_answer(tid).is_some()
+        crate::threads::request::cannot_answer(tid).is_some()
     }
     #[cfg(not(feature = "threads"))]
     {

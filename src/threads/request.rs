@@ -471,6 +471,85 @@ pub(crate) extern "C" fn on_capture_signal(
     unsafe { *libc::__errno_location() = errno };
 }
 
+/// Why thread `tid` cannot answer a stack or context request now (the request signal blocked
+/// or ignored in it, the thread stopped, or no handler installed), so that asking would only
+/// wait for the timeout; `None` when it can. Used by dumps and the minidump writer alike.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn cannot_answer(tid: i32) -> Option<super::proc::NoAnswer> {
+    match SIGNAL.load(Ordering::Acquire) {
+        0 => Some(super::proc::NoAnswer::NoHandler),
+        sig => super::proc::cannot_answer(tid, sig),
+    }
+}
+
+// ---- register contexts for the minidump writer ----------------------------------------
+
+/// How a request for a thread's register context ended.
+pub(crate) enum ContextAnswer {
+    /// The context is in the caller's buffer; the thread waits in its handler (if it was asked
+    /// to) until [`release_context`].
+    Context(Ticket),
+    /// No answer in time (or no handler).
+    Timeout,
+    /// The thread does not exist (any more).
+    Gone,
+}
+
+/// Asks thread `tid` for its register context (see [`crate::minidump`]); the thread stays in
+/// its handler, its stack unchanged, until [`release_context`] (not the calling thread, whose
+/// handler runs inside its own `tgkill`).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn request_context(
+    tid: i32,
+    timeout_ns: u64,
+    out: &mut [u8; crate::context::CONTEXT_SIZE],
+) -> ContextAnswer {
+    if super::install().is_err() {
+        return ContextAnswer::Timeout;
+    }
+    if tid == sys::gettid() && sys::is_blocked(SIGNAL.load(Ordering::Relaxed)) {
+        return ContextAnswer::Timeout;
+    }
+    let hold = tid != sys::gettid();
+    let deadline = sys::monotonic_ns().saturating_add(timeout_ns);
+    loop {
+        match post_for(tid, WANT_CONTEXT, hold) {
+            Ok(Some(t)) => {
+                return match wait_answer(&t, deadline) {
+                    Answer::Frames(n, _) => {
+                        let ctx = context(&t, n);
+                        if ctx.len() == out.len() && !ctx.is_empty() {
+                            out.copy_from_slice(ctx);
+                            ContextAnswer::Context(t)
+                        } else {
+                            release(&t);
+                            ContextAnswer::Timeout
+                        }
+                    }
+                    Answer::Timeout | Answer::Cannot(_) => ContextAnswer::Timeout,
+                    Answer::Gone => ContextAnswer::Gone,
+                };
+            }
+            Err(Answer::Gone) => return ContextAnswer::Gone,
+            Err(_) => return ContextAnswer::Timeout,
+            Ok(None) if sys::monotonic_ns() < deadline => sys::sleep_ns(1_000_000),
+            Ok(None) => return ContextAnswer::Timeout,
+        }
+    }
+}
+
+/// Lets the thread of a [`ContextAnswer::Context`] go and frees its request. False when the
+/// thread had stopped waiting before (its stack changed while it was copied).
+pub(crate) fn release_context(ticket: Ticket) -> bool {
+    let held = let_go(&ticket);
+    release(&ticket);
+    held
+}
+
 /// Writes the interrupted context into the slot's context buffer; returns its length (0 where
 /// minidumps are not supported).
 ///
