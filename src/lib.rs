@@ -175,6 +175,7 @@ mod fork;
 pub mod fuzz;
 pub mod minidump;
 pub mod modules;
+mod procfs;
 #[cfg(feature = "profile")]
 #[cfg_attr(docsrs, doc(cfg(feature = "profile")))]
 pub mod profile;

@@ -631,7 +631,7 @@ fn write_locked(
         seen = 1;
     }
     summary.left_out = seen.saturating_sub(count);
-    load_maps(st);
+    st.map_count = crate::procfs::load_maps(&mut st.maps, &mut st.chunk);
     let mut listed = 0usize;
     let mut fault_pc = None;
     // Every thread together gets at most four times one thread's timeout.
@@ -696,7 +696,7 @@ fn write_locked(
             summary.contexts += 1;
         }
         let mut name = [0u8; 16];
-        let len = thread_name(tid, &mut name);
+        let len = crate::procfs::thread_name(tid, &mut name);
         rec.name = f.append_string(&name[..len], &mut st.chunk);
         st.threads[listed] = rec;
         listed += 1;
@@ -896,7 +896,7 @@ fn write_locked(
     le32(&mut header, 4, VERSION);
     le32(&mut header, 8, streams as u32);
     le32(&mut header, 12, HEADER_SIZE);
-    le32(&mut header, 20, realtime().0 as u32);
+    le32(&mut header, 20, sys::realtime().0 as u32);
     f.write_at(0, &header);
     if f.err != 0 {
         return Err(Error::Sys {
@@ -969,7 +969,7 @@ fn thread_context(
 
 /// Whether thread `tid` cannot answer a context request now: stopped (`T`, `t`), or with the
 /// request signal blocked or ignored (the check the text dumps use too,
-/// `threads::proc::cannot_answer`), so that asking would only wait for the timeout.
+/// `procfs::cannot_answer`), so that asking would only wait for the timeout.
 fn cannot_answer(tid: i32) -> bool {
     #[cfg(feature = "threads")]
     {
@@ -981,34 +981,6 @@ fn cannot_answer(tid: i32) -> bool {
         let _ = tid;
         true
     }
-}
-
-/// Thread `tid`'s name from `/proc/self/task/TID/comm` into `out`; its length (0 if unreadable).
-fn thread_name(tid: i32, out: &mut [u8; 16]) -> usize {
-    let n = read_task_file(tid, b"comm", out);
-    let text = &out[..n];
-    text.strip_suffix(b"\n").unwrap_or(text).len()
-}
-
-/// Reads `/proc/self/task/TID/FILE` into `out` (one `read`); the bytes read, 0 if unreadable.
-fn read_task_file(tid: i32, file: &[u8], out: &mut [u8]) -> usize {
-    let mut path = [0u8; 64];
-    let mut w = FixedBuf::new(&mut path);
-    w.push_bytes(b"/proc/self/task/");
-    w.push_dec(tid as u64);
-    w.push_bytes(b"/");
-    w.push_bytes(file);
-    w.push_bytes(b"\0");
-    let len = w.len();
-    let Ok(path) = core::ffi::CStr::from_bytes_with_nul(&path[..len]) else {
-        return 0;
-    };
-    let Ok(fd) = sys::open_cloexec(path, libc::O_RDONLY) else {
-        return 0;
-    };
-    let n = sys::read(fd, out).unwrap_or(0);
-    sys::close(fd);
-    n
 }
 
 /// Copies the stack of the thread whose context is in `st.context` into the dump: from its
@@ -1050,76 +1022,6 @@ fn stack_mapping(maps: &[(usize, usize, bool)], sp: usize) -> Option<(usize, usi
         .find(|m| m.2 && m.0 > sp)
         .filter(|m| m.0 - sp <= 1 << 20)
         .map(|m| (m.0, m.1))
-}
-
-/// Reads `/proc/self/maps` into `st.maps` (start, end, readable), at most [`MAX_MAPS`].
-fn load_maps(st: &mut State) {
-    st.map_count = 0;
-    let Ok(fd) = sys::open_cloexec(c"/proc/self/maps", libc::O_RDONLY) else {
-        return;
-    };
-    let mut have = 0usize;
-    loop {
-        let n = match sys::read(fd, &mut st.chunk[have..]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        have += n;
-        let mut used = 0;
-        while let Some(nl) = st.chunk[used..have].iter().position(|&b| b == b'\n') {
-            if let Some(m) = parse_maps_line(&st.chunk[used..used + nl]) {
-                if st.map_count < MAX_MAPS {
-                    st.maps[st.map_count] = m;
-                    st.map_count += 1;
-                }
-            }
-            used += nl + 1;
-        }
-        st.chunk.copy_within(used..have, 0);
-        have -= used;
-        if have == st.chunk.len() {
-            // A line longer than the buffer: skip it.
-            have = 0;
-        }
-    }
-    sys::close(fd);
-}
-
-/// `(start, end, readable)` of a `/proc/PID/maps` line (`start-end perms ...`).
-pub(crate) fn parse_maps_line(line: &[u8]) -> Option<(usize, usize, bool)> {
-    let hex = |s: &[u8]| -> Option<usize> {
-        if s.is_empty() || s.len() > 16 {
-            return None;
-        }
-        s.iter().try_fold(0usize, |acc, &b| {
-            let d = (b as char).to_digit(16)? as usize;
-            Some((acc << 4) | d)
-        })
-    };
-    let dash = line.iter().position(|&b| b == b'-')?;
-    let space = line.iter().position(|&b| b == b' ')?;
-    if space < dash {
-        return None;
-    }
-    let start = hex(&line[..dash])?;
-    let end = hex(&line[dash + 1..space])?;
-    let readable = line.get(space + 1) == Some(&b'r');
-    (start < end).then_some((start, end, readable))
-}
-
-/// `CLOCK_REALTIME` as (seconds, nanoseconds).
-fn realtime() -> (u64, u64) {
-    clock(libc::CLOCK_REALTIME)
-}
-
-fn clock(id: libc::clockid_t) -> (u64, u64) {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec; clock_gettime is async-signal-safe.
-    unsafe { libc::clock_gettime(id, &mut ts) };
-    (ts.tv_sec as u64, ts.tv_nsec as u64)
 }
 
 /// `MINIDUMP_SYSTEM_INFO` and its CSD version string (`uname`: system, release, version,
@@ -1165,7 +1067,7 @@ fn system_info(f: &mut File, chunk: &mut [u8]) -> Loc {
     le16(&mut s, 0, arch::PROCESSOR_ARCHITECTURE);
     le16(&mut s, 2, level);
     le16(&mut s, 4, revision);
-    s[6] = online_cpus().min(255) as u8;
+    s[6] = crate::procfs::online_cpus().min(255) as u8;
     le32(&mut s, 8, version[0]);
     le32(&mut s, 12, version[1]);
     le32(&mut s, 16, version[2]);
@@ -1173,39 +1075,6 @@ fn system_info(f: &mut File, chunk: &mut [u8]) -> Loc {
     le32(&mut s, 24, csd_rva);
     s[32..56].copy_from_slice(&cpu);
     f.append(&s)
-}
-
-/// The number of online CPUs, from `/sys/devices/system/cpu/online` ("0-3,8-11").
-fn online_cpus() -> u32 {
-    let Ok(fd) = sys::open_cloexec(c"/sys/devices/system/cpu/online", libc::O_RDONLY) else {
-        return 0;
-    };
-    let mut buf = [0u8; 256];
-    let n = sys::read(fd, &mut buf).unwrap_or(0);
-    sys::close(fd);
-    count_cpu_list(&buf[..n])
-}
-
-/// Counts the CPUs of a kernel CPU list ("0-3,8,10-11").
-fn count_cpu_list(list: &[u8]) -> u32 {
-    let mut total = 0u32;
-    for part in list.split(|&b| b == b',') {
-        let part = part.trim_ascii();
-        let num = |s: &[u8]| sys::parse_decimal(s).map(|v| v as u32);
-        match part.iter().position(|&b| b == b'-') {
-            Some(dash) => {
-                if let (Some(a), Some(b)) = (num(&part[..dash]), num(&part[dash + 1..])) {
-                    total += b.saturating_sub(a) + 1;
-                }
-            }
-            None => {
-                if num(part).is_some() {
-                    total += 1;
-                }
-            }
-        }
-    }
-    total
 }
 
 /// `MINIDUMP_MISC_INFO`: pid, the process's start time (Unix seconds) and its user and system
@@ -1219,7 +1088,7 @@ fn misc_info(f: &mut File) -> Loc {
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
     // SAFETY: ru is valid for writing.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
-        if let Some(start) = start_time() {
+        if let Some(start) = crate::procfs::start_time() {
             flags |= 2; // MINIDUMP_MISC1_PROCESS_TIMES
             le32(&mut m, 12, start as u32);
             le32(&mut m, 16, ru.ru_utime.tv_sec as u32);
@@ -1228,28 +1097,6 @@ fn misc_info(f: &mut File) -> Loc {
     }
     le32(&mut m, 4, flags);
     f.append(&m)
-}
-
-/// The process's start time in Unix seconds: `starttime` of `/proc/self/stat` (clock ticks
-/// since boot) against `CLOCK_BOOTTIME` and `CLOCK_REALTIME` now.
-fn start_time() -> Option<u64> {
-    let fd = sys::open_cloexec(c"/proc/self/stat", libc::O_RDONLY).ok()?;
-    let mut buf = [0u8; 1024];
-    let n = sys::read(fd, &mut buf);
-    sys::close(fd);
-    let stat = &buf[..n.ok()?];
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    // Field 3 (state) follows ") "; starttime is field 22.
-    let field = stat.get(close + 2..)?.split(|&b| b == b' ').nth(19)?;
-    let ticks = field.iter().try_fold(0u64, |acc, &b| {
-        b.is_ascii_digit()
-            .then(|| acc.saturating_mul(10).saturating_add((b - b'0') as u64))
-    })?;
-    // SAFETY: getauxval reads the auxiliary vector the kernel gave the process.
-    let hz = (unsafe { libc::getauxval(libc::AT_CLKTCK) } as u64).max(1);
-    let up = clock(libc::CLOCK_BOOTTIME).0;
-    let now = realtime().0;
-    Some(now.saturating_sub(up.saturating_sub(ticks / hz)))
 }
 
 /// Opens the directory dumps go to (normal context: at install time); the fd is never closed
@@ -1370,7 +1217,7 @@ fn random(out: &mut [u8; 16]) {
     if got == out.len() as libc::c_long {
         return;
     }
-    let (s, ns) = realtime();
+    let (s, ns) = sys::realtime();
     let mix = s.wrapping_mul(1_000_000_007) ^ ns ^ ((sys::getpid() as u64) << 32);
     out[..8].copy_from_slice(&mix.to_le_bytes());
     out[8..].copy_from_slice(&(sys::gettid() as u64 ^ ns.rotate_left(17)).to_le_bytes());
@@ -1396,23 +1243,6 @@ mod tests {
         );
         assert_eq!(stack_mapping(&maps, 0x9fff), Some((0x9000, 0xa000)));
         assert_eq!(stack_mapping(&maps, 0xa000), None);
-        assert_eq!(
-            parse_maps_line(b"7ffc2405c000-7ffc2407d000 rw-p 00000000 00:00 0  [stack]"),
-            Some((0x7ffc2405c000, 0x7ffc2407d000, true))
-        );
-        assert_eq!(
-            parse_maps_line(b"7f735df7b000-7f735df7c000 ---p 00000000 00:00 0"),
-            Some((0x7f735df7b000, 0x7f735df7c000, false))
-        );
-        assert_eq!(parse_maps_line(b"garbage"), None);
-    }
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(count_cpu_list(b"0-3,8-11\n"), 8);
-        assert_eq!(count_cpu_list(b"0\n"), 1);
-        assert_eq!(count_cpu_list(b"0-1,3"), 3);
-        assert_eq!(count_cpu_list(b""), 0);
     }
 
     #[test]

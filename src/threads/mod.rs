@@ -57,11 +57,10 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod dump;
-mod proc;
 pub(crate) mod request;
 
+pub use crate::procfs::{info, ThreadInfo};
 pub use dump::DumpSummary;
-pub use proc::{info, ThreadInfo};
 pub(crate) use request::cannot_answer;
 
 use crate::sys;

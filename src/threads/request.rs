@@ -121,7 +121,7 @@ pub(crate) enum Answer {
     Timeout,
     /// No answer from a thread whose status said it cannot take the request signal now
     /// (blocked or ignored, or the thread stopped), after a short grace (dumps only).
-    Cannot(super::proc::NoAnswer),
+    Cannot(crate::procfs::NoAnswer),
 }
 
 /// Claims a slot for `tid`, publishes the request and signals the thread. `Err(Answer::Gone)`
@@ -477,10 +477,10 @@ pub(crate) extern "C" fn on_capture_signal(
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
-pub(crate) fn cannot_answer(tid: i32) -> Option<super::proc::NoAnswer> {
+pub(crate) fn cannot_answer(tid: i32) -> Option<crate::procfs::NoAnswer> {
     match SIGNAL.load(Ordering::Acquire) {
-        0 => Some(super::proc::NoAnswer::NoHandler),
-        sig => super::proc::cannot_answer(tid, sig),
+        0 => Some(crate::procfs::NoAnswer::NoHandler),
+        sig => crate::procfs::cannot_answer(tid, sig),
     }
 }
 
