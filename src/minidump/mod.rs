@@ -44,16 +44,20 @@
 
 mod dir;
 mod file;
+mod streams;
 mod system;
 mod thread;
 
 pub(crate) use dir::{create_in, finish_in, open_dir};
 use file::{File, Loc};
+use streams::{
+    Directory, LINUX_AUXV, LINUX_CMD_LINE, LINUX_CPU_INFO, LINUX_ENVIRON, LINUX_LSB_RELEASE,
+    LINUX_MAPS, LINUX_PROC_STATUS,
+};
 use system::{misc_info, system_info};
 use thread::{cannot_answer, copy_stack, thread_context, Got};
 
-use crate::context::{self as arch, context_from_ucontext, le32, le64, CONTEXT_SIZE};
-use crate::symbolize::FixedBuf;
+use crate::context::{self as arch, context_from_ucontext, CONTEXT_SIZE};
 use crate::sys;
 use crate::Error;
 use core::cell::UnsafeCell;
@@ -61,31 +65,9 @@ use core::sync::atomic::{AtomicI32, Ordering};
 
 // ---- stream types --------------------------------------------------------------------------
 
-const THREAD_LIST: u32 = 3;
-const MODULE_LIST: u32 = 4;
-const MEMORY_LIST: u32 = 5;
-const EXCEPTION: u32 = 6;
-const SYSTEM_INFO: u32 = 7;
-const MISC_INFO: u32 = 15;
-const THREAD_NAMES: u32 = 24;
-const LINUX_CPU_INFO: u32 = 0x4767_0003;
-const LINUX_PROC_STATUS: u32 = 0x4767_0004;
-const LINUX_LSB_RELEASE: u32 = 0x4767_0005;
-const LINUX_CMD_LINE: u32 = 0x4767_0006;
-const LINUX_ENVIRON: u32 = 0x4767_0007;
-const LINUX_AUXV: u32 = 0x4767_0008;
-const LINUX_MAPS: u32 = 0x4767_0009;
-/// Crashpad's info stream (`MinidumpCrashpadInfo`): its simple annotations say what the dump
-/// leaves out.
-const CRASHPAD_INFO: u32 = 0x4350_0001;
-
-const SIGNATURE: u32 = 0x504d_444d; // "MDMP"
-const VERSION: u32 = 0xa793;
 const HEADER_SIZE: u32 = 32;
 const MAX_STREAMS: usize = 16;
 const DIRECTORY_SIZE: u32 = 12 * MAX_STREAMS as u32;
-/// `CV_INFO_ELF`'s signature, "BpEL".
-const CV_ELF: u32 = 0x4270_454c;
 /// `PLATFORM_ID` of Linux in Breakpad's `MINIDUMP_SYSTEM_INFO`.
 const PLATFORM_LINUX: u32 = 0x8201;
 
@@ -268,7 +250,6 @@ struct State {
     threads: [ThreadRec; MAX_THREADS],
     modules: [ModuleRec; MAX_MODULES],
     extra: [(u64, Loc); MAX_EXTRA_REGIONS],
-    directory: [(u32, Loc); MAX_STREAMS],
     context: [u8; CONTEXT_SIZE],
     chunk: [u8; CHUNK],
     /// The mappings of `/proc/self/maps` when the dump began: (start, end, readable), sorted.
@@ -290,7 +271,6 @@ static STATE: Shared = Shared(UnsafeCell::new(State {
     threads: [NO_THREAD; MAX_THREADS],
     modules: [NO_MODULE; MAX_MODULES],
     extra: [(0, Loc { size: 0, rva: 0 }); MAX_EXTRA_REGIONS],
-    directory: [(0, Loc { size: 0, rva: 0 }); MAX_STREAMS],
     context: [0; CONTEXT_SIZE],
     chunk: [0; CHUNK],
     maps: [(0, 0, false); MAX_MAPS],
@@ -305,45 +285,6 @@ static BUSY: AtomicI32 = AtomicI32::new(0);
 pub(crate) fn after_fork() {
     BUSY.store(0, Ordering::Release);
 }
-
-/// Appends a Crashpad info stream (`MinidumpCrashpadInfo` version 1, no report or client id,
-/// no module list) whose simple annotations are `pairs` (at most 4; keys up to 63 bytes),
-/// each value in decimal. Returns the stream's location.
-///
-/// # Async-signal safety
-/// Async-signal-safe (stack buffers, `pwrite`).
-fn crashpad_annotations(f: &mut File, pairs: &[(&[u8], u64)]) -> Loc {
-    /// A `MinidumpUTF8String`: its byte length, the bytes and a NUL.
-    fn utf8(f: &mut File, text: &[u8]) -> Loc {
-        let mut b = [0u8; 4 + 64];
-        let len = text.len().min(63);
-        le32(&mut b, 0, len as u32);
-        b[4..4 + len].copy_from_slice(&text[..len]);
-        f.append(&b[..4 + len + 1])
-    }
-    let n = pairs.len().min(4);
-    let mut dict = [0u8; 4 + 8 * 4];
-    le32(&mut dict, 0, n as u32);
-    for (k, &(key, value)) in pairs.iter().take(n).enumerate() {
-        let key = utf8(f, key);
-        let mut digits = [0u8; 24];
-        let mut w = FixedBuf::new(&mut digits);
-        w.push_dec(value);
-        let len = w.len();
-        let value = utf8(f, &digits[..len]);
-        le32(&mut dict, 4 + 8 * k, key.rva);
-        le32(&mut dict, 8 + 8 * k, value.rva);
-    }
-    let dict = f.append(&dict[..4 + 8 * n]);
-    // version, report_id (16 bytes), client_id (16), simple_annotations, module_list.
-    let mut info = [0u8; 52];
-    le32(&mut info, 0, 1);
-    le32(&mut info, 36, dict.size);
-    le32(&mut info, 40, dict.rva);
-    f.append(&info)
-}
-
-// ---- the file ------------------------------------------------------------------------------
 
 // ---- writing ----------------------------------------------------------------------------
 
@@ -455,14 +396,8 @@ fn write_locked(
         end: (HEADER_SIZE + DIRECTORY_SIZE) as u64,
         err: 0,
     };
-    let mut streams = 0usize;
+    let mut dir = Directory::new();
     let mut summary = Summary::default();
-    let mut add = |st: &mut State, kind: u32, loc: Loc| {
-        if streams < MAX_STREAMS {
-            st.directory[streams] = (kind, loc);
-            streams += 1;
-        }
-    };
 
     // Threads: the list first (threads come and go while the dump is written).
     let mut count = 0usize;
@@ -564,66 +499,24 @@ fn write_locked(
     // Threads beyond MAX_THREADS: the dump says so itself, in Crashpad's simple annotations,
     // which minidump readers show (`minidump-stackwalk --dump`, Sentry, Socorro).
     if summary.left_out > 0 {
-        let loc = crashpad_annotations(
+        dir.add(streams::crashpad_info(
             &mut f,
             &[
                 (b"selftrace.threads_left_out", summary.left_out as u64),
                 (b"selftrace.threads_in_process", seen as u64),
                 (b"selftrace.max_threads", MAX_THREADS as u64),
             ],
-        );
-        add(st, CRASHPAD_INFO, loc);
+        ));
     }
 
-    // ThreadList.
-    {
-        let buf = &mut st.chunk;
-        le32(buf, 0, listed as u32);
-        for (k, t) in st.threads[..listed].iter().enumerate() {
-            let o = 4 + 48 * k;
-            buf[o..o + 48].fill(0);
-            le32(buf, o, t.tid);
-            le64(buf, o + 16, 0); // Teb
-            le64(buf, o + 24, t.stack_start);
-            le32(buf, o + 32, t.stack.size);
-            le32(buf, o + 36, t.stack.rva);
-            le32(buf, o + 40, t.context.size);
-            le32(buf, o + 44, t.context.rva);
-        }
-        let loc = f.append(&buf[..4 + 48 * listed]);
-        add(st, THREAD_LIST, loc);
-    }
-
-    // ThreadNames.
-    {
-        let buf = &mut st.chunk;
-        le32(buf, 0, listed as u32);
-        for (k, t) in st.threads[..listed].iter().enumerate() {
-            let o = 4 + 12 * k;
-            le32(buf, o, t.tid);
-            le64(buf, o + 4, t.name.rva as u64);
-        }
-        let loc = f.append(&buf[..4 + 12 * listed]);
-        add(st, THREAD_NAMES, loc);
-    }
+    let threads = &st.threads[..listed];
+    dir.add(streams::thread_list(&mut f, threads, &mut st.chunk));
+    dir.add(streams::thread_names(&mut f, threads, &mut st.chunk));
 
     // Exception, and the code around the faulting instruction.
     let mut extra = 0usize;
     if let Some(c) = fault {
-        let ctx = st.threads[..listed]
-            .iter()
-            .find(|t| t.tid == c.tid as u32)
-            .map(|t| t.context)
-            .unwrap_or_default();
-        let mut e = [0u8; 168];
-        le32(&mut e, 0, c.tid as u32);
-        le32(&mut e, 8, c.sig as u32);
-        le32(&mut e, 12, c.code as u32);
-        le64(&mut e, 24, c.addr as u64);
-        le32(&mut e, 160, ctx.size);
-        le32(&mut e, 164, ctx.rva);
-        let loc = f.append(&e);
-        add(st, EXCEPTION, loc);
+        dir.add(streams::exception(&mut f, c, &st.threads[..listed]));
         if let Some(pc) = fault_pc {
             let from = (pc as usize).saturating_sub(128);
             if let Some(region) = f.append_memory(from, 256, &mut st.chunk) {
@@ -634,26 +527,12 @@ fn write_locked(
     }
 
     // MemoryList: the stacks and the extra regions.
-    {
-        let buf = &mut st.chunk;
-        let mut n = 0usize;
-        let mut put = |buf: &mut [u8], start: u64, loc: Loc| {
-            let o = 4 + 16 * n;
-            le64(buf, o, start);
-            le32(buf, o + 8, loc.size);
-            le32(buf, o + 12, loc.rva);
-            n += 1;
-        };
-        for t in st.threads[..listed].iter().filter(|t| t.stack.size != 0) {
-            put(buf, t.stack_start, t.stack);
-        }
-        for &(start, loc) in &st.extra[..extra] {
-            put(buf, start, loc);
-        }
-        le32(buf, 0, n as u32);
-        let loc = f.append(&buf[..4 + 16 * n]);
-        add(st, MEMORY_LIST, loc);
-    }
+    dir.add(streams::memory_list(
+        &mut f,
+        &st.threads[..listed],
+        &st.extra[..extra],
+        &mut st.chunk,
+    ));
 
     // ModuleList.
     let modules = crate::modules::with_current(|snap| {
@@ -666,14 +545,11 @@ fn write_locked(
                 continue;
             }
             let name_rva = f.append_string(o.path.as_bytes(), &mut st.chunk).rva;
-            let mut cv = Loc::default();
-            if let Some(id) = o.build_id.as_deref() {
-                let id = &id[..id.len().min(64)];
-                let mut rec = [0u8; 68];
-                le32(&mut rec, 0, CV_ELF);
-                rec[4..4 + id.len()].copy_from_slice(id);
-                cv = f.append(&rec[..4 + id.len()]);
-            }
+            let cv = o
+                .build_id
+                .as_deref()
+                .map(|id| streams::codeview(&mut f, id))
+                .unwrap_or_default();
             st.modules[n] = ModuleRec {
                 base: o.range.start as u64,
                 size: o.range.len().min(u32::MAX as usize) as u32,
@@ -685,38 +561,15 @@ fn write_locked(
         n
     });
     summary.modules = modules;
-    {
-        let list = f.next();
-        let mut head = [0u8; 4];
-        le32(&mut head, 0, modules as u32);
-        f.write_at(list, &head);
-        let buf = &mut st.chunk;
-        let per = buf.len() / 108;
-        let mut k = 0;
-        while k < modules {
-            let batch = (modules - k).min(per);
-            for j in 0..batch {
-                let m = st.modules[k + j];
-                let o = 108 * j;
-                buf[o..o + 108].fill(0);
-                le64(buf, o, m.base);
-                le32(buf, o + 8, m.size);
-                le32(buf, o + 20, m.name_rva);
-                le32(buf, o + 76, m.cv.size);
-                le32(buf, o + 80, m.cv.rva);
-            }
-            f.write_at(list + 4 + 108 * k as u64, &buf[..108 * batch]);
-            k += batch;
-        }
-        let loc = File::loc(list, 4 + 108 * modules as u64);
-        add(st, MODULE_LIST, loc);
-    }
+    dir.add(streams::module_list(
+        &mut f,
+        &st.modules[..modules],
+        &mut st.chunk,
+    ));
 
     // SystemInfo and MiscInfo.
-    let loc = system_info(&mut f, &mut st.chunk);
-    add(st, SYSTEM_INFO, loc);
-    let loc = misc_info(&mut f);
-    add(st, MISC_INFO, loc);
+    dir.add(system_info(&mut f, &mut st.chunk));
+    dir.add(misc_info(&mut f));
 
     // The Linux streams.
     let files: [(u32, &core::ffi::CStr, bool); 7] = [
@@ -732,31 +585,13 @@ fn write_locked(
         if !wanted {
             continue;
         }
-        let loc = f.append_file(path, &mut st.chunk).or_else(|| {
-            (kind == LINUX_LSB_RELEASE)
-                .then(|| f.append_file(c"/etc/os-release", &mut st.chunk))
-                .flatten()
-        });
-        if let Some(loc) = loc {
-            add(st, kind, loc);
+        if let Some(s) = streams::linux_file(&mut f, kind, path, &mut st.chunk) {
+            dir.add(s);
         }
     }
 
     // Header and directory last: a dump cut short has no valid header.
-    let mut dir = [0u8; DIRECTORY_SIZE as usize];
-    for (k, (kind, loc)) in st.directory[..streams].iter().enumerate() {
-        le32(&mut dir, 12 * k, *kind);
-        le32(&mut dir, 12 * k + 4, loc.size);
-        le32(&mut dir, 12 * k + 8, loc.rva);
-    }
-    f.write_at(HEADER_SIZE as u64, &dir[..12 * streams]);
-    let mut header = [0u8; HEADER_SIZE as usize];
-    le32(&mut header, 0, SIGNATURE);
-    le32(&mut header, 4, VERSION);
-    le32(&mut header, 8, streams as u32);
-    le32(&mut header, 12, HEADER_SIZE);
-    le32(&mut header, 20, sys::realtime().0 as u32);
-    f.write_at(0, &header);
+    dir.finish(&mut f, sys::realtime().0 as u32);
     if f.err != 0 {
         return Err(Error::Sys {
             call: "pwrite",
