@@ -40,6 +40,16 @@
 //! (a regular file, not a pipe) and not opened with `O_APPEND`.
 //!
 //! Only on x86-64 and aarch64 (elsewhere [`crate::Error::Unsupported`]).
+//!
+//! # Files
+//! This file: the API ([`Options`], [`Summary`], [`write_to`]), the dump state and the thread
+//! loop (`write_locked`). `file.rs`: the positioned writer; `streams.rs`: one function per
+//! stream and the directory; `thread.rs`: one thread's context and stack; `system.rs`: the
+//! system streams; `dir.rs`: the `<uuid>.dmp` lifecycle. The registers come from
+//! `crate::context`, `/proc` from `crate::procfs`.
+//!
+//! Size: a little over 600 lines because the public API's docs (`Options`, `Summary`,
+//! `write_to`) and the one-writer state live next to the thread loop that uses them.
 #![allow(unsafe_code)]
 
 mod dir;
@@ -364,6 +374,12 @@ pub(crate) fn write(
     result
 }
 
+/// Writes the dump: the thread loop, then one call per stream, then the header.
+///
+/// Length (about 240 lines): the loop must stay in this function. The writing thread's own
+/// registers are taken here (`own_registers!`) and describe this frame, which has to stay as
+/// it is while its stack is copied below it; a helper that returned before the copy would leave
+/// registers of a frame that no longer exists.
 fn write_locked(
     st: &mut State,
     fd: i32,
