@@ -79,7 +79,7 @@ pub fn plt_entries(aarch64: bool, bytes: &[u8], addr: u64, entsize: u64) -> Vec<
 
 /// `(start, end, readable)` of a `/proc/PID/maps` line, as the minidump writer reads it.
 pub fn maps_line(line: &[u8]) -> Option<(usize, usize, bool)> {
-    crate::minidump::parse_maps_line(line)
+    crate::procfs::parse_maps_line(line)
 }
 
 /// Whether the file offset `offset` of the ELF file at `path` lies in an executable segment,

@@ -167,6 +167,7 @@
 extern crate self as selftrace;
 
 mod atfork;
+mod context;
 pub mod crash;
 mod error;
 mod fmt;
@@ -176,6 +177,7 @@ mod fork;
 pub mod fuzz;
 pub mod minidump;
 pub mod modules;
+mod procfs;
 #[cfg(feature = "profile")]
 #[cfg_attr(docsrs, doc(cfg(feature = "profile")))]
 pub mod profile;

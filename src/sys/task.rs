@@ -167,6 +167,28 @@ pub(crate) fn thread_cpu_ns(tid: i32) -> Option<u64> {
     clock_ns(clock)
 }
 
+/// `clock_gettime(id)` as (seconds, nanoseconds); zeros when it fails.
+///
+/// # References
+/// clock_gettime(2)
+pub(crate) fn clock(id: libc::clockid_t) -> (u64, u64) {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec; clock_gettime is async-signal-safe.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    (ts.tv_sec as u64, ts.tv_nsec as u64)
+}
+
+/// `CLOCK_REALTIME` as (seconds, nanoseconds).
+///
+/// # References
+/// clock_gettime(2)
+pub(crate) fn realtime() -> (u64, u64) {
+    clock(libc::CLOCK_REALTIME)
+}
+
 fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -21,11 +21,11 @@
 //! Everything here is async-signal-safe: the thread list is read with `getdents64`, each stack
 //! is requested through [`super::request`], and output goes through fixed buffers and `write(2)`.
 
-use super::proc::{self, NoAnswer, ThreadInfo};
 use super::request::{self, Answer, Ticket};
 pub(crate) use crate::crash::lock::OutputLock;
 use crate::crash::report::{call_trace_with_lines, Lines};
 pub(crate) use crate::crash::report::{object_line, Out};
+use crate::procfs::{self as proc, NoAnswer, ThreadInfo};
 use crate::symbolize::{self, FixedBuf};
 use crate::sys;
 

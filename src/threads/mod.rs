@@ -77,11 +77,11 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod dump;
-mod proc;
-mod request;
+pub(crate) mod request;
 
+pub use crate::procfs::{info, ThreadInfo};
 pub use dump::DumpSummary;
-pub use proc::{info, ThreadInfo};
+pub(crate) use request::cannot_answer;
 
 use crate::sys;
 use crate::Error;
@@ -351,125 +351,35 @@ pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::
     }
 }
 
-/// Writes a minidump of the running process to `fd` (a regular file, from its current
-/// position): every thread's registers and stack, the loaded objects, the system (see
-/// [`crate::minidump`]), for hang reports and "dump without crashing". The calling thread is
-/// in it too, stopped in this function. Waits up to [`timeout`] for each thread.
+/// Writes a minidump of the running process to `fd` with the default
+/// [`crate::minidump::Options`].
 ///
-/// # Errors
-/// [`Error::InvalidInput`] when `fd` is not seekable, appends (`O_APPEND`), or another dump
-/// is being written,
-/// [`Error::NotFound`] before [`crate::init`] (no module list yet), [`Error::Sys`] when a write
-/// fails (`ENOSPC`, ...), [`Error::Unsupported`] on a machine
-/// without minidump support (not x86-64 or aarch64).
-///
-/// # Async-signal safety
-/// Async-signal-safe.
+/// Moved: write `selftrace::minidump::write_to(fd, &selftrace::minidump::Options::new())`
+/// (see [`crate::minidump::write_to`] for what it writes, its errors and its async-signal
+/// safety); this name stays as a thin wrapper.
 pub fn write_minidump(fd: impl AsFd) -> Result<crate::minidump::Summary, Error> {
     write_minidump_with(fd, &crate::minidump::Options::new())
 }
 
 /// [`write_minidump`] with options (stack size per thread, environment).
 ///
+/// Moved: write `selftrace::minidump::write_to(fd, &options)` (see
+/// [`crate::minidump::write_to`]); this name stays as a thin wrapper.
+///
 /// # Errors
-/// As [`write_minidump`].
+/// As [`crate::minidump::write_to`].
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
+#[inline(never)]
 pub fn write_minidump_with(
     fd: impl AsFd,
     options: &crate::minidump::Options,
 ) -> Result<crate::minidump::Summary, Error> {
-    if !crate::modules::with_current(|s| s.is_some()) {
-        return Err(Error::NotFound(
-            "the module list: call selftrace::init() before writing a minidump",
-        ));
-    }
-    let _ = install();
-    let _lock = crate::crash::lock::OutputLock::acquire();
-    crate::minidump::write(
-        fd.as_fd().as_raw_fd(),
-        None,
-        options,
-        TIMEOUT_NS.load(Ordering::Relaxed),
-    )
-}
-
-/// How a request for a thread's register context ended.
-pub(crate) enum ContextAnswer {
-    /// The context is in the caller's buffer; the thread waits in its handler (if it was asked
-    /// to) until [`release_context`].
-    Context(request::Ticket),
-    /// No answer in time (or no handler).
-    Timeout,
-    /// The thread does not exist (any more).
-    Gone,
-}
-
-/// Asks thread `tid` for its register context (see [`crate::minidump`]); the thread stays in
-/// its handler, its stack unchanged, until [`release_context`] (not the calling thread, whose
-/// handler runs inside its own `tgkill`).
-///
-/// # Async-signal safety
-/// Async-signal-safe.
-pub(crate) fn request_context(
-    tid: i32,
-    timeout_ns: u64,
-    out: &mut [u8; crate::minidump::CONTEXT_SIZE],
-) -> ContextAnswer {
-    if install().is_err() {
-        return ContextAnswer::Timeout;
-    }
-    if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
-        return ContextAnswer::Timeout;
-    }
-    let hold = tid != sys::gettid();
-    let deadline = sys::monotonic_ns().saturating_add(timeout_ns);
-    loop {
-        match request::post_for(tid, request::WANT_CONTEXT, hold) {
-            Ok(Some(t)) => {
-                return match request::wait_answer(&t, deadline) {
-                    request::Answer::Frames(n, _) => {
-                        let ctx = request::context(&t, n);
-                        if ctx.len() == out.len() && !ctx.is_empty() {
-                            out.copy_from_slice(ctx);
-                            ContextAnswer::Context(t)
-                        } else {
-                            request::release(&t);
-                            ContextAnswer::Timeout
-                        }
-                    }
-                    request::Answer::Timeout | request::Answer::Cannot(_) => ContextAnswer::Timeout,
-                    request::Answer::Gone => ContextAnswer::Gone,
-                };
-            }
-            Err(request::Answer::Gone) => return ContextAnswer::Gone,
-            Err(_) => return ContextAnswer::Timeout,
-            Ok(None) if sys::monotonic_ns() < deadline => sys::sleep_ns(1_000_000),
-            Ok(None) => return ContextAnswer::Timeout,
-        }
-    }
-}
-
-/// Why thread `tid` cannot answer a stack or context request now (the request signal blocked
-/// or ignored in it, the thread stopped, or no handler installed), so that asking would only
-/// wait for the timeout; `None` when it can. Used by dumps and the minidump writer alike.
-///
-/// # Async-signal safety
-/// Async-signal-safe.
-pub(crate) fn cannot_answer(tid: i32) -> Option<proc::NoAnswer> {
-    match request::SIGNAL.load(Ordering::Acquire) {
-        0 => Some(proc::NoAnswer::NoHandler),
-        sig => proc::cannot_answer(tid, sig),
-    }
-}
-
-/// Lets the thread of a [`ContextAnswer::Context`] go and frees its request. False when the
-/// thread had stopped waiting before (its stack changed while it was copied).
-pub(crate) fn release_context(ticket: request::Ticket) -> bool {
-    let held = request::let_go(&ticket);
-    request::release(&ticket);
-    held
+    let result = crate::minidump::write_to(fd, options);
+    // Not a tail call: this frame stays on the writing thread's stack in the dump.
+    core::hint::black_box(&result);
+    result
 }
 
 /// Writes the ids of this process's threads (from `/proc/self/task`) into `buf`; returns how

@@ -66,7 +66,7 @@ struct Slot {
     end: UnsafeCell<crate::WalkEnd>,
     /// The thread's register context in the minidump's `CONTEXT_*` layout (written and read
     /// like `buf`); its length in `frames` for a [`WANT_CONTEXT`] request.
-    context: UnsafeCell<[u8; crate::minidump::CONTEXT_SIZE]>,
+    context: UnsafeCell<[u8; crate::context::CONTEXT_SIZE]>,
 }
 
 /// A request for the thread's stack (frames).
@@ -92,7 +92,7 @@ static TABLE: [Slot; SLOTS] = [const {
         frames: AtomicUsize::new(0),
         buf: UnsafeCell::new([0; SLOT_FRAMES]),
         end: UnsafeCell::new(crate::WalkEnd::Complete),
-        context: UnsafeCell::new([0; crate::minidump::CONTEXT_SIZE]),
+        context: UnsafeCell::new([0; crate::context::CONTEXT_SIZE]),
     }
 }; SLOTS];
 
@@ -121,7 +121,7 @@ pub(crate) enum Answer {
     Timeout,
     /// No answer from a thread whose status said it cannot take the request signal now
     /// (blocked or ignored, or the thread stopped), after a short grace (dumps only).
-    Cannot(super::proc::NoAnswer),
+    Cannot(crate::procfs::NoAnswer),
 }
 
 /// Claims a slot for `tid`, publishes the request and signals the thread. `Err(Answer::Gone)`
@@ -471,6 +471,85 @@ pub(crate) extern "C" fn on_capture_signal(
     unsafe { *libc::__errno_location() = errno };
 }
 
+/// Why thread `tid` cannot answer a stack or context request now (the request signal blocked
+/// or ignored in it, the thread stopped, or no handler installed), so that asking would only
+/// wait for the timeout; `None` when it can. Used by dumps and the minidump writer alike.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn cannot_answer(tid: i32) -> Option<crate::procfs::NoAnswer> {
+    match SIGNAL.load(Ordering::Acquire) {
+        0 => Some(crate::procfs::NoAnswer::NoHandler),
+        sig => crate::procfs::cannot_answer(tid, sig),
+    }
+}
+
+// ---- register contexts for the minidump writer ----------------------------------------
+
+/// How a request for a thread's register context ended.
+pub(crate) enum ContextAnswer {
+    /// The context is in the caller's buffer; the thread waits in its handler (if it was asked
+    /// to) until [`release_context`].
+    Context(Ticket),
+    /// No answer in time (or no handler).
+    Timeout,
+    /// The thread does not exist (any more).
+    Gone,
+}
+
+/// Asks thread `tid` for its register context (see [`crate::minidump`]); the thread stays in
+/// its handler, its stack unchanged, until [`release_context`] (not the calling thread, whose
+/// handler runs inside its own `tgkill`).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn request_context(
+    tid: i32,
+    timeout_ns: u64,
+    out: &mut [u8; crate::context::CONTEXT_SIZE],
+) -> ContextAnswer {
+    if super::install().is_err() {
+        return ContextAnswer::Timeout;
+    }
+    if tid == sys::gettid() && sys::is_blocked(SIGNAL.load(Ordering::Relaxed)) {
+        return ContextAnswer::Timeout;
+    }
+    let hold = tid != sys::gettid();
+    let deadline = sys::monotonic_ns().saturating_add(timeout_ns);
+    loop {
+        match post_for(tid, WANT_CONTEXT, hold) {
+            Ok(Some(t)) => {
+                return match wait_answer(&t, deadline) {
+                    Answer::Frames(n, _) => {
+                        let ctx = context(&t, n);
+                        if ctx.len() == out.len() && !ctx.is_empty() {
+                            out.copy_from_slice(ctx);
+                            ContextAnswer::Context(t)
+                        } else {
+                            release(&t);
+                            ContextAnswer::Timeout
+                        }
+                    }
+                    Answer::Timeout | Answer::Cannot(_) => ContextAnswer::Timeout,
+                    Answer::Gone => ContextAnswer::Gone,
+                };
+            }
+            Err(Answer::Gone) => return ContextAnswer::Gone,
+            Err(_) => return ContextAnswer::Timeout,
+            Ok(None) if sys::monotonic_ns() < deadline => sys::sleep_ns(1_000_000),
+            Ok(None) => return ContextAnswer::Timeout,
+        }
+    }
+}
+
+/// Lets the thread of a [`ContextAnswer::Context`] go and frees its request. False when the
+/// thread had stopped waiting before (its stack changed while it was copied).
+pub(crate) fn release_context(ticket: Ticket) -> bool {
+    let held = let_go(&ticket);
+    release(&ticket);
+    held
+}
+
 /// Writes the interrupted context into the slot's context buffer; returns its length (0 where
 /// minidumps are not supported).
 ///
@@ -480,5 +559,5 @@ unsafe fn write_context(slot: &Slot, uc: *const libc::ucontext_t) -> usize {
     // SAFETY: RUNNING makes the buffer ours (the caller's contract).
     let ctx = unsafe { &mut *slot.context.get() };
     // SAFETY: uc is the kernel's ucontext (the caller's contract).
-    unsafe { crate::minidump::context_from_ucontext(uc, ctx) }
+    unsafe { crate::context::context_from_ucontext(uc, ctx) }
 }

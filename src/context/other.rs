@@ -25,6 +25,7 @@ macro_rules! own_registers {
         [0u64; 0]
     };
 }
+pub(crate) use own_registers;
 
 /// No context.
 pub(crate) fn context_from_own(_regs: &[u64; 0], _out: &mut [u8; CONTEXT_SIZE]) -> usize {

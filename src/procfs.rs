@@ -1,12 +1,58 @@
-//! What `/proc/self/task/TID/stat` says of a thread: its name and scheduler state; and its CPU
-//! time from the thread's CPU clock.
+//! The one reader of `/proc/self` (and `/sys` CPU lists): what a thread's `task/TID/stat`,
+//! `status` and `comm` say (name, scheduler state, whether it can take a signal now), the
+//! mappings of `maps`, the online CPUs and the process's start time. Used by the thread dumps,
+//! the minidump writer, the watchdog and the profiler.
 //!
 //! # Async-signal safety
-//! Everything here is async-signal-safe: the file is read with `open`/`read`/`close` into a
-//! stack buffer and parsed in place.
+//! Everything here is async-signal-safe: each file is read with `open`/`read`/`close` into a
+//! caller's or a stack buffer and parsed in place.
+// Without the `threads` feature only the minidump writer's readers are used.
+#![cfg_attr(not(feature = "threads"), allow(dead_code))]
+#![allow(unsafe_code)]
 
 use crate::symbolize::FixedBuf;
 use crate::sys;
+use core::ffi::CStr;
+
+/// `/proc/self/task/TID/FILE` and a NUL, built in `buf`; `None` if it does not fit.
+fn task_path<'a>(tid: i32, file: &[u8], buf: &'a mut [u8; 64]) -> Option<&'a CStr> {
+    let mut w = FixedBuf::new(&mut buf[..]);
+    w.push_bytes(b"/proc/self/task/");
+    w.push_dec(tid as u64);
+    w.push_bytes(b"/");
+    w.push_bytes(file);
+    w.push_bytes(b"\0");
+    let len = w.len();
+    CStr::from_bytes_with_nul(&buf[..len]).ok()
+}
+
+/// Reads `/proc/self/task/TID/FILE` into `out` (one `read`); the bytes read, 0 if unreadable.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn read_task_file(tid: i32, file: &[u8], out: &mut [u8]) -> usize {
+    let mut path = [0u8; 64];
+    let Some(path) = task_path(tid, file, &mut path) else {
+        return 0;
+    };
+    let Ok(fd) = sys::open_cloexec(path, libc::O_RDONLY) else {
+        return 0;
+    };
+    let n = sys::read(fd, out).unwrap_or(0);
+    sys::close(fd);
+    n
+}
+
+/// Thread `tid`'s name from `/proc/self/task/TID/comm` into `out`; its length (0 if
+/// unreadable).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn thread_name(tid: i32, out: &mut [u8; 16]) -> usize {
+    let n = read_task_file(tid, b"comm", out);
+    let text = &out[..n];
+    text.strip_suffix(b"\n").unwrap_or(text).len()
+}
 
 /// What selftrace knows of a thread of this process, read without allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,13 +102,8 @@ pub(crate) fn state_name(s: u8) -> &'static str {
 /// # Async-signal safety
 /// Async-signal-safe.
 pub fn info(tid: i32) -> Option<ThreadInfo> {
-    let mut path = [0u8; 48];
-    let mut w = FixedBuf::new(&mut path);
-    w.push_bytes(b"/proc/self/task/");
-    w.push_dec(tid as u64);
-    w.push_bytes(b"/stat\0");
-    let len = w.len();
-    let path = core::ffi::CStr::from_bytes_with_nul(&path[..len]).ok()?;
+    let mut path = [0u8; 64];
+    let path = task_path(tid, b"stat", &mut path)?;
     let fd = sys::open_cloexec(path, libc::O_RDONLY).ok()?;
     let mut buf = [0u8; 512];
     let n = sys::read(fd, &mut buf);
@@ -125,13 +166,8 @@ impl NoAnswer {
 /// # Async-signal safety
 /// Async-signal-safe (`open`/`read`/`close` into a stack buffer).
 pub(crate) fn cannot_answer(tid: i32, sig: i32) -> Option<NoAnswer> {
-    let mut path = [0u8; 48];
-    let mut w = FixedBuf::new(&mut path);
-    w.push_bytes(b"/proc/self/task/");
-    w.push_dec(tid as u64);
-    w.push_bytes(b"/status\0");
-    let len = w.len();
-    let path = core::ffi::CStr::from_bytes_with_nul(&path[..len]).ok()?;
+    let mut path = [0u8; 64];
+    let path = task_path(tid, b"status", &mut path)?;
     let fd = sys::open_cloexec(path, libc::O_RDONLY).ok()?;
     let mut buf = [0u8; 2048];
     // The fields needed (State, SigBlk, SigIgn) sit in the first ~1.2 KiB; read until full.
@@ -184,6 +220,133 @@ fn mask_has(mask: Option<&[u8]>, sig: i32) -> bool {
         None => 0,
     };
     digit & (1 << (bit % 4)) != 0
+}
+
+// ---- maps, CPUs, start time ----------------------------------------------------------------
+
+/// Reads `/proc/self/maps` into `maps` (start, end, readable, in the file's order: sorted), at
+/// most `maps.len()` of them, through `buf` (a line longer than it is skipped); how many it
+/// read.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn load_maps(maps: &mut [(usize, usize, bool)], buf: &mut [u8]) -> usize {
+    let mut count = 0;
+    let Ok(fd) = sys::open_cloexec(c"/proc/self/maps", libc::O_RDONLY) else {
+        return 0;
+    };
+    let mut have = 0usize;
+    loop {
+        let n = match sys::read(fd, &mut buf[have..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        have += n;
+        let mut used = 0;
+        while let Some(nl) = buf[used..have].iter().position(|&b| b == b'\n') {
+            if let Some(m) = parse_maps_line(&buf[used..used + nl]) {
+                if let Some(slot) = maps.get_mut(count) {
+                    *slot = m;
+                    count += 1;
+                }
+            }
+            used += nl + 1;
+        }
+        buf.copy_within(used..have, 0);
+        have -= used;
+        if have == buf.len() {
+            // A line longer than the buffer: skip it.
+            have = 0;
+        }
+    }
+    sys::close(fd);
+    count
+}
+
+/// `(start, end, readable)` of a `/proc/PID/maps` line (`start-end perms ...`).
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn parse_maps_line(line: &[u8]) -> Option<(usize, usize, bool)> {
+    let hex = |s: &[u8]| -> Option<usize> {
+        if s.is_empty() || s.len() > 16 {
+            return None;
+        }
+        s.iter().try_fold(0usize, |acc, &b| {
+            let d = (b as char).to_digit(16)? as usize;
+            Some((acc << 4) | d)
+        })
+    };
+    let dash = line.iter().position(|&b| b == b'-')?;
+    let space = line.iter().position(|&b| b == b' ')?;
+    if space < dash {
+        return None;
+    }
+    let start = hex(&line[..dash])?;
+    let end = hex(&line[dash + 1..space])?;
+    let readable = line.get(space + 1) == Some(&b'r');
+    (start < end).then_some((start, end, readable))
+}
+
+/// The number of online CPUs, from `/sys/devices/system/cpu/online` ("0-3,8-11").
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn online_cpus() -> u32 {
+    let Ok(fd) = sys::open_cloexec(c"/sys/devices/system/cpu/online", libc::O_RDONLY) else {
+        return 0;
+    };
+    let mut buf = [0u8; 256];
+    let n = sys::read(fd, &mut buf).unwrap_or(0);
+    sys::close(fd);
+    count_cpu_list(&buf[..n])
+}
+
+/// Counts the CPUs of a kernel CPU list ("0-3,8,10-11").
+pub(crate) fn count_cpu_list(list: &[u8]) -> u32 {
+    let mut total = 0u32;
+    for part in list.split(|&b| b == b',') {
+        let part = part.trim_ascii();
+        let num = |s: &[u8]| sys::parse_decimal(s).map(|v| v as u32);
+        match part.iter().position(|&b| b == b'-') {
+            Some(dash) => {
+                if let (Some(a), Some(b)) = (num(&part[..dash]), num(&part[dash + 1..])) {
+                    total += b.saturating_sub(a) + 1;
+                }
+            }
+            None => {
+                if num(part).is_some() {
+                    total += 1;
+                }
+            }
+        }
+    }
+    total
+}
+
+/// The process's start time in Unix seconds: `starttime` of `/proc/self/stat` (clock ticks
+/// since boot) against `CLOCK_BOOTTIME` and `CLOCK_REALTIME` now.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn start_time() -> Option<u64> {
+    let fd = sys::open_cloexec(c"/proc/self/stat", libc::O_RDONLY).ok()?;
+    let mut buf = [0u8; 1024];
+    let n = sys::read(fd, &mut buf);
+    sys::close(fd);
+    let stat = &buf[..n.ok()?];
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    // Field 3 (state) follows ") "; starttime is field 22.
+    let field = stat.get(close + 2..)?.split(|&b| b == b' ').nth(19)?;
+    let ticks = field.iter().try_fold(0u64, |acc, &b| {
+        b.is_ascii_digit()
+            .then(|| acc.saturating_mul(10).saturating_add((b - b'0') as u64))
+    })?;
+    // SAFETY: getauxval reads the auxiliary vector the kernel gave the process.
+    let hz = (unsafe { libc::getauxval(libc::AT_CLKTCK) } as u64).max(1);
+    let up = sys::clock(libc::CLOCK_BOOTTIME).0;
+    let now = sys::realtime().0;
+    Some(now.saturating_sub(up.saturating_sub(ticks / hz)))
 }
 
 #[cfg(test)]
@@ -251,5 +414,26 @@ mod tests {
         let i = info(sys::gettid()).expect("own stat");
         assert_eq!(i.state, b'R');
         assert!(i.cpu_ns.is_some());
+    }
+
+    #[test]
+    fn maps_lines() {
+        assert_eq!(
+            parse_maps_line(b"7ffc2405c000-7ffc2407d000 rw-p 00000000 00:00 0  [stack]"),
+            Some((0x7ffc2405c000, 0x7ffc2407d000, true))
+        );
+        assert_eq!(
+            parse_maps_line(b"7f735df7b000-7f735df7c000 ---p 00000000 00:00 0"),
+            Some((0x7f735df7b000, 0x7f735df7c000, false))
+        );
+        assert_eq!(parse_maps_line(b"garbage"), None);
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(count_cpu_list(b"0-3,8-11\n"), 8);
+        assert_eq!(count_cpu_list(b"0\n"), 1);
+        assert_eq!(count_cpu_list(b"0-1,3"), 3);
+        assert_eq!(count_cpu_list(b""), 0);
     }
 }

@@ -2,7 +2,7 @@
 //! selectors, flags) and its FXSAVE area (x87, MXCSR, XMM0-15).
 #![allow(unsafe_code)]
 
-use super::super::{le16, le32, le64, rd64};
+use super::{le16, le32, le64, rd64};
 
 /// Size of `CONTEXT_AMD64`.
 pub(crate) const CONTEXT_SIZE: usize = 1232;
@@ -120,6 +120,7 @@ macro_rules! own_registers {
         regs
     }};
 }
+pub(crate) use own_registers;
 
 /// Writes the `CONTEXT_AMD64` of registers from [`own_registers`] (control and integer
 /// registers: those a stack walk needs); returns its size.

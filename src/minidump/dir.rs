@@ -1,0 +1,134 @@
+//! The `<uuid>.dmp` lifecycle of dumps written into a directory: the directory opened once
+//! (at install time), each dump created exclusively as `<uuid>.dmp.tmp`, then renamed to
+//! `<uuid>.dmp` when it was written (or removed when not), so that a reader never takes a dump
+//! being written for a finished one.
+#![allow(unsafe_code)]
+
+use super::SUPPORTED;
+use crate::error::Error;
+use crate::symbolize::FixedBuf;
+use crate::sys;
+
+/// Opens the directory dumps go to (normal context: at install time); the fd is never closed
+/// (a handler may write into it at any time).
+///
+/// # Errors
+/// [`Error::Unsupported`] where dumps are not written, [`Error::Sys`] when it cannot be opened.
+pub(crate) fn open_dir(dir: &std::path::Path) -> Result<i32, Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !SUPPORTED {
+        return Err(Error::Unsupported("minidumps on this architecture"));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(|e| Error::Sys {
+            call: "open",
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+        })?;
+    Ok(sys::keep_open(std::os::fd::OwnedFd::from(file)))
+}
+
+/// A new file for a dump in `dir_fd`, to be named `<uuid>.dmp` by [`finish_in`]: created
+/// exclusively, mode 0600, as `<uuid>.dmp.tmp` (so that a dump being written, or cut short, is
+/// never taken for a finished one, by `crash::upload::send_pending` for one). Returns the fd and
+/// writes the final name (NUL-free) into `name`, returning its length too.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn create_in(dir_fd: i32, name: &mut [u8; 48]) -> Result<(i32, usize), i32> {
+    for _ in 0..8 {
+        let mut id = [0u8; 16];
+        random(&mut id);
+        // A version 4 UUID, as Breakpad names its dumps.
+        id[6] = (id[6] & 0x0f) | 0x40;
+        id[8] = (id[8] & 0x3f) | 0x80;
+        let mut w = FixedBuf::new(&mut name[..]);
+        for (k, b) in id.iter().enumerate() {
+            if matches!(k, 4 | 6 | 8 | 10) {
+                w.push_bytes(b"-");
+            }
+            let hex = b"0123456789abcdef";
+            w.push_bytes(&[hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
+        }
+        w.push_bytes(b".dmp");
+        let len = w.len();
+        let tmp = temporary_name(&name[..len]);
+        // SAFETY: tmp is NUL-terminated.
+        let fd = unsafe {
+            libc::openat(
+                dir_fd,
+                tmp.as_ptr().cast(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd >= 0 {
+            return Ok((fd, len));
+        }
+        let e = sys::errno();
+        if e != libc::EEXIST {
+            return Err(e);
+        }
+    }
+    Err(libc::EEXIST)
+}
+
+/// `NAME.tmp` and a NUL, for a name from [`create_in`].
+fn temporary_name(name: &[u8]) -> [u8; 56] {
+    let mut tmp = [0u8; 56];
+    let n = name.len().min(48);
+    tmp[..n].copy_from_slice(&name[..n]);
+    tmp[n..n + 4].copy_from_slice(b".tmp");
+    tmp
+}
+
+/// Ends a dump made with [`create_in`]: renames `NAME.tmp` to `NAME` when it was written
+/// (`ok`), removes it otherwise.
+///
+/// # Errors
+/// The `errno` of `renameat` or `unlinkat`.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+pub(crate) fn finish_in(dir_fd: i32, name: &[u8], ok: bool) -> Result<(), i32> {
+    let tmp = temporary_name(name);
+    let mut done = [0u8; 49];
+    let n = name.len().min(48);
+    done[..n].copy_from_slice(&name[..n]);
+    // SAFETY: both names are NUL-terminated; the calls have no other memory effects.
+    let r = unsafe {
+        if ok {
+            libc::renameat(dir_fd, tmp.as_ptr().cast(), dir_fd, done.as_ptr().cast())
+        } else {
+            libc::unlinkat(dir_fd, tmp.as_ptr().cast(), 0)
+        }
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(sys::errno())
+    }
+}
+
+/// Random bytes from `getrandom` (not blocking), or, should that fail, from the clock, pid
+/// and tid.
+fn random(out: &mut [u8; 16]) {
+    // SAFETY: out is writable for its length; GRND_NONBLOCK never waits.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_getrandom,
+            out.as_mut_ptr(),
+            out.len(),
+            libc::GRND_NONBLOCK,
+        )
+    };
+    if got == out.len() as libc::c_long {
+        return;
+    }
+    let (s, ns) = sys::realtime();
+    let mix = s.wrapping_mul(1_000_000_007) ^ ns ^ ((sys::getpid() as u64) << 32);
+    out[..8].copy_from_slice(&mix.to_le_bytes());
+    out[8..].copy_from_slice(&(sys::gettid() as u64 ^ ns.rotate_left(17)).to_le_bytes());
+}
