@@ -357,12 +357,18 @@ impl Aggregator {
     /// hundreds of milliseconds for a large program), so the ring is not emptied here but by
     /// the timer thread ([`Inner::pull`]), which never waits for this: the ring does not fill
     /// up behind a slow symbolization. `take` passes `defer_refresh` false: the interval's samples
-    /// are named after a refresh, however recent the last one. Names at most `limit` of the
-    /// pulled samples; returns whether some are left.
-    fn drain(&mut self, inner: &Inner, defer_refresh: bool, limit: usize) -> bool {
-        let (mut batch, left) = inner.take_pulled(limit);
+    /// are named after a refresh, however recent the last one. `refresh` refreshes selftrace's
+    /// view of the loaded objects (the unwinder's and symbolizer's tables): the running side
+    /// passes it, aggregation only says when. Gives the emptied batch back (its allocation is
+    /// reused for the next pulls).
+    fn drain(
+        &mut self,
+        mut batch: Vec<Raw>,
+        defer_refresh: bool,
+        refresh: impl FnOnce(),
+    ) -> Vec<Raw> {
         if batch.is_empty() {
-            return left;
+            return batch;
         }
         // Objects loaded or unloaded since the last refresh: the unwinder and symbolizer learn
         // the new ones, and an address whose object changed cannot be named with certainty.
@@ -374,7 +380,7 @@ impl Aggregator {
         if counters != self.counters {
             // `take` always refreshes: the interval's samples are named as far as possible.
             if !defer_refresh || self.last_refresh.elapsed() >= MIN_REFRESH {
-                crate::refresh();
+                refresh();
                 self.last_refresh = Instant::now();
                 let before = std::mem::replace(&mut self.objects, current_objects());
                 if counters.1 != self.counters.1 {
@@ -445,8 +451,7 @@ impl Aggregator {
             *self.stacks.entry((rec.tid, stack, truncation)).or_insert(0) += u64::from(rec.weight);
         }
         self.scratch = scratch;
-        inner.recycle(batch);
-        left
+        batch
     }
 
     /// The threads whose name was read longer than [`NAME_REFRESH`] ago.
@@ -800,6 +805,19 @@ impl Inner {
             *pulled = batch;
         }
     }
+
+    /// Names at most `limit` of the pulled samples (with the ring emptied into them first) into
+    /// `agg`, the aggregator this caller locked; returns whether some are left. A drain that
+    /// sees objects loaded or unloaded refreshes selftrace's view of them (`crate::refresh`).
+    fn drain(&self, agg: &mut Aggregator, defer_refresh: bool, limit: usize) -> bool {
+        let (batch, left) = self.take_pulled(limit);
+        if batch.is_empty() {
+            return left;
+        }
+        let batch = agg.drain(batch, defer_refresh, crate::refresh);
+        self.recycle(batch);
+        left
+    }
 }
 
 /// A running profiler.
@@ -970,7 +988,7 @@ fn profiler_thread(
         while inner.taking.load(Ordering::Acquire) > 0 && !inner.stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let left = inner.lock().drain(&inner, true, CHUNK);
+        let left = inner.drain(&mut inner.lock(), true, CHUNK);
         if inner.stop.load(Ordering::Acquire) {
             break;
         }
@@ -1163,7 +1181,7 @@ impl Running {
         self.inner.taking.fetch_add(1, Ordering::AcqRel);
         let mut agg = self.inner.lock();
         self.inner.taking.fetch_sub(1, Ordering::AcqRel);
-        agg.drain(&self.inner, false, usize::MAX);
+        self.inner.drain(&mut agg, false, usize::MAX);
         let dropped = self.inner.ring().dropped.load(Ordering::Relaxed);
         agg.finish(self.inner.mode, self.inner.frequency_hz, dropped)
     }
