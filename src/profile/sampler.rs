@@ -734,6 +734,19 @@ fn thread_name(tid: i32) -> Arc<str> {
     }
 }
 
+/// What the profiler's threads need of the [`Builder`] given to `start`, and the run's
+/// generation: the timer thread arms timers with these and nothing else.
+struct Plan {
+    mode: Mode,
+    signal: i32,
+    frequency_hz: u32,
+    threads: Threads,
+    /// How often `/proc/self/task` is scanned for new threads (and the ring pulled at least).
+    rescan: Duration,
+    /// This run's [`GENERATION`], carried in each timer's signal.
+    generation: u32,
+}
+
 /// State shared by the [`super::Profiler`] handle and its thread.
 struct Inner {
     agg: Mutex<Aggregator>,
@@ -883,11 +896,19 @@ fn start_locked(b: Builder) -> Result<Running, Error> {
         signal: b.signal,
     });
     SHARED.store(shared, Ordering::SeqCst);
+    let plan = Plan {
+        mode: b.mode,
+        signal: b.signal,
+        frequency_hz: b.frequency_hz,
+        threads: b.threads,
+        rescan: b.rescan,
+        generation,
+    };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let thread_inner = inner.clone();
     let spawned = std::thread::Builder::new()
         .name("selftrace-prof".into())
-        .spawn(move || profiler_thread(thread_inner, b, ready_tx));
+        .spawn(move || profiler_thread(thread_inner, plan, ready_tx));
     let thread = match spawned {
         Ok(t) => t,
         Err(e) => {
@@ -942,17 +963,17 @@ fn unpublish(shared: *mut Shared) {
 /// delays sampling threads started meanwhile nor lets the ring fill up.
 fn profiler_thread(
     inner: Arc<Inner>,
-    b: Builder,
+    plan: Plan,
     ready: std::sync::mpsc::Sender<Result<(), Error>>,
 ) {
     let me = sys::gettid();
-    let rescan = b.rescan;
+    let rescan = plan.rescan;
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let timer_inner = inner.clone();
     let (timer_ready_tx, timer_ready_rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("selftrace-timer".into())
-        .spawn(move || timer_thread(&timer_inner, &b, me, timer_ready_tx, stop_rx));
+        .spawn(move || timer_thread(&timer_inner, &plan, me, timer_ready_tx, stop_rx));
     let timers = match spawned {
         Ok(t) => t,
         Err(e) => {
@@ -1038,16 +1059,14 @@ fn refresh_names(inner: &Inner) {
 /// first scan's outcome on `ready`; ends, deleting its timers, when `stop` is dropped.
 fn timer_thread(
     inner: &Inner,
-    b: &Builder,
+    plan: &Plan,
     drainer: i32,
     ready: std::sync::mpsc::Sender<Result<(), Error>>,
     stop: std::sync::mpsc::Receiver<()>,
 ) {
     let me = sys::gettid();
-    let period_ns = 1_000_000_000 / u64::from(b.frequency_hz);
-    // SAFETY: the Shared outlives this thread (freed after the profiler thread, which joins
-    // this one, is joined).
-    let generation = unsafe { (*inner.shared).generation };
+    let period_ns = 1_000_000_000 / u64::from(plan.frequency_hz);
+    let generation = plan.generation;
     let mut timers: HashMap<i32, Timer> = HashMap::new();
     // Threads seen and not sampled (filtered out), so that their names are read once.
     let mut skipped: HashMap<i32, ()> = HashMap::new();
@@ -1090,7 +1109,7 @@ fn timer_thread(
             {
                 continue;
             }
-            let wanted = match &b.threads {
+            let wanted = match &plan.threads {
                 Threads::All => true,
                 Threads::Only(tids) => tids.contains(&tid),
                 Threads::NamePrefix(p) => thread_name(tid).starts_with(p.as_str()),
@@ -1105,21 +1124,22 @@ fn timer_thread(
         // with the thread count; past the budget each timer fires every `stride` periods and
         // its samples count that many. Timers whose stride is off by more than twice are armed
         // again (a late signal of the old timer carries its own stride).
-        let stride = match b.mode {
+        let stride = match plan.mode {
             Mode::Cpu => 1,
-            Mode::Wall => wall_stride(timers.len() + new.len(), b.frequency_hz),
+            Mode::Wall => wall_stride(timers.len() + new.len(), plan.frequency_hz),
         };
         inner.stride.store(stride, Ordering::Relaxed);
         for (&tid, t) in timers.iter_mut() {
             if t.stride > stride * 2 || t.stride * 2 < stride {
-                if let Ok(again) = Timer::arm(tid, b.mode, b.signal, period_ns, generation, stride)
+                if let Ok(again) =
+                    Timer::arm(tid, plan.mode, plan.signal, period_ns, generation, stride)
                 {
                     *t = again;
                 }
             }
         }
         for &tid in &new {
-            match Timer::arm(tid, b.mode, b.signal, period_ns, generation, stride) {
+            match Timer::arm(tid, plan.mode, plan.signal, period_ns, generation, stride) {
                 Ok(t) => {
                     timers.insert(tid, t);
                     inner.threads_seen.fetch_add(1, Ordering::Relaxed);
@@ -1144,7 +1164,7 @@ fn timer_thread(
             let _ = ready.send(Ok(()));
         }
         // Until the next rescan: pull whenever the handler asks (the ring is half full).
-        let next_scan = Instant::now() + b.rescan;
+        let next_scan = Instant::now() + plan.rescan;
         let mut stopped = false;
         loop {
             if inner.pull() > 0 {
