@@ -1,7 +1,6 @@
 //! The per-thread POSIX timers that send the sampling signal, and the timer thread that arms
 //! them for each thread of the process and pulls the ring's samples out for the profiler's
 //! thread to name (pprof-rs's timer.rs).
-#![allow(unsafe_code)]
 
 use super::data::Mode;
 use super::handler::{timer_value, DRAIN, MAX_STRIDE};
@@ -55,14 +54,11 @@ fn wall_stride(threads: usize, frequency_hz: u32) -> u32 {
 
 /// One thread's timer.
 struct Timer {
-    id: libc::timer_t,
+    /// Deleted when the `Timer` is dropped.
+    _timer: sys::ThreadTimer,
     /// Periods per signal.
     stride: u32,
 }
-
-// SAFETY: a timer_t is a process-wide handle (glibc: the kernel's timer id), usable from any
-// thread of the process.
-unsafe impl Send for Timer {}
 
 impl Timer {
     /// A timer on `tid`'s CPU clock (or the monotonic clock), sending `sig` to `tid` every
@@ -79,53 +75,21 @@ impl Timer {
         let value = timer_value(generation, stride, tid);
         let period_ns = period_ns.saturating_mul(u64::from(stride));
         let clock = match mode {
-            // MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED), as in sys::thread_cpu_ns.
-            Mode::Cpu => ((!(tid as u32)) << 3 | 6) as libc::clockid_t,
+            Mode::Cpu => sys::thread_cpu_clock(tid),
             Mode::Wall => libc::CLOCK_MONOTONIC,
         };
-        // SAFETY: all-zero is a valid sigevent.
-        let mut sev: libc::sigevent = unsafe { core::mem::zeroed() };
-        sev.sigev_notify = libc::SIGEV_THREAD_ID;
-        sev.sigev_signo = sig;
-        sev.sigev_notify_thread_id = tid;
-        sev.sigev_value = libc::sigval {
-            sival_ptr: value as usize as *mut libc::c_void,
-        };
-        let mut id: libc::timer_t = core::ptr::null_mut();
-        // SAFETY: sev and id are valid; SIGEV_THREAD_ID names a thread of this process.
-        if unsafe { libc::timer_create(clock, &mut sev, &mut id) } != 0 {
-            return Err(sys::errno());
-        }
-        let timer = Timer { id, stride };
+        let timer = sys::ThreadTimer::create(clock, sig, tid, value)?;
         // Wall mode: spread the threads' first samples over a period, so that they are not all
         // interrupted at the same instant.
         let first = match mode {
             Mode::Cpu => period_ns,
             Mode::Wall => 1 + (tid as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) % period_ns,
         };
-        let spec = libc::itimerspec {
-            it_interval: timespec(period_ns),
-            it_value: timespec(first),
-        };
-        // SAFETY: id is the timer just created; spec is valid.
-        if unsafe { libc::timer_settime(timer.id, 0, &spec, core::ptr::null_mut()) } != 0 {
-            return Err(sys::errno());
-        }
-        Ok(timer)
-    }
-}
-
-impl Drop for Timer {
-    fn drop(&mut self) {
-        // SAFETY: id is a timer we created and did not delete yet.
-        unsafe { libc::timer_delete(self.id) };
-    }
-}
-
-fn timespec(ns: u64) -> libc::timespec {
-    libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        timer.set(first, period_ns)?;
+        Ok(Timer {
+            _timer: timer,
+            stride,
+        })
     }
 }
 
