@@ -503,6 +503,122 @@ mod tests {
         assert_eq!(s.table, ["", "cpu", "nanoseconds"]);
     }
 
+    /// A hand-built profile that reaches every part of the message: two mappings (one with a
+    /// build-id), inlined lines with and without files, an exact and a return address, a
+    /// location index past `locations`, two truncation reasons, dropped samples.
+    fn fixed_profile() -> Profile {
+        use crate::profile::{Line, Location, Mapping, Mode, Sample};
+        use crate::symbolize::FrameKind;
+        use crate::unwind::{StopReason, Truncation};
+        use std::sync::Arc;
+        use std::time::Duration;
+        let line = |f: &str, sys: &str, file: Option<&str>, n: Option<u32>| Line {
+            function: Arc::from(f),
+            system_name: Arc::from(sys),
+            file: file.map(Arc::from),
+            line: n,
+        };
+        Profile {
+            mode: Mode::Wall,
+            frequency_hz: 99,
+            period_ns: 1_000_000_000 / 99,
+            start: UNIX_EPOCH + Duration::from_nanos(1_733_000_000_123_456_789),
+            duration: Duration::from_millis(1_500),
+            samples: vec![
+                Sample {
+                    locations: vec![0, 1, 2],
+                    count: 7,
+                    thread_id: 101,
+                    thread_name: Arc::from("main"),
+                    truncation: None,
+                },
+                Sample {
+                    locations: vec![1, 9],
+                    count: 3,
+                    thread_id: 102,
+                    thread_name: Arc::from("worker-1"),
+                    truncation: Some(Truncation {
+                        pc: 0x2000,
+                        reason: StopReason::TooDeep,
+                    }),
+                },
+                Sample {
+                    locations: vec![2, 9],
+                    count: u64::MAX,
+                    thread_id: 103,
+                    thread_name: Arc::from("main"),
+                    truncation: Some(Truncation {
+                        pc: 0x3000,
+                        reason: StopReason::NoUnwindRule,
+                    }),
+                },
+            ],
+            locations: vec![
+                Location {
+                    address: 0x1010,
+                    kind: FrameKind::Exact,
+                    mapping: Some(0),
+                    lines: vec![
+                        line("inner", "_ZN5inner17h0E", Some("src/a.rs"), Some(12)),
+                        line("outer", "outer", Some("src/a.rs"), Some(40)),
+                    ],
+                },
+                Location {
+                    address: 0x7f00_0000_2345,
+                    kind: FrameKind::Return,
+                    mapping: Some(1),
+                    lines: vec![line("lib_fn", "", None, None)],
+                },
+                Location {
+                    address: 0x5000,
+                    kind: FrameKind::Return,
+                    mapping: Some(7),
+                    lines: Vec::new(),
+                },
+            ],
+            mappings: vec![
+                Mapping {
+                    start: 0x1000,
+                    limit: 0x9000,
+                    file_offset: 0x1000,
+                    path: Arc::from("/usr/bin/prog"),
+                    build_id: Some(vec![0xde, 0xad, 0x0b, 0xef]),
+                },
+                Mapping {
+                    start: 0x7f00_0000_0000,
+                    limit: 0x7f00_0010_0000,
+                    file_offset: 0,
+                    path: Arc::from("/lib/libc.so.6"),
+                    build_id: None,
+                },
+            ],
+            dropped: 5,
+        }
+    }
+
+    /// FNV-1a, to pin the encoded bytes in one number.
+    fn fnv(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    /// The message's bytes for a fixed profile, as the encoder gave them when it was one
+    /// function: splitting or reordering the encoder must not change them.
+    #[test]
+    fn message_bytes_are_pinned() {
+        use prost::Message as _;
+        let bytes = fixed_profile().pprof_message().encode_to_vec();
+        assert_eq!(
+            (bytes.len(), fnv(&bytes)),
+            (GOLDEN_LEN, GOLDEN_FNV),
+            "{bytes:02x?}"
+        );
+    }
+
+    const GOLDEN_LEN: usize = 564;
+    const GOLDEN_FNV: u64 = 8_696_774_228_403_499_083;
+
     #[test]
     fn build_ids_are_lowercase_hex() {
         assert_eq!(hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
