@@ -126,17 +126,17 @@ impl Aggregator {
         a
     }
 
-    /// Moves the samples pulled out of the ring (and those still in it) into the interval's
-    /// stacks, naming their addresses.
+    /// Moves a batch of samples pulled out of the ring into the interval's stacks, naming their
+    /// addresses.
     ///
     /// Resolving an address of an object for the first time can take long (its DWARF is read,
     /// hundreds of milliseconds for a large program), so the ring is not emptied here but by
-    /// the timer thread (`running.rs`'s `Inner::pull`), which never waits for this: the ring does not fill
-    /// up behind a slow symbolization. `take` passes `defer_refresh` false: the interval's samples
-    /// are named after a refresh, however recent the last one. `refresh` refreshes selftrace's
-    /// view of the loaded objects (the unwinder's and symbolizer's tables): the running side
-    /// passes it, aggregation only says when. Gives the emptied batch back (its allocation is
-    /// reused for the next pulls).
+    /// the timer thread (through `running.rs`'s `Inner::pull`), which never waits for this: the
+    /// ring does not fill up behind a slow symbolization. `take` passes `defer_refresh` false:
+    /// the interval's samples are named after a refresh, however recent the last one.
+    /// `refresh` refreshes selftrace's view of the loaded objects (the unwinder's and
+    /// symbolizer's tables): the running side passes it, aggregation only says when. Gives the
+    /// emptied batch back (its allocation is reused for the next pulls).
     pub(super) fn drain(
         &mut self,
         mut batch: Vec<Raw>,
@@ -326,7 +326,8 @@ impl Aggregator {
         (id, certain)
     }
 
-    /// The mapping of the executable segment containing `addr` of the object `obj`: one mapping per segment, as `/proc/self/maps` has them, so that
+    /// The mapping of the executable segment containing `addr` of the object `obj`: one
+    /// mapping per segment, as `/proc/self/maps` has them, so that
     /// `address - start + file_offset` is the address's offset in the file in every segment
     /// (linkers may give each segment its own address-to-offset delta).
     fn mapping(&mut self, obj: &Obj, addr: usize) -> Option<usize> {

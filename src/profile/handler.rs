@@ -160,6 +160,7 @@ pub(super) fn quiesce() {
 /// [`quiesce`], then frees the state.
 pub(super) fn unpublish(shared: *mut Shared) {
     quiesce();
-    // SAFETY: created by Box::into_raw in running.rs's start_locked; no handler can reach it any more.
+    // SAFETY: created by Box::into_raw in running.rs's start_locked; no handler can reach it
+    // any more.
     drop(unsafe { Box::from_raw(shared) });
 }

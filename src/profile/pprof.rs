@@ -8,6 +8,9 @@
 //!
 //! # References
 //! * <https://github.com/google/pprof/blob/main/proto/profile.proto>
+//!
+//! Over 600 lines because of the message definitions (about 190 lines) and the tests' fixed
+//! profile (about 170): the encoder itself is about 300 lines of functions of one idea each.
 
 use super::data::{Profile, Sample};
 use std::collections::HashMap;
