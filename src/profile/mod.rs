@@ -81,17 +81,20 @@
 //! How accurate the profiles are and what the profiler survives (next to pprof-rs), measured:
 //! the repository's docs/profiler.md.
 
+mod aggregate;
 mod data;
 #[cfg(feature = "flamegraph")]
 mod flame;
+mod handler;
 #[cfg(feature = "pprof")]
 pub mod http;
 #[cfg(feature = "pprof")]
 mod pprof;
 mod ring;
-mod sampler;
+mod running;
+mod timer;
 
-pub(crate) use sampler::after_fork;
+pub(crate) use handler::after_fork;
 
 pub use data::{Line, Location, Mapping, Mode, Profile, Sample};
 
@@ -247,7 +250,7 @@ impl Builder {
         {
             return Err(Error::InvalidInput("signal cannot be used for sampling"));
         }
-        sampler::start(self).map(|inner| Profiler { inner: Some(inner) })
+        running::start(self).map(|inner| Profiler { inner: Some(inner) })
     }
 }
 
@@ -273,7 +276,7 @@ pub struct Stats {
 /// [`take`](Profiler::take)).
 #[must_use = "the profiler stops when this is dropped"]
 pub struct Profiler {
-    inner: Option<sampler::Running>,
+    inner: Option<running::Running>,
 }
 
 impl Profiler {

@@ -29,8 +29,8 @@ struct Slot {
     rec: UnsafeCell<Record>,
 }
 
-/// The ring. Shared between the handler (through a raw pointer published by the sampler) and
-/// the profiler's thread.
+/// The ring. Shared between the handler (through a raw pointer published by `running.rs`, read
+/// in `handler.rs`) and the profiler's thread.
 pub(crate) struct Ring {
     slots: Box<[Slot]>,
     head: AtomicU64,

@@ -568,3 +568,7 @@ pub(crate) fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
 // Threads: tgkill, /proc/self/task, futex, clocks, signal actions.
 mod task;
 pub(crate) use task::*;
+
+// POSIX timers signalling one thread (the profiler's).
+mod timer;
+pub(crate) use timer::*;
