@@ -1,5 +1,6 @@
-//! Fork-safe locks and cells (the mechanism; the `pthread_atfork` handlers that use it for every
-//! subsystem are [`crate::atfork`]): a forked child has one thread, the one that called `fork()`; every lock that
+//! Fork safety: the locks and cells that survive a `fork()`, and the `pthread_atfork` handlers
+//! that run each subsystem's [`ForkHook`] (registered where the subsystem lives, in the
+//! [`FORK_HOOKS`] slice, so that this mechanism at the bottom imports none of them). A forked child has one thread, the one that called `fork()`; every lock that
 //! another thread of the parent held at that moment stays held in the child, by nobody.
 //!
 //! selftrace handles each of its locks and of the states that threads of the parent own in one
@@ -13,11 +14,11 @@
 //!   never read again nor freed, since `'static` references into it may be out there);
 //! - **held across the fork**: the caches whose loss costs a child most (the parsed DWARF, the
 //!   resolved frames, the symbol index) are taken by the `pthread_atfork` prepare handler
-//!   ([`crate::atfork`]), before the fork (each wait bounded, else the child
+//!   (the `prepare` of their [`ForkHook`]), before the fork (each wait bounded, else the child
 //!   takes them over as above) and released in the parent and in the child, so that a child
 //!   forked during a lookup keeps them;
-//! - **reset in the child**: the `pthread_atfork` child handler ([`crate::atfork`]), registered
-//!   before `main`, frees what the parent's other threads held: reader marks of the published
+//! - **reset in the child**: the `pthread_atfork` child handler, registered before `main`, runs
+//!   the hooks' `child` in [`rank`] order, which frees what the parent's other threads held: reader marks of the published
 //!   snapshots, walk slots and reuse records, stack requests in flight, a minidump being
 //!   written, the profiler's state (its threads and timers are not inherited), the symbolizer
 //!   process's pipes (that process answers the parent: the child's crash reports name
@@ -35,15 +36,134 @@
 use crate::sys;
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Raised by [`child`] in every forked child (9 bits: it lives in the lock word).
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 
-/// Starts a new fork generation: called by the `pthread_atfork` child handler
-/// ([`crate::atfork`]) first thing in a forked child, so that every [`ForkMutex`] held before
+/// What one subsystem does around a `fork()`: an entry of [`FORK_HOOKS`], declared next to the
+/// state it resets (`#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]`).
+pub(crate) struct ForkHook {
+    /// When its `child` runs in the child handler: lower first (see [`rank`]).
+    pub(crate) rank: u8,
+    /// In the forking thread before the fork: takes what the child should get whole, waiting
+    /// until the deadline (`CLOCK_MONOTONIC` ns) at most.
+    pub(crate) prepare: Option<fn(u64)>,
+    /// In the parent after the fork: releases what `prepare` took.
+    pub(crate) parent: Option<fn()>,
+    /// In the child (one thread) after the fork: async-signal-safe, as the child handler of a
+    /// multithreaded program's `fork()` must be.
+    pub(crate) child: Option<fn()>,
+}
+
+impl ForkHook {
+    /// A hook that only resets state in the child.
+    pub(crate) const fn child(rank: u8, child: fn()) -> ForkHook {
+        ForkHook {
+            rank,
+            prepare: None,
+            parent: None,
+            child: Some(child),
+        }
+    }
+}
+
+/// The order of the child hooks: what a later one relies on is reset by an earlier one.
+pub(crate) mod rank {
+    /// Locks the prepare handler took are released before anything else runs.
+    pub(crate) const RELEASE: u8 = 0;
+    /// The signal-action claims, which the installers below read.
+    pub(crate) const SIGNALS: u8 = 1;
+    /// The crash handler's output lock, waiting table and symbolizer pipes.
+    pub(crate) const CRASH: u8 = 2;
+    /// The module snapshot's reader marks.
+    pub(crate) const MODULES: u8 = 3;
+    /// The symbol index's reader marks.
+    pub(crate) const SYMBOLS: u8 = 4;
+    /// Walk slots, reuse records, the unwinder's reader marks.
+    pub(crate) const UNWIND: u8 = 5;
+    /// A minidump being written.
+    pub(crate) const MINIDUMP: u8 = 6;
+    /// Stack requests in flight, the dump signal's installation.
+    pub(crate) const THREADS: u8 = 7;
+    /// The profiler's state.
+    pub(crate) const PROFILE: u8 = 8;
+    /// The highest rank.
+    pub(crate) const LAST: u8 = PROFILE;
+}
+
+/// Every subsystem's [`ForkHook`] (only those of the subsystems compiled in and linked).
+// SAFETY: linkme's slice declaration (`link_section` bounds), read only by the handlers below.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice]
+pub(crate) static FORK_HOOKS: [ForkHook];
+
+static REGISTERED: AtomicBool = AtomicBool::new(false);
+
+/// The longest [`prepare`] delays a fork for the caches' locks, in all: lookups take
+/// microseconds to milliseconds; a DWARF parse that takes longer is started over by the child.
+pub(crate) const PREPARE_WAIT_NS: u64 = 200_000_000;
+
+// Registers the handlers before main, in normal context (pthread_atfork allocates).
+#[used]
+#[link_section = ".init_array"]
+static STARTUP: extern "C" fn() = startup_ctor;
+
+extern "C" fn startup_ctor() {
+    register();
+}
+
+/// Registers [`prepare`], [`parent`] and [`child`] with `pthread_atfork`, once. Normal
+/// context (glibc allocates); the constructor above does it before `main`, `crate::init`
+/// again in case that constructor was not linked in.
+pub(crate) fn register() {
+    if REGISTERED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if sys::atfork(prepare, parent, child).is_err() {
+        REGISTERED.store(false, Ordering::Release);
+    }
+}
+
+/// The `pthread_atfork` prepare handler, in the forking thread: each hook's `prepare`, with
+/// one deadline for all.
+unsafe extern "C" fn prepare() {
+    let deadline = sys::monotonic_ns().saturating_add(PREPARE_WAIT_NS);
+    for h in FORK_HOOKS.iter() {
+        if let Some(f) = h.prepare {
+            f(deadline);
+        }
+    }
+}
+
+/// The `pthread_atfork` parent handler: each hook's `parent`.
+unsafe extern "C" fn parent() {
+    for h in FORK_HOOKS.iter() {
+        if let Some(f) = h.parent {
+            f();
+        }
+    }
+}
+
+/// The `pthread_atfork` child handler: runs in the new child, which has one thread. A new fork
+/// generation first (every [`ForkMutex`] held before the fork is taken over by its next user),
+/// then each hook's `child`, by [`rank`].
+unsafe extern "C" fn child() {
+    next_generation();
+    for r in 0..=rank::LAST {
+        for h in FORK_HOOKS.iter() {
+            if h.rank == r {
+                if let Some(f) = h.child {
+                    f();
+                }
+            }
+        }
+    }
+}
+
+/// Starts a new fork generation: called by the child handler first thing in a forked child, so that every [`ForkMutex`] held before
 /// the fork is taken over by its next user. Async-signal-safe (one atomic store).
-pub(crate) fn next_generation() {
+fn next_generation() {
     GENERATION.store(
         (GENERATION.load(Ordering::Relaxed) + 1) & GEN_MASK,
         Ordering::Release,

@@ -166,7 +166,6 @@
 // Lets `#[usdt::probe]` (which names `::selftrace`) work inside this crate's own tests.
 extern crate self as selftrace;
 
-mod atfork;
 mod context;
 pub mod crash;
 mod error;

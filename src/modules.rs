@@ -303,6 +303,12 @@ static CURRENT: Published<Snapshot> = Published::new();
 pub(crate) fn after_fork() {
     CURRENT.after_fork();
 }
+
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOOK: crate::fork::ForkHook =
+    crate::fork::ForkHook::child(crate::fork::rank::MODULES, after_fork);
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// Takes a new snapshot of the loaded objects. Allocates; not async-signal-safe.

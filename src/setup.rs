@@ -23,7 +23,7 @@ use crate::{modules, symbolize, unwind};
 /// pointers).
 pub fn init() -> Result<(), Error> {
     // (Registered before main by a constructor; again here in case that was not linked in.)
-    crate::atfork::register();
+    crate::fork::register();
     modules::refresh(false);
     unwind::prepare();
     symbolize::rebuild();

@@ -329,6 +329,12 @@ pub(crate) fn after_fork() {
     BUSY.store(0, Ordering::Release);
 }
 
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOOK: crate::fork::ForkHook =
+    crate::fork::ForkHook::child(crate::fork::rank::MINIDUMP, after_fork);
+
 // ---- writing ----------------------------------------------------------------------------
 
 /// Writes a minidump of the running process to `fd` (a regular file, from its current

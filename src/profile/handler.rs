@@ -46,6 +46,12 @@ pub(crate) fn after_fork() {
     RUNNING.store(false, Ordering::SeqCst);
 }
 
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOOK: crate::fork::ForkHook =
+    crate::fork::ForkHook::child(crate::fork::rank::PROFILE, after_fork);
+
 /// Bits of a timer's `sigev_value` that hold the thread id (Linux's `PID_MAX_LIMIT` is 2^22);
 /// the next [`STRIDE_BITS`] hold the timer's stride, the high 32 bits the generation.
 const TID_BITS: u32 = 22;

@@ -94,8 +94,6 @@ mod ring;
 mod running;
 mod timer;
 
-pub(crate) use handler::after_fork;
-
 pub use data::{Line, Location, Mapping, Mode, Profile, Sample};
 
 use crate::Error;

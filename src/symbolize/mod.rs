@@ -300,6 +300,22 @@ pub(crate) fn after_fork_release() {
     slots::after_fork_release();
 }
 
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOLD: crate::fork::ForkHook = crate::fork::ForkHook {
+    rank: crate::fork::rank::RELEASE,
+    prepare: Some(before_fork),
+    parent: Some(after_fork_release),
+    child: Some(after_fork_release),
+};
+
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOOK: crate::fork::ForkHook =
+    crate::fork::ForkHook::child(crate::fork::rank::SYMBOLS, after_fork);
+
 /// Builds the symbol index for the current module snapshot, unless it is already up to date.
 /// Tables of objects seen before are reused. Normal context only; `init()` and `refresh()`
 /// call it.

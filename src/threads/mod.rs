@@ -221,6 +221,12 @@ pub(crate) fn after_fork() {
     }
 }
 
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOOK: crate::fork::ForkHook =
+    crate::fork::ForkHook::child(crate::fork::rank::THREADS, after_fork);
+
 /// The signal stacks are requested with, if the handler is installed.
 pub fn signal() -> Option<i32> {
     match request::SIGNAL.load(Ordering::Acquire) {

@@ -130,8 +130,7 @@ use unsupported as imp;
 mod types;
 
 pub(crate) use imp::{
-    after_fork, in_normal_context, is_signal_trampoline, prepare, rebuild, regs_from_ucontext,
-    thread_stack,
+    in_normal_context, is_signal_trampoline, prepare, rebuild, regs_from_ucontext, thread_stack,
 };
 pub use imp::{set_auto_refresh, stats};
 pub use types::{

@@ -115,3 +115,9 @@ pub(crate) fn after_fork() {
     super::slots::after_fork();
     super::reuse::after_fork();
 }
+
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOOK: crate::fork::ForkHook =
+    crate::fork::ForkHook::child(crate::fork::rank::UNWIND, after_fork);

@@ -79,6 +79,3 @@ pub(crate) unsafe fn regs_from_ucontext(_uc: *const libc::ucontext_t) -> Regs {
 pub(crate) fn is_signal_trampoline(_addr: usize) -> bool {
     false
 }
-
-/// In a forked child: nothing to free here.
-pub(crate) fn after_fork() {}
