@@ -178,6 +178,7 @@ pub mod modules;
 #[cfg_attr(docsrs, doc(cfg(feature = "profile")))]
 pub mod profile;
 mod published;
+mod report;
 pub mod symbolize;
 mod sys;
 #[cfg(feature = "threads")]

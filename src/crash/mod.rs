@@ -40,20 +40,17 @@
 //! `addr2line -f -C -i -e OBJECT OFFSET` resolves offline with the listed build-ids.
 #![allow(unsafe_code)]
 
-mod arch;
-pub(crate) mod lock;
 mod names;
 mod panic;
-pub(crate) mod report;
 mod symbolizer;
 pub mod upload;
 
+use crate::report::{self, lock, Out};
 use crate::symbolize;
 use crate::sys;
 use crate::Error;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use report::Out;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;

@@ -366,7 +366,7 @@ pub fn write_minidump_with(
         ));
     }
     let _ = install();
-    let _lock = crate::crash::lock::OutputLock::acquire();
+    let _lock = crate::report::lock::OutputLock::acquire();
     crate::minidump::write(
         fd.as_fd().as_raw_fd(),
         None,
@@ -607,12 +607,12 @@ extern "C" fn on_dump_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc
 /// # Async-signal safety
 /// Async-signal-safe.
 pub(crate) fn write_other_threads(fd: i32, skip: i32) {
-    let out = dump::Out { fd };
+    let out = crate::report::Out { fd };
     if install().is_err() {
         out.line(|w| w.push_bytes(b"(stack-request handler not installed)"));
     }
     out.line(|w| w.push_bytes(b"Other threads:"));
-    let mut objects = dump::Objects::new();
+    let mut objects = crate::report::Objects::new();
     dump::threads_section(
         out,
         skip,
@@ -631,14 +631,14 @@ pub(crate) fn write_thread(
     info: Option<&ThreadInfo>,
     stack: Result<(&[usize], crate::WalkEnd), Error>,
 ) {
-    let out = dump::Out { fd };
+    let out = crate::report::Out { fd };
     dump::thread_header(out, tid, info);
-    let mut objects = dump::Objects::new();
-    let none = crate::crash::report::Lines::NONE;
+    let mut objects = crate::report::Objects::new();
+    let none = crate::report::Lines::NONE;
     match stack {
         Ok((frames, end)) => {
             // Normal context: file:line and inlined functions, resolved here.
-            let lines = crate::crash::report::OwnedLines::resolve(frames, true);
+            let lines = crate::report::OwnedLines::resolve(frames, true);
             dump::thread_body(
                 out,
                 request::Answer::Frames(frames.len(), end),
