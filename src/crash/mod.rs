@@ -537,13 +537,13 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
     // first, nested: seen as a crash with no report in the two-crashes minidump test); a crash
     // signal that a later `install` took stays blocked here. Another thread's request
     // for this thread's stack times out instead; a minidump takes the context from
-    // `publish_waiting` below. The crash signals stay open.
+    // `lock::publish_waiting` below. The crash signals stay open.
     sys::signal::block_all_except(TAKEN.load(Ordering::Relaxed));
     // While this thread waits for the report lock, a minidump being written (which holds it)
-    // takes this thread's context at its own fault from here.
-    let waiting = publish_waiting(tid, uc as *const libc::ucontext_t);
+    // takes this thread's context at its own fault from here (`lock::waiting_fault`).
+    let waiting = lock::publish_waiting(tid, uc as *const libc::ucontext_t);
     let lock = ReportLock::acquire();
-    unpublish_waiting(waiting);
+    lock::unpublish_waiting(waiting);
     IN_CRASH.store(tid, Ordering::Relaxed);
     let crash = Crash {
         sig,
@@ -579,47 +579,7 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
 /// own).
 pub(crate) fn after_fork() {
     lock::after_fork();
-    for (t, _) in &WAITING {
-        t.store(0, Ordering::Relaxed);
-    }
     symbolizer::after_fork();
-}
-
-/// Threads that crashed while another held the report lock, with their fault's ucontext
-/// (tid 0: free).
-static WAITING: [(AtomicI32, AtomicUsize); 8] =
-    [const { (AtomicI32::new(0), AtomicUsize::new(0)) }; 8];
-
-/// Publishes a crashing thread's ucontext while it waits for the report lock; the slot used.
-fn publish_waiting(tid: i32, uc: *const libc::ucontext_t) -> Option<usize> {
-    if uc.is_null() {
-        return None;
-    }
-    for (i, (t, u)) in WAITING.iter().enumerate() {
-        if t.load(Ordering::Relaxed) == 0 {
-            u.store(uc as usize, Ordering::Relaxed);
-            if t.compare_exchange(0, tid, Ordering::Release, Ordering::Relaxed)
-                .is_ok()
-            {
-                return Some(i);
-            }
-        }
-    }
-    None
-}
-
-fn unpublish_waiting(slot: Option<usize>) {
-    if let Some(i) = slot {
-        WAITING[i].0.store(0, Ordering::Release);
-    }
-}
-
-/// The ucontext of thread `tid` if it crashed and waits for the report lock (which the caller
-/// holds, so the thread stays in its handler and the ucontext on its signal frame).
-pub(crate) fn waiting_fault(tid: i32) -> Option<*const libc::ucontext_t> {
-    WAITING.iter().find_map(|(t, u)| {
-        (t.load(Ordering::Acquire) == tid).then(|| u.load(Ordering::Relaxed) as *const _)
-    })
 }
 
 /// Whether crash dumps are configured ([`Builder::minidump`], [`Builder::minidump_fd`]).

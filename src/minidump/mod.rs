@@ -646,7 +646,7 @@ fn write_locked(
                 arch::context_from_own(&regs, &mut st.context);
                 Got::Here
             }
-            _ => match crate::crash::waiting_fault(tid) {
+            _ => match crate::report::lock::waiting_fault(tid) {
                 // A thread that crashed too and waits for the report lock (which this writer
                 // holds) in its crash handler: its context at its own fault.
                 Some(uc) => {
