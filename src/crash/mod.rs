@@ -40,19 +40,27 @@
 //! `addr2line -f -C -i -e OBJECT OFFSET` resolves offline with the listed build-ids.
 #![allow(unsafe_code)]
 
+mod dump_to;
+mod handler;
 mod names;
+mod oops;
 mod panic;
 mod symbolizer;
 pub mod upload;
 
-use crate::report::{self, lock, Out};
-use crate::symbolize;
+pub use handler::uninstall;
+
+use crate::error::Error;
+use crate::report::lock::{self, OutputLock};
+use crate::report::{self, Out};
 use crate::sys;
-use crate::Error;
-use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+#[cfg(feature = "threads")]
+pub(crate) use dump_to::minidump_configured;
+use dump_to::{install_minidump, MinidumpTo};
+use handler::{install_signal, TAKEN};
+use panic::{CAUGHT_PANICS, PANIC_REPORTS};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -81,13 +89,6 @@ pub struct Builder {
     all_threads: bool,
     minidump: Option<MinidumpTo>,
     minidump_options: crate::minidump::Options,
-}
-
-/// Where crash dumps go.
-#[derive(Clone, Debug)]
-enum MinidumpTo {
-    Dir(PathBuf),
-    Fd(Arc<OwnedFd>),
 }
 
 /// Options with their defaults: [`DEFAULT_SIGNALS`], stderr, a 64 KiB alternate stack, no
@@ -399,7 +400,7 @@ pub(crate) const REPORT_STACK_NEED: usize = 64 * 1024;
 /// `dump_stack`'s text; with `short: Some(room)`, raw addresses only (a stack too small for
 /// the symbolizer: `room` bytes left).
 fn write_dump_stack(out: Out, frames: &[usize], end: crate::WalkEnd, short: Option<usize>) {
-    let lock = ReportLock::acquire();
+    let lock = OutputLock::acquire();
     out.line(|w| w.push_bytes(b"------------[ selftrace: dump_stack ]------------"));
     report::who(out);
     match short {
@@ -415,6 +416,7 @@ fn write_dump_stack(out: Out, frames: &[usize], end: crate::WalkEnd, short: Opti
 
 // ---- state ----------------------------------------------------------------------------------
 
+/// Where reports go ([`Builder::fd`], [`Builder::path`]; stderr by default).
 static OUT_FD: AtomicI32 = AtomicI32::new(2);
 /// Crash reports list every other thread too.
 static ALL_THREADS: AtomicBool = AtomicBool::new(false);
@@ -427,151 +429,6 @@ static ALT_STACK_SIZE: AtomicUsize = AtomicUsize::new(64 * 1024);
 /// High end of the private stack the report runs on.
 static REPORT_STACK: AtomicUsize = AtomicUsize::new(0);
 const REPORT_STACK_SIZE: usize = 512 * 1024;
-/// Frames of the crashing stack (used by one report at a time, under the report lock).
-const MAX_CRASH_FRAMES: usize = 16 * 1024;
-
-struct Shared<T>(UnsafeCell<T>);
-// SAFETY: access is serialised by the report lock (or, for PREV, by writing before the handler
-// is installed and only reading afterwards), so a value is used by one thread at a time; that
-// moves it between threads, hence `T: Send`.
-unsafe impl<T: Send> Sync for Shared<T> {}
-
-static CRASH_FRAMES: Shared<[usize; MAX_CRASH_FRAMES]> =
-    Shared(UnsafeCell::new([0; MAX_CRASH_FRAMES]));
-
-/// The signals whose handler is ours (bit `sig - 1`), for [`uninstall`].
-static TAKEN: AtomicU64 = AtomicU64::new(0);
-/// Whether the panic hook reports (cleared by [`uninstall`]; the hook itself stays and then
-/// only calls the hook installed before it).
-static PANIC_REPORTS: AtomicBool = AtomicBool::new(false);
-/// Whether panics that a `catch_unwind` below the thread's start catches are reported too
-/// ([`Builder::caught_panics`]).
-static CAUGHT_PANICS: AtomicBool = AtomicBool::new(true);
-/// Signals whose previous handler is std's stack-overflow handler: not chained (it would
-/// abort, and the process would die by SIGABRT instead of the original signal; selftrace
-/// reports stack overflows itself).
-static SKIP_CHAIN: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
-
-/// The report lock: one report at a time, across threads, shared with all-thread dumps (see
-/// `lock`).
-use lock::OutputLock as ReportLock;
-
-/// Takes `sig` for the crash handler, which runs with every signal but those in `open` (bit
-/// `n - 1` for signal `n`) blocked from the moment the kernel delivers it.
-fn install_signal(sig: i32, open: u64) -> Result<(), Error> {
-    let ours = on_fatal_signal as *const () as usize;
-    let current = sys::current_handler(sig).map_err(|errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    })?;
-    if current != ours {
-        let is_std = symbolize::symbolize(current).is_some_and(|s| {
-            let mut buf = [0u8; 256];
-            s.demangle_into(&mut buf)
-                .is_some_and(|n| n.starts_with("std::") && n.contains("stack_overflow"))
-        });
-        SKIP_CHAIN[sig as usize].store(is_std, Ordering::Relaxed);
-    }
-    // The action that was there is kept and called after the report (`sys::signal`).
-    sys::signal::take_masked(sig, on_fatal_signal, libc::SA_ONSTACK, Some(open)).map_err(
-        |errno| Error::Sys {
-            call: "sigaction",
-            errno,
-        },
-    )?;
-    TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
-    sys::signal::set_owner(sig, Some(sys::signal::Owner::Crash));
-    Ok(())
-}
-
-/// Removes the crash handler: every signal [`Builder::install`] took gets back the action it
-/// had before (std's stack-overflow handler, the program's handler, or the default), and the
-/// panic hook of [`Builder::panic_hook`] stops reporting (it stays installed and calls the hook
-/// that was there before it: a hook cannot be taken out from under hooks set after it). The
-/// alternate signal stacks, the report's fd and the symbolizer process (idle) stay. A signal
-/// whose handler someone replaced after ours keeps theirs. Installing again works.
-///
-/// # Errors
-/// [`Error::Sys`] when `sigaction` fails (the other signals are still given back).
-pub fn uninstall() -> Result<(), Error> {
-    PANIC_REPORTS.store(false, Ordering::SeqCst);
-    let taken = TAKEN.swap(0, Ordering::SeqCst);
-    let mut result = Ok(());
-    for sig in 1..=64 {
-        if taken & (1 << (sig - 1)) != 0 {
-            match sys::signal::give_back(sig, on_fatal_signal, false) {
-                Ok(()) => sys::signal::set_owner(sig, None),
-                Err(errno) => {
-                    TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
-                    result = Err(Error::Sys {
-                        call: "sigaction",
-                        errno,
-                    });
-                }
-            }
-        }
-    }
-    result
-}
-
-/// Everything the report needs, passed to it on the private stack.
-struct Crash {
-    sig: i32,
-    info: *const libc::siginfo_t,
-    uc: *const libc::ucontext_t,
-}
-
-extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    let errno = sys::errno();
-    let tid = sys::gettid();
-    if lock::owner() == tid && IN_CRASH.load(Ordering::Relaxed) == tid {
-        // A crash inside our own report: give up at once, die by the default action.
-        die(sig);
-        return;
-    }
-    // Nothing asynchronous runs on this thread from here on: a stack request or a profiler
-    // tick nested on a small alternate stack (std gives its threads 8 KiB; two signal frames
-    // take 6.8 KiB of it with AVX-512) could overflow it, and a fault with the crash signal
-    // blocked kills the process without any report. The handler's `sa_mask` blocks them as
-    // the kernel delivers the crash (a signal pending at that moment would otherwise run
-    // first, nested: seen as a crash with no report in the two-crashes minidump test); a crash
-    // signal that a later `install` took stays blocked here. Another thread's request
-    // for this thread's stack times out instead; a minidump takes the context from
-    // `lock::publish_waiting` below. The crash signals stay open.
-    sys::signal::block_all_except(TAKEN.load(Ordering::Relaxed));
-    // While this thread waits for the report lock, a minidump being written (which holds it)
-    // takes this thread's context at its own fault from here (`lock::waiting_fault`).
-    let waiting = lock::publish_waiting(tid, uc as *const libc::ucontext_t);
-    let lock = ReportLock::acquire();
-    lock::unpublish_waiting(waiting);
-    IN_CRASH.store(tid, Ordering::Relaxed);
-    let crash = Crash {
-        sig,
-        info,
-        uc: uc as *const libc::ucontext_t,
-    };
-    let top = REPORT_STACK.load(Ordering::Relaxed);
-    if top != 0 && lock.release {
-        // SAFETY: the report stack is ours while we hold the report lock; `report_entry` does
-        // not unwind.
-        unsafe {
-            sys::call_on_stack(
-                top,
-                report_entry,
-                &crash as *const Crash as *mut libc::c_void,
-            )
-        };
-    } else {
-        write_report(&crash);
-    }
-    chain(sig, info, uc);
-    // Keep the lock: other crashing threads wait while this one dies.
-    core::mem::forget(lock);
-    // SAFETY: restoring errno for the (unlikely) case that the process survives.
-    unsafe { *libc::__errno_location() = errno };
-    die(sig);
-}
-
 /// In a forked child (one thread; see `crate::fork`): the report lock is free, no thread of
 /// the parent waits for it, and the symbolizer process (which serves the parent, through
 /// pipes the child would share with it) is not used: the child's reports name functions
@@ -580,323 +437,4 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
 pub(crate) fn after_fork() {
     lock::after_fork();
     symbolizer::after_fork();
-}
-
-/// Whether crash dumps are configured ([`Builder::minidump`], [`Builder::minidump_fd`]).
-#[cfg(feature = "threads")]
-pub(crate) fn minidump_configured() -> bool {
-    MINIDUMP_DIR.load(Ordering::Relaxed) >= 0 || MINIDUMP_FD.load(Ordering::Relaxed) >= 0
-}
-
-/// The thread inside a crash report (to detect a crash in the handler itself).
-static IN_CRASH: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn report_entry(crash: *mut libc::c_void) {
-    // SAFETY: on_fatal_signal passes a pointer to its live Crash and waits for us.
-    let crash = unsafe { &*(crash as *const Crash) };
-    write_report(crash);
-}
-
-fn write_report(c: &Crash) {
-    let out = Out {
-        fd: OUT_FD.load(Ordering::Relaxed),
-    };
-    // SAFETY: info is the kernel's siginfo for this signal (or null).
-    let (code, addr) = match unsafe { c.info.as_ref() } {
-        // SAFETY: si_addr is meaningful for the fault signals, harmless to read otherwise.
-        Some(i) => (i.si_code, unsafe { i.si_addr() } as usize),
-        None => (0, 0),
-    };
-    out.line(|w| w.push_bytes(b"------------[ selftrace: fatal signal ]------------"));
-    out.line(|w| {
-        match names::signal_name(c.sig) {
-            Some(n) => w.push_str(n),
-            None => {
-                w.push_bytes(b"signal ");
-                w.push_dec(c.sig as u64);
-            }
-        }
-        w.push_bytes(b" (");
-        match names::code_name(c.sig, code) {
-            Some((name, what)) => {
-                w.push_str(name);
-                w.push_bytes(b": ");
-                w.push_str(what);
-            }
-            None => {
-                w.push_bytes(b"code ");
-                w.push_dec(code as i64 as u64);
-            }
-        }
-        w.push_bytes(b")");
-        if names::is_fault(c.sig, code) {
-            w.push_bytes(b" at address ");
-            w.push_0x(addr);
-        }
-    });
-    report::who(out);
-    let regs = if c.uc.is_null() {
-        None
-    } else {
-        // SAFETY: uc is the kernel's ucontext for this signal.
-        Some(unsafe { crate::unwind::regs_from_ucontext(c.uc) })
-    };
-    if let Some(r) = regs {
-        if c.sig == libc::SIGSEGV && is_stack_overflow(addr, r.sp) {
-            out.line(|w| {
-                w.push_bytes(b"stack overflow: the fault address ");
-                w.push_0x(addr);
-                w.push_bytes(b" lies in the guard area below the stack (sp ");
-                w.push_0x(r.sp);
-                w.push_bytes(b")");
-            });
-        }
-    }
-    // The walk and its file:line first: the pc line names the innermost function inlined
-    // at the pc.
-    // SAFETY: the frames buffer is used by one report at a time (report lock held).
-    let frames = unsafe { &mut *CRASH_FRAMES.0.get() };
-    let walk = if c.uc.is_null() {
-        crate::Capture::new().walk(frames)
-    } else {
-        // SAFETY: uc is the kernel's ucontext for this signal.
-        unsafe { crate::Capture::new().walk_ucontext(c.uc, frames) }
-    };
-    let n = walk.frames;
-    // SAFETY: used by one report at a time (report lock held).
-    let (text, spans) = unsafe { (&mut *LINE_TEXT.0.get(), &mut *LINE_SPANS.0.get()) };
-    // The frames that get printed: the innermost and the outermost (a deep recursion in
-    // between is summarised).
-    let mut indices = [0usize; symbolizer::MAX_FRAMES];
-    let half = symbolizer::MAX_FRAMES / 2;
-    let mut k = 0;
-    for i in (0..n.min(half)).chain(n.saturating_sub(half).max(half)..n) {
-        indices[k] = i;
-        k += 1;
-    }
-    let answered = symbolizer::ask(&frames[..n], &indices[..k], !c.uc.is_null(), text, spans);
-    let lines = report::Lines {
-        text,
-        indices: &indices[..answered],
-        spans: &spans[..answered],
-    };
-    if !c.uc.is_null() {
-        let innermost = report::innermost_inlined(&lines, 0);
-        // SAFETY: uc is the kernel's ucontext for this signal.
-        unsafe { report::registers(out, c.uc, innermost) };
-    }
-    report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), walk.end, lines);
-    if answered == 0 && symbolizer::forked_away() {
-        out.line(|w| {
-            w.push_bytes(
-                b"(no file:line: the symbolizer process serves the parent of this forked child)",
-            )
-        });
-    }
-    report::objects(out, &frames[..n]);
-    #[cfg(feature = "threads")]
-    if ALL_THREADS.load(Ordering::Relaxed) {
-        crate::threads::write_other_threads(out.fd, sys::gettid());
-    }
-    if !c.uc.is_null() {
-        let fault = crate::minidump::Fault {
-            sig: c.sig,
-            code,
-            addr,
-            tid: sys::gettid(),
-            uc: c.uc,
-        };
-        write_minidump(out, &fault);
-    }
-    out.line(|w| w.push_bytes(b"---[ end of report ]---"));
-}
-
-// ---- minidumps -----------------------------------------------------------------------------
-
-/// The directory crash dumps go to (-1: none).
-static MINIDUMP_DIR: AtomicI32 = AtomicI32::new(-1);
-/// The file crash dumps go to (-1: none).
-static MINIDUMP_FD: AtomicI32 = AtomicI32::new(-1);
-static MINIDUMP_STACK: AtomicUsize = AtomicUsize::new(crate::minidump::DEFAULT_STACK_SIZE);
-static MINIDUMP_ENVIRON: AtomicBool = AtomicBool::new(false);
-/// The directory's path as given, for the report (`MINIDUMP_DIR_LEN` bytes; atomics, since a
-/// second install may write it while a crash reads it).
-static MINIDUMP_DIR_PATH: [AtomicU8; 512] = [const { AtomicU8::new(0) }; 512];
-static MINIDUMP_DIR_LEN: AtomicUsize = AtomicUsize::new(0);
-
-fn install_minidump(to: &MinidumpTo, options: crate::minidump::Options) -> Result<(), Error> {
-    if !crate::minidump::SUPPORTED {
-        return Err(Error::Unsupported("minidumps on this architecture"));
-    }
-    options.check()?;
-    #[cfg(feature = "threads")]
-    crate::threads::install()?;
-    MINIDUMP_STACK.store(options.get_stack_size(), Ordering::Relaxed);
-    MINIDUMP_ENVIRON.store(options.get_environ(), Ordering::Relaxed);
-    match to {
-        MinidumpTo::Dir(dir) => {
-            let dir_fd = crate::minidump::open_dir(dir)?;
-            let path = dir.as_os_str().as_bytes();
-            let len = path.len().min(512);
-            for (slot, &b) in MINIDUMP_DIR_PATH.iter().zip(&path[..len]) {
-                slot.store(b, Ordering::Relaxed);
-            }
-            MINIDUMP_DIR_LEN.store(len, Ordering::Release);
-            // The one before is never closed: a handler may be using it.
-            MINIDUMP_DIR.store(dir_fd, Ordering::Release);
-            MINIDUMP_FD.store(-1, Ordering::Release);
-        }
-        MinidumpTo::Fd(fd) => {
-            // SAFETY: lseek has no memory effects.
-            if unsafe { libc::lseek64(fd.as_raw_fd(), 0, libc::SEEK_CUR) } < 0 {
-                return Err(Error::InvalidInput(
-                    "a minidump needs a seekable file, not a pipe or socket",
-                ));
-            }
-            if crate::minidump::appends(fd.as_raw_fd()) {
-                return Err(Error::InvalidInput(
-                    "a minidump cannot be written to an O_APPEND file (pwrite would append)",
-                ));
-            }
-            MINIDUMP_FD.store(sys::keep_open(Arc::clone(fd)), Ordering::Release);
-            MINIDUMP_DIR.store(-1, Ordering::Release);
-        }
-    }
-    Ok(())
-}
-
-/// Writes the crash's minidump, if configured, and says so in the report.
-fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
-    let dir = MINIDUMP_DIR.load(Ordering::Acquire);
-    let file = MINIDUMP_FD.load(Ordering::Acquire);
-    if dir < 0 && file < 0 {
-        return;
-    }
-    let mut name = [0u8; 48];
-    let (fd, name_len) = if dir >= 0 {
-        match crate::minidump::create_in(dir, &mut name) {
-            Ok(created) => created,
-            Err(errno) => {
-                out.line(|w| {
-                    w.push_bytes(b"minidump: not written: cannot create a file: errno ");
-                    w.push_dec(errno as u64);
-                });
-                return;
-            }
-        }
-    } else {
-        (file, 0)
-    };
-    let options = crate::minidump::Options::new()
-        .stack_size(MINIDUMP_STACK.load(Ordering::Relaxed))
-        .environ(MINIDUMP_ENVIRON.load(Ordering::Relaxed));
-    #[cfg(feature = "threads")]
-    let timeout = crate::threads::timeout().as_nanos() as u64;
-    #[cfg(not(feature = "threads"))]
-    let timeout = 0;
-    let mut result = crate::minidump::write(fd, Some(fault), &options, timeout);
-    if dir >= 0 {
-        // SAFETY: fsync has no memory effects; the dump should survive a power cut.
-        unsafe { libc::fsync(fd) };
-        sys::close(fd);
-        if let Err(errno) = crate::minidump::finish_in(dir, &name[..name_len], result.is_ok()) {
-            if result.is_ok() {
-                result = Err(Error::Sys {
-                    call: "renameat",
-                    errno,
-                });
-            }
-        }
-    }
-    out.line(|w| {
-        match result {
-            Ok(s) => {
-                w.push_bytes(b"minidump: ");
-                if dir >= 0 {
-                    let len = MINIDUMP_DIR_LEN.load(Ordering::Acquire);
-                    for b in &MINIDUMP_DIR_PATH[..len] {
-                        w.push_bytes(&[b.load(Ordering::Relaxed)]);
-                    }
-                    w.push_bytes(b"/");
-                    w.push_bytes(&name[..name_len]);
-                } else {
-                    w.push_bytes(b"fd ");
-                    w.push_dec(fd as u64);
-                }
-                w.push_bytes(b" (");
-                w.push_dec(s.threads() as u64);
-                w.push_bytes(b" threads, ");
-                if s.threads_left_out() > 0 {
-                    w.push_dec(s.threads_left_out() as u64);
-                    w.push_bytes(b" more left out (a dump holds at most ");
-                    w.push_dec(crate::minidump::MAX_THREADS as u64);
-                    w.push_bytes(b"), ");
-                }
-                w.push_dec(s.threads_with_context() as u64);
-                w.push_bytes(b" with registers and stack, ");
-                w.push_dec(s.modules() as u64);
-                w.push_bytes(b" modules, ");
-                w.push_dec(s.bytes());
-                w.push_bytes(b" bytes)");
-            }
-            Err(e) => {
-                w.push_bytes(b"minidump: not written: ");
-                push_error(w, e);
-            }
-        };
-    });
-}
-
-/// An [`Error`] in a report line, without `fmt` (async-signal-safe).
-fn push_error(w: &mut crate::symbolize::FixedBuf<'_>, e: Error) {
-    match e {
-        Error::Sys { call, errno } => {
-            w.push_str(call);
-            w.push_bytes(b" failed: errno ");
-            w.push_dec(errno as u64);
-        }
-        Error::InvalidInput(what) | Error::Unsupported(what) | Error::NotFound(what) => {
-            w.push_str(what)
-        }
-        Error::Timeout => w.push_bytes(b"timeout"),
-        _ => w.push_bytes(b"error"),
-    }
-}
-
-/// file:line answers of the symbolizer for the current report.
-static LINE_TEXT: Shared<[u8; 64 * 1024]> = Shared(UnsafeCell::new([0; 64 * 1024]));
-static LINE_SPANS: Shared<[(u32, u32); symbolizer::MAX_FRAMES]> =
-    Shared(UnsafeCell::new([(0, 0); symbolizer::MAX_FRAMES]));
-
-/// A SIGSEGV whose fault address lies just below the stack pointer or in the guard area below
-/// the thread's known stack: the stack overflowed.
-fn is_stack_overflow(addr: usize, sp: usize) -> bool {
-    const GUARD: usize = 1 << 20;
-    if let Some(stack) = crate::unwind::thread_stack() {
-        if addr < stack.start && stack.start - addr <= GUARD {
-            return true;
-        }
-    }
-    addr <= sp.saturating_add(4096) && sp.saturating_sub(addr) <= GUARD && addr != 0
-}
-
-/// Calls the action that was installed before ours (a function; not `SIG_DFL` or `SIG_IGN`).
-fn chain(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    if SKIP_CHAIN[sig as usize].load(Ordering::Relaxed) {
-        return;
-    }
-    sys::signal::call_previous(sig, info, uc);
-}
-
-/// Restores the default action and re-raises `sig` at this thread. The signal stays pending
-/// (blocked while the handler runs) and kills the process when the handler returns.
-fn die(sig: i32) {
-    // SAFETY: all-zero is a valid sigaction; SIG_DFL is 0.
-    let mut sa: libc::sigaction = unsafe { core::mem::zeroed() };
-    sa.sa_sigaction = libc::SIG_DFL;
-    // SAFETY: sa is valid; sigaction and tgkill are async-signal-safe.
-    unsafe {
-        libc::sigaction(sig, &sa, core::ptr::null_mut());
-        libc::syscall(libc::SYS_tgkill, libc::getpid(), sys::gettid(), sig);
-    }
 }
