@@ -80,7 +80,7 @@ pub fn uninstall() -> Result<(), Error> {
 }
 
 extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    let errno = sys::errno();
+    let errno = sys::signal::ErrnoGuard::new();
     let tid = sys::gettid();
     if lock::owner() == tid && IN_CRASH.load(Ordering::Relaxed) == tid {
         // A crash inside our own report: give up at once, die by the default action.
@@ -125,8 +125,8 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
     chain(sig, info, uc);
     // Keep the lock: other crashing threads wait while this one dies.
     core::mem::forget(lock);
-    // SAFETY: restoring errno for the (unlikely) case that the process survives.
-    unsafe { *libc::__errno_location() = errno };
+    // errno restored for the (unlikely) case that the process survives.
+    drop(errno);
     die(sig);
 }
 

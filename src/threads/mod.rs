@@ -591,14 +591,12 @@ pub fn uninstall_dump_signal() -> Result<(), Error> {
 }
 
 extern "C" fn on_dump_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    let errno = sys::errno();
+    let _errno = sys::signal::ErrnoGuard::new();
     dump::dump_all(
         DUMP_FD.load(Ordering::Relaxed),
         TIMEOUT_NS.load(Ordering::Relaxed),
     );
     sys::signal::call_previous(sig, info, uc);
-    // SAFETY: restores the interrupted code's errno.
-    unsafe { *libc::__errno_location() = errno };
 }
 
 /// For the crash report: every thread but `skip` (the crashing one), with the shared objects
