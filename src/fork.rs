@@ -74,7 +74,8 @@ pub(crate) mod rank {
     pub(crate) const RELEASE: u8 = 0;
     /// The signal-action claims, which the installers below read.
     pub(crate) const SIGNALS: u8 = 1;
-    /// The crash handler's output lock, waiting table and symbolizer pipes.
+    /// The report output lock and its waiting table, the crash symbolizer's pipes (the child's
+    /// reports name functions without file:line unless it installs the crash handler again).
     pub(crate) const CRASH: u8 = 2;
     /// The module snapshot's reader marks.
     pub(crate) const MODULES: u8 = 3;

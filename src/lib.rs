@@ -181,6 +181,7 @@ mod procfs;
 #[cfg_attr(docsrs, doc(cfg(feature = "profile")))]
 pub mod profile;
 mod published;
+mod report;
 mod setup;
 pub mod symbolize;
 mod sys;

@@ -1,10 +1,18 @@
 //! The panic hook: a panic printed in the report's format, with file:line, and whether it is
 //! caught (so that a tokio task's panic is not read as a crash).
 
-use super::{report, report::Out, ReportLock, CAUGHT_PANICS, OUT_FD, PANIC_REPORTS};
+use super::OUT_FD;
+use crate::report::lock::OutputLock;
+use crate::report::{self, Out};
 use crate::symbolize;
 use core::sync::atomic::{AtomicBool, Ordering};
 
+/// Whether the panic hook reports (cleared by [`uninstall`](super::uninstall); the hook itself
+/// stays and then only calls the hook installed before it).
+pub(super) static PANIC_REPORTS: AtomicBool = AtomicBool::new(false);
+/// Whether panics that a `catch_unwind` below the thread's start catches are reported too
+/// ([`Builder::caught_panics`](super::Builder::caught_panics)).
+pub(super) static CAUGHT_PANICS: AtomicBool = AtomicBool::new(true);
 /// Whether [`install_hook`] ran (a second install must not chain the report twice).
 static PANIC_HOOK: AtomicBool = AtomicBool::new(false);
 
@@ -73,7 +81,7 @@ fn report(info: &std::panic::PanicHookInfo<'_>) {
     let out = Out {
         fd: OUT_FD.load(Ordering::Relaxed),
     };
-    let _lock = ReportLock::acquire();
+    let _lock = OutputLock::acquire();
     out.line(|w| w.push_bytes(b"------------[ selftrace: panic ]------------"));
     out.line(|w| {
         w.push_bytes(b"panic: ");

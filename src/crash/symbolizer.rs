@@ -14,6 +14,7 @@
 //! parent's end of the pipe closes.
 #![allow(unsafe_code)]
 
+use crate::report::lines::{describe, Explained};
 use crate::symbolize::{BacktraceFrame, FrameKind};
 use crate::sys;
 use core::sync::atomic::{AtomicI32, Ordering};
@@ -94,6 +95,12 @@ pub(crate) fn after_fork() {
         }
     }
 }
+
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOOK: crate::fork::ForkHook =
+    crate::fork::ForkHook::child(crate::fork::rank::CRASH, after_fork);
 
 /// Set in a forked child that let the parent's symbolizer go (cleared by a `spawn` of its own).
 static FORKED_AWAY: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
@@ -187,77 +194,6 @@ fn child_main(req: i32, resp: i32) {
             return;
         }
     }
-}
-
-/// The objects whose missing debug info a report has explained already.
-#[derive(Default)]
-pub(crate) struct Explained(Vec<&'static str>);
-
-impl Explained {
-    /// Whether `object` is explained for the first time now (then it is recorded).
-    fn first(&mut self, object: Option<&'static str>) -> bool {
-        let key = object.unwrap_or("");
-        if self.0.contains(&key) {
-            return false;
-        }
-        self.0.push(key);
-        true
-    }
-}
-
-/// A frame's text, as [`report`](super::report) reads it: the first line is the physical
-/// function's `at file:line:col` (or `(no file:line: why)`, or empty); then one line per
-/// function inlined into it, innermost first, as `name` TAB `at file:line:col` (the location
-/// left out where unknown). The physical function comes first so that a text cut short loses
-/// inlined lines, never the physical one.
-///
-/// A frame in an object without debug info says so; the first such frame of each object in a
-/// report (`explained` keeps which) also says what to do about it.
-pub(crate) fn describe(f: &BacktraceFrame, explained: &mut Explained) -> String {
-    use std::fmt::Write;
-    let loc = |s: &crate::symbolize::BacktraceSymbol| match (&s.file, s.line) {
-        (Some(file), Some(line)) => {
-            let mut t = format!("{file}:{line}");
-            if let Some(c) = s.column {
-                let _ = write!(t, ":{c}");
-            }
-            Some(t)
-        }
-        _ => None,
-    };
-    let mut out = String::new();
-    if let Some(phys) = f.symbols.last() {
-        match (loc(phys), f.no_line) {
-            (Some(l), _) => {
-                let _ = write!(out, "at {l}");
-            }
-            (None, Some(why)) => {
-                let _ = write!(out, "(no file:line: {why}");
-                if why == crate::symbolize::NoLine::NoDebugInfo && explained.first(f.object) {
-                    let _ = write!(
-                        out,
-                        ": build it with debug info (Rust: debug = \"line-tables-only\" in \
-                         [profile.release], see docs/crash.md) or install its debug package"
-                    );
-                }
-                out.push(')');
-            }
-            (None, None) => {}
-        }
-    }
-    for s in f.symbols.iter().filter(|s| s.inlined) {
-        // Names and paths never hold a newline or a tab that would split the record.
-        let name = s.name.as_deref().unwrap_or("??").replace(['\n', '\t'], " ");
-        match loc(s) {
-            Some(l) => {
-                let _ = write!(out, "\n{name}\tat {}", l.replace(['\n', '\t'], " "));
-            }
-            None => {
-                let _ = write!(out, "\n{name}");
-            }
-        }
-    }
-    out
 }
 
 /// Asks the symbolizer about the frames at `indices` of `frames` (at most [`MAX_FRAMES`]);

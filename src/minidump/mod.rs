@@ -370,7 +370,7 @@ pub fn write_to(fd: impl std::os::fd::AsFd, options: &Options) -> Result<Summary
         ));
     }
     let _ = crate::threads::install();
-    let _lock = crate::crash::lock::OutputLock::acquire();
+    let _lock = crate::report::lock::OutputLock::acquire();
     let timeout_ns = crate::threads::timeout().as_nanos().min(u64::MAX as u128) as u64;
     write(fd.as_fd().as_raw_fd(), None, options, timeout_ns)
 }
@@ -507,7 +507,7 @@ fn write_locked(
                 arch::context_from_own(&regs, &mut st.context);
                 Got::Here
             }
-            _ => match crate::crash::waiting_fault(tid) {
+            _ => match crate::report::lock::waiting_fault(tid) {
                 // A thread that crashed too and waits for the report lock (which this writer
                 // holds) in its crash handler: its context at its own fault.
                 Some(uc) => {

@@ -11,6 +11,8 @@
 //!
 //! Every function here is async-signal-safe (atomics and `sigaction` only): the stack-request
 //! handler may be installed from inside the crash handler.
+//!
+//! Every handler keeps the interrupted code's `errno` with an [`ErrnoGuard`].
 
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -408,6 +410,28 @@ pub(crate) fn check_use(sig: i32, wanted: Owner) -> Result<(), crate::Error> {
     }))
 }
 
+/// Saves the calling thread's `errno` and puts it back when dropped (pprof-rs's
+/// `ErrnoProtector`). Every handler selftrace installs holds one for its whole run, so that the
+/// interrupted code finds `errno` as it left it, whatever the handler's system calls did.
+///
+/// # Async-signal safety
+/// Async-signal-safe (`__errno_location` only).
+pub(crate) struct ErrnoGuard(i32);
+
+impl ErrnoGuard {
+    /// Saves `errno` now.
+    pub(crate) fn new() -> ErrnoGuard {
+        ErrnoGuard(super::errno())
+    }
+}
+
+impl Drop for ErrnoGuard {
+    fn drop(&mut self) {
+        // SAFETY: __errno_location always returns a valid pointer to this thread's errno.
+        unsafe { *libc::__errno_location() = self.0 };
+    }
+}
+
 #[cfg(test)]
 mod fork_tests {
     use super::*;
@@ -436,5 +460,21 @@ mod fork_tests {
         assert_eq!(s.state.load(Ordering::Acquire), 0);
         assert_eq!(take(sig, ours, 0), Ok(Taken::Now));
         assert_eq!(give_back(sig, ours, false), Ok(()));
+    }
+}
+
+#[cfg(test)]
+mod errno_tests {
+    use super::ErrnoGuard;
+
+    #[test]
+    fn errno_guard_puts_errno_back() {
+        // SAFETY: __errno_location always returns a valid pointer to this thread's errno.
+        let set = |v| unsafe { *libc::__errno_location() = v };
+        set(libc::EINTR);
+        let guard = ErrnoGuard::new();
+        set(libc::EBADF);
+        drop(guard);
+        assert_eq!(crate::sys::errno(), libc::EINTR);
     }
 }

@@ -22,11 +22,9 @@
 //! is requested through [`super::request`], and output goes through fixed buffers and `write(2)`.
 
 use super::request::{self, Answer, Ticket};
-pub(crate) use crate::crash::lock::OutputLock;
-use crate::crash::report::{call_trace_with_lines, Lines};
-pub(crate) use crate::crash::report::{object_line, Out};
 use crate::procfs::{self as proc, NoAnswer, ThreadInfo};
-use crate::symbolize::{self, FixedBuf};
+use crate::report::lock::OutputLock;
+use crate::report::{self, call_trace_with_lines, Lines, Objects, Out};
 use crate::sys;
 
 /// The most threads one dump lists (the rest are counted).
@@ -65,83 +63,11 @@ pub struct DumpSummary {
     pub not_listed: usize,
 }
 
-/// The objects met in a dump, each listed once at its end.
-pub(crate) struct Objects {
-    /// (bias, an address in the object)
-    seen: [(usize, usize); 32],
-    n: usize,
-}
-
-impl Objects {
-    pub(crate) const fn new() -> Objects {
-        Objects {
-            seen: [(0, 0); 32],
-            n: 0,
-        }
-    }
-
-    fn add(&mut self, frames: &[usize]) {
-        for &addr in frames {
-            let Some(s) =
-                symbolize::symbolize(addr.saturating_sub(1)).filter(|s| !s.source.is_stale())
-            else {
-                continue;
-            };
-            if self.n == self.seen.len() || self.seen[..self.n].iter().any(|e| e.0 == s.bias) {
-                continue;
-            }
-            self.seen[self.n] = (s.bias, addr.saturating_sub(1));
-            self.n += 1;
-        }
-    }
-
-    pub(crate) fn write(&self, out: Out) {
-        out.line(|w| w.push_bytes(b"Objects:"));
-        for &(_, addr) in &self.seen[..self.n] {
-            // (An object unloaded since: not listed, its path would be another's.)
-            let Some(s) = symbolize::symbolize(addr).filter(|s| !s.source.is_stale()) else {
-                continue;
-            };
-            object_line(out, &s);
-        }
-    }
-}
-
-/// `thread "worker" tid 4243, state S (sleeping), cpu 0.001s`
+/// `thread "worker" tid 4243, state S (sleeping), cpu 0.001s` from what `/proc` said of it.
 pub(crate) fn thread_header(out: Out, tid: i32, info: Option<&ThreadInfo>) {
-    out.line(|w| {
-        w.push_bytes(b"thread \"");
-        w.push_str(info.map_or("?", |i| i.name()));
-        w.push_bytes(b"\" tid ");
-        w.push_dec(tid as u64);
-        if let Some(i) = info {
-            w.push_bytes(b", state ");
-            w.push_bytes(&[i.state]);
-            w.push_bytes(b" (");
-            w.push_str(i.state_name());
-            w.push_bytes(b")");
-            if let Some(ns) = i.cpu_ns {
-                w.push_bytes(b", cpu ");
-                push_seconds(w, ns);
-            }
-        }
-    });
-}
-
-/// `ns` as seconds with three decimals: `1.234s`.
-pub(crate) fn push_seconds(w: &mut FixedBuf<'_>, ns: u64) {
-    let ms = ns / 1_000_000;
-    w.push_dec(ms / 1000);
-    w.push_bytes(b".");
-    let frac = ms % 1000;
-    if frac < 100 {
-        w.push_bytes(b"0");
-    }
-    if frac < 10 {
-        w.push_bytes(b"0");
-    }
-    w.push_dec(frac);
-    w.push_bytes(b"s");
+    let state = info.map(|i| (i.state, i.state_name()));
+    let name = info.map_or("?", |i| i.name());
+    report::thread_header(out, tid, name, state, info.and_then(|i| i.cpu_ns));
 }
 
 /// One thread's answer: its stack, or why there is none.

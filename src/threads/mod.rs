@@ -527,14 +527,12 @@ pub fn uninstall_dump_signal() -> Result<(), Error> {
 }
 
 extern "C" fn on_dump_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    let errno = sys::errno();
+    let _errno = sys::signal::ErrnoGuard::new();
     dump::dump_all(
         DUMP_FD.load(Ordering::Relaxed),
         TIMEOUT_NS.load(Ordering::Relaxed),
     );
     sys::signal::call_previous(sig, info, uc);
-    // SAFETY: restores the interrupted code's errno.
-    unsafe { *libc::__errno_location() = errno };
 }
 
 /// For the crash report: every thread but `skip` (the crashing one), with the shared objects
@@ -543,12 +541,12 @@ extern "C" fn on_dump_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc
 /// # Async-signal safety
 /// Async-signal-safe.
 pub(crate) fn write_other_threads(fd: i32, skip: i32) {
-    let out = dump::Out { fd };
+    let out = crate::report::Out { fd };
     if install().is_err() {
         out.line(|w| w.push_bytes(b"(stack-request handler not installed)"));
     }
     out.line(|w| w.push_bytes(b"Other threads:"));
-    let mut objects = dump::Objects::new();
+    let mut objects = crate::report::Objects::new();
     dump::threads_section(
         out,
         skip,
@@ -567,14 +565,14 @@ pub(crate) fn write_thread(
     info: Option<&ThreadInfo>,
     stack: Result<(&[usize], crate::WalkEnd), Error>,
 ) {
-    let out = dump::Out { fd };
+    let out = crate::report::Out { fd };
     dump::thread_header(out, tid, info);
-    let mut objects = dump::Objects::new();
-    let none = crate::crash::report::Lines::NONE;
+    let mut objects = crate::report::Objects::new();
+    let none = crate::report::Lines::NONE;
     match stack {
         Ok((frames, end)) => {
             // Normal context: file:line and inlined functions, resolved here.
-            let lines = crate::crash::report::OwnedLines::resolve(frames, true);
+            let lines = crate::report::OwnedLines::resolve(frames, true);
             dump::thread_body(
                 out,
                 request::Answer::Frames(frames.len(), end),

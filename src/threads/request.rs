@@ -387,7 +387,7 @@ pub(crate) extern "C" fn on_capture_signal(
     info: *mut libc::siginfo_t,
     uc: *mut libc::c_void,
 ) {
-    let errno = sys::errno();
+    let _errno = sys::signal::ErrnoGuard::new();
     let me = sys::gettid();
     let mut served = false;
     for slot in TABLE.iter() {
@@ -467,8 +467,6 @@ pub(crate) extern "C" fn on_capture_signal(
         // Not a request (or a late one): the program's own handler of the signal, if any.
         sys::signal::call_previous(sig, info, uc);
     }
-    // SAFETY: restores the interrupted code's errno (tgkill/futex may have changed it).
-    unsafe { *libc::__errno_location() = errno };
 }
 
 /// Why thread `tid` cannot answer a stack or context request now (the request signal blocked

@@ -551,7 +551,7 @@ fn write_minidump(fd: i32) {
         ),
         Ok((file, len)) => {
             let result = {
-                let _lock = crate::crash::lock::OutputLock::acquire();
+                let _lock = crate::report::lock::OutputLock::acquire();
                 crate::minidump::write(
                     file,
                     None,
@@ -648,7 +648,7 @@ fn report(s: &Stall) {
         secs(s.cpu),
         secs(s.observed)
     ));
-    let _lock = crate::crash::lock::OutputLock::acquire();
+    let _lock = crate::report::lock::OutputLock::acquire();
     let _ = sys::write_all(fd, text.as_bytes());
     let stack = match &s.stack {
         Ok(f) => Ok((&f[..], s.stack_end.unwrap_or(crate::WalkEnd::Complete))),
@@ -668,6 +668,6 @@ fn recovered(slot: &Slot, after_ms: u64) {
     );
     #[cfg(feature = "trace")]
     crate::trace::instant(&format!("watchdog: {}:{} recovered", slot.name, slot.tid));
-    let _lock = crate::crash::lock::OutputLock::acquire();
+    let _lock = crate::report::lock::OutputLock::acquire();
     let _ = sys::write_all(FD.load(Ordering::Relaxed), line.as_bytes());
 }

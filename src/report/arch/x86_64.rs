@@ -1,7 +1,7 @@
 //! x86-64: the general registers of `uc_mcontext.gregs`, as the kernel's oops prints them.
 #![allow(unsafe_code)]
 
-use super::super::report::{pc_frame, push_hex16, Out};
+use crate::report::{pc_frame, push_hex16, Out};
 
 /// Registers of the interrupted context; `innermost` names the function inlined at the pc
 /// (innermost), if any, for the pc line.

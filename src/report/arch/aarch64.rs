@@ -2,7 +2,7 @@
 //! exception syndrome (ESR) when the kernel saved one, as the arm64 kernel's oops prints them.
 #![allow(unsafe_code)]
 
-use super::super::report::{pc_frame, push_hex16, Out, FRAME_OPTS};
+use crate::report::{pc_frame, push_hex16, Out, FRAME_OPTS};
 use crate::symbolize::{self, FixedBuf, FrameKind};
 
 /// Registers of the interrupted context; `innermost` names the function inlined at the pc

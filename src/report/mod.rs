@@ -25,7 +25,12 @@ use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
 use crate::sys;
 use crate::unwind::WalkEnd;
 
-pub(crate) use super::arch::registers;
+pub(crate) mod arch;
+pub(crate) mod lines;
+pub(crate) mod lock;
+
+pub(crate) use arch::registers;
+pub(crate) use lines::{Lines, OwnedLines};
 
 /// Where a report or a thread dump goes: lines written from a fixed buffer, one `write(2)` each.
 #[derive(Clone, Copy)]
@@ -125,82 +130,6 @@ fn repeat_at(frames: &[usize], start: usize) -> Option<(usize, usize)> {
         }
     }
     None
-}
-
-/// file:line texts for the first frames of a trace (from the symbolizer process).
-#[derive(Clone, Copy)]
-pub(crate) struct Lines<'a> {
-    pub(crate) text: &'a [u8],
-    /// Frame indices, in the order of `spans`.
-    pub(crate) indices: &'a [usize],
-    pub(crate) spans: &'a [(u32, u32)],
-}
-
-/// [`Lines`] resolved in this process, in normal context (allocates): for the panic report
-/// and the watchdog's, which do not run in a signal handler.
-pub(crate) struct OwnedLines {
-    text: Vec<u8>,
-    indices: Vec<usize>,
-    spans: Vec<(u32, u32)>,
-}
-
-impl OwnedLines {
-    /// Resolves every frame of `frames` (file:line, inlined functions). Normal context only.
-    pub(crate) fn resolve(frames: &[usize], first_exact: bool) -> OwnedLines {
-        let resolved: Vec<_> = (0..frames.len())
-            .map(|i| {
-                let kind = symbolize::frame_kind(frames, i, first_exact);
-                symbolize::BacktraceFrame::resolve(frames[i], kind)
-            })
-            .collect();
-        OwnedLines::new(&resolved)
-    }
-
-    /// The texts of frames resolved already, frame `i` of a trace being `resolved[i]`.
-    pub(crate) fn new(resolved: &[symbolize::BacktraceFrame]) -> OwnedLines {
-        let mut text = Vec::new();
-        let mut spans = Vec::new();
-        let mut explained = super::symbolizer::Explained::default();
-        for f in resolved {
-            let t = super::symbolizer::describe(f, &mut explained);
-            spans.push((text.len() as u32, t.len() as u32));
-            text.extend_from_slice(t.as_bytes());
-        }
-        OwnedLines {
-            text,
-            indices: (0..resolved.len()).collect(),
-            spans,
-        }
-    }
-
-    /// As [`Lines`] for the report writers.
-    pub(crate) fn lines(&self) -> Lines<'_> {
-        Lines {
-            text: &self.text,
-            indices: &self.indices,
-            spans: &self.spans,
-        }
-    }
-}
-
-impl<'a> Lines<'a> {
-    pub(crate) const NONE: Lines<'static> = Lines {
-        text: &[],
-        indices: &[],
-        spans: &[],
-    };
-
-    fn get(&self, frame: usize) -> &'a [u8] {
-        let Some(j) = self.indices.iter().position(|&i| i == frame) else {
-            return &[];
-        };
-        let Some(&(start, len)) = self.spans.get(j) else {
-            return &[];
-        };
-        self.text
-            .get(start as usize..(start + len) as usize)
-            .unwrap_or(&[])
-    }
 }
 
 /// Prints frame `k`: first the functions inlined into it, innermost first, each on its own
@@ -324,20 +253,52 @@ pub(crate) fn raw_call_trace(out: Out, frames: &[usize], end: WalkEnd, room: usi
 /// Lists each object of the trace once, with path and build-id, so that
 /// `addr2line -e PATH OFFSET` works offline on the `[name+0xOFFSET]` of each frame.
 pub(crate) fn objects(out: Out, frames: &[usize]) {
-    out.line(|w| w.push_bytes(b"Objects:"));
-    let mut seen = [0usize; 32];
-    let mut n = 0;
-    for &addr in frames {
-        let Some(s) = symbolize::symbolize(addr.saturating_sub(1)).filter(|s| !s.source.is_stale())
-        else {
-            continue;
-        };
-        if seen[..n].contains(&s.bias) || n == seen.len() {
-            continue;
+    let mut objects = Objects::new();
+    objects.add(frames);
+    objects.write(out);
+}
+
+/// The objects met in a report or a dump, each listed once at its end.
+pub(crate) struct Objects {
+    /// (bias, an address in the object)
+    seen: [(usize, usize); 32],
+    n: usize,
+}
+
+impl Objects {
+    pub(crate) const fn new() -> Objects {
+        Objects {
+            seen: [(0, 0); 32],
+            n: 0,
         }
-        seen[n] = s.bias;
-        n += 1;
-        object_line(out, &s);
+    }
+
+    /// Records the objects of `frames` not met yet (at most 32 in all).
+    pub(crate) fn add(&mut self, frames: &[usize]) {
+        for &addr in frames {
+            let Some(s) =
+                symbolize::symbolize(addr.saturating_sub(1)).filter(|s| !s.source.is_stale())
+            else {
+                continue;
+            };
+            if self.n == self.seen.len() || self.seen[..self.n].iter().any(|e| e.0 == s.bias) {
+                continue;
+            }
+            self.seen[self.n] = (s.bias, addr.saturating_sub(1));
+            self.n += 1;
+        }
+    }
+
+    /// Writes `Objects:` and one [`object_line`] per object recorded.
+    pub(crate) fn write(&self, out: Out) {
+        out.line(|w| w.push_bytes(b"Objects:"));
+        for &(_, addr) in &self.seen[..self.n] {
+            // (An object unloaded since: not listed, its path would be another's.)
+            let Some(s) = symbolize::symbolize(addr).filter(|s| !s.source.is_stale()) else {
+                continue;
+            };
+            object_line(out, &s);
+        }
     }
 }
 
@@ -363,6 +324,52 @@ pub(crate) fn who(out: Out) {
         w.push_str(name);
         w.push_bytes(b"\"");
     });
+}
+
+/// `thread "worker" tid 4243, state S (sleeping), cpu 0.001s`: `state` is the thread's state
+/// letter and its name, `cpu_ns` its CPU time, where known (from `/proc`).
+#[cfg_attr(not(feature = "threads"), allow(dead_code))] // Used by thread dumps.
+pub(crate) fn thread_header(
+    out: Out,
+    tid: i32,
+    name: &str,
+    state: Option<(u8, &str)>,
+    cpu_ns: Option<u64>,
+) {
+    out.line(|w| {
+        w.push_bytes(b"thread \"");
+        w.push_str(name);
+        w.push_bytes(b"\" tid ");
+        w.push_dec(tid as u64);
+        if let Some((state, state_name)) = state {
+            w.push_bytes(b", state ");
+            w.push_bytes(&[state]);
+            w.push_bytes(b" (");
+            w.push_str(state_name);
+            w.push_bytes(b")");
+            if let Some(ns) = cpu_ns {
+                w.push_bytes(b", cpu ");
+                push_seconds(w, ns);
+            }
+        }
+    });
+}
+
+/// `ns` as seconds with three decimals: `1.234s`.
+#[cfg_attr(not(feature = "threads"), allow(dead_code))] // Used by thread dumps.
+pub(crate) fn push_seconds(w: &mut FixedBuf<'_>, ns: u64) {
+    let ms = ns / 1_000_000;
+    w.push_dec(ms / 1000);
+    w.push_bytes(b".");
+    let frac = ms % 1000;
+    if frac < 100 {
+        w.push_bytes(b"0");
+    }
+    if frac < 10 {
+        w.push_bytes(b"0");
+    }
+    w.push_dec(frac);
+    w.push_bytes(b"s");
 }
 
 /// `n` as 16 hex digits with `0x`.

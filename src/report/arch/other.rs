@@ -2,7 +2,7 @@
 //! fault address come from `siginfo_t` and are printed on every architecture).
 #![allow(unsafe_code)]
 
-use super::super::report::Out;
+use crate::report::Out;
 
 /// Says that the registers are not decoded here (`_innermost`: as the other ports take it).
 ///
