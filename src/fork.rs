@@ -72,8 +72,6 @@ impl ForkHook {
 pub(crate) mod rank {
     /// Locks the prepare handler took are released before anything else runs.
     pub(crate) const RELEASE: u8 = 0;
-    /// The signal-action claims, which the installers below read.
-    pub(crate) const SIGNALS: u8 = 1;
     /// The report output lock and its waiting table, the crash symbolizer's pipes (the child's
     /// reports name functions without file:line unless it installs the crash handler again).
     pub(crate) const CRASH: u8 = 2;
@@ -148,9 +146,11 @@ unsafe extern "C" fn parent() {
 
 /// The `pthread_atfork` child handler: runs in the new child, which has one thread. A new fork
 /// generation first (every [`ForkMutex`] held before the fork is taken over by its next user),
-/// then each hook's `child`, by [`rank`].
+/// then the signal-action claims (`sys::signal`, which the installers the hooks reset read), then
+/// each hook's `child`, by [`rank`].
 unsafe extern "C" fn child() {
     next_generation();
+    sys::signal::after_fork();
     for r in 0..=rank::LAST {
         for h in FORK_HOOKS.iter() {
             if h.rank == r {

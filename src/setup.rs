@@ -22,19 +22,7 @@ use crate::{modules, symbolize, unwind};
 /// [`Error::NoUnwindInfo`] when no loaded object has `.eh_frame_hdr` (captures then use frame
 /// pointers).
 pub fn init() -> Result<(), Error> {
-    // (Registered before main by a constructor; again here in case that was not linked in.)
-    crate::fork::register();
-    modules::refresh(false);
-    unwind::prepare();
-    symbolize::rebuild();
-    let ok = modules::with_current(|s| {
-        s.is_some_and(|s| s.objects().iter().any(|o| o.eh_frame_hdr.is_some()))
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::NoUnwindInfo)
-    }
+    symbolize::set_up()
 }
 
 /// Picks up objects loaded or unloaded since the last snapshot (`dlopen`, `dlclose`): publishes
@@ -46,22 +34,4 @@ pub fn refresh() {
     symbolize::rebuild();
 }
 
-/// Makes sure the symbol index covers the objects loaded now, with every name: does what
-/// [`init`] does (a refresh when objects were loaded or unloaded since), then waits for the
-/// objects that the background indexer has not finished
-/// ([`symbolize::set_background_index`]).
-///
-/// Not async-signal-safe. [`init`] and [`refresh`] do the same without the wait; call one of
-/// them (or this) before using [`symbolize()`](crate::symbolize()) in a signal handler, and
-/// again after `dlopen`.
-///
-/// Also at its old path, `selftrace::symbolize::prepare`.
-///
-/// # Errors
-/// [`Error::NoUnwindInfo`] as [`init`].
-pub fn prepare() -> Result<(), Error> {
-    init()?;
-    symbolize::rebuild();
-    symbolize::wait_indexed(None);
-    Ok(())
-}
+pub use crate::symbolize::prepare;

@@ -115,6 +115,8 @@ mod names;
 mod slots;
 mod table;
 
+use crate::error::Error;
+
 // Defined in the crate's `fmt` module (under every report writer); public here.
 pub use crate::fmt::FixedBuf;
 pub(crate) use format::write_truncation;
@@ -356,9 +358,6 @@ pub(crate) fn rebuild() {
     });
 }
 
-/// Moved to [`crate::prepare`] (`selftrace::prepare`); this path keeps working.
-pub use crate::setup::prepare;
-
 /// Waits for the background indexer's objects: those of `addrs`, or every object. Normal
 /// context.
 pub(crate) fn wait_indexed(addrs: Option<&[usize]>) {
@@ -376,6 +375,45 @@ pub(crate) fn wait_indexed(addrs: Option<&[usize]>) {
     });
     for s in slots {
         slots::wait(s);
+    }
+}
+
+/// Makes sure the symbol index covers the objects loaded now, with every name: does what
+/// [`crate::init`] does (a refresh when objects were loaded or unloaded since), then waits for the
+/// objects that the background indexer has not finished
+/// ([`set_background_index`]).
+///
+/// Not async-signal-safe. [`crate::init`] and [`crate::refresh`] do the same without the wait; call one of
+/// them (or this) before using [`symbolize()`](crate::symbolize()) in a signal handler, and
+/// again after `dlopen`.
+///
+/// Also at `selftrace::prepare`.
+///
+/// # Errors
+/// [`Error::NoUnwindInfo`] as [`crate::init`].
+pub fn prepare() -> Result<(), Error> {
+    set_up()?;
+    rebuild();
+    wait_indexed(None);
+    Ok(())
+}
+
+/// What `selftrace::init` does (its docs say what and why), from the floor that can do it:
+/// registers the fork handlers, snapshots the loaded objects, builds the unwinder and the
+/// index. Normal context.
+pub(crate) fn set_up() -> Result<(), Error> {
+    // (Registered before main by a constructor; again here in case that was not linked in.)
+    crate::fork::register();
+    crate::modules::refresh(false);
+    crate::unwind::prepare();
+    rebuild();
+    let ok = crate::modules::with_current(|s| {
+        s.is_some_and(|s| s.objects().iter().any(|o| o.eh_frame_hdr.is_some()))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::NoUnwindInfo)
     }
 }
 

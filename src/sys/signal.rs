@@ -195,12 +195,6 @@ pub(crate) fn after_fork() {
     }
 }
 
-// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
-#[allow(unsafe_code)]
-#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
-static FORK_HOOK: crate::fork::ForkHook =
-    crate::fork::ForkHook::child(crate::fork::rank::SIGNALS, after_fork);
-
 /// The handler that was installed before ours (`SIG_DFL` when none was saved).
 pub(crate) fn previous_handler(sig: i32) -> usize {
     match slot(sig) {
