@@ -40,6 +40,7 @@
 //! `addr2line -f -C -i -e OBJECT OFFSET` resolves offline with the listed build-ids.
 #![allow(unsafe_code)]
 
+pub(crate) mod dump_dir;
 mod dump_to;
 mod handler;
 mod names;
