@@ -83,9 +83,16 @@ pub(super) fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
         return;
     }
     let mut name = [0u8; 48];
-    let (fd, name_len) = if dir >= 0 {
-        match crate::minidump::create_in(dir, &mut name) {
-            Ok(created) => created,
+    let options = crate::minidump::Options::new()
+        .stack_size(MINIDUMP_STACK.load(Ordering::Relaxed))
+        .environ(MINIDUMP_ENVIRON.load(Ordering::Relaxed));
+    #[cfg(feature = "threads")]
+    let timeout = crate::threads::timeout().as_nanos() as u64;
+    #[cfg(not(feature = "threads"))]
+    let timeout = 0;
+    let (name_len, result) = if dir >= 0 {
+        match super::dump_dir::write_in(dir, &mut name, Some(fault), &options, timeout) {
+            Ok(written) => written,
             Err(errno) => {
                 out.line(|w| {
                     w.push_bytes(b"minidump: not written: cannot create a file: errno ");
@@ -95,29 +102,11 @@ pub(super) fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
             }
         }
     } else {
-        (file, 0)
+        (
+            0,
+            crate::minidump::write(file, Some(fault), &options, timeout),
+        )
     };
-    let options = crate::minidump::Options::new()
-        .stack_size(MINIDUMP_STACK.load(Ordering::Relaxed))
-        .environ(MINIDUMP_ENVIRON.load(Ordering::Relaxed));
-    #[cfg(feature = "threads")]
-    let timeout = crate::threads::timeout().as_nanos() as u64;
-    #[cfg(not(feature = "threads"))]
-    let timeout = 0;
-    let mut result = crate::minidump::write(fd, Some(fault), &options, timeout);
-    if dir >= 0 {
-        // SAFETY: fsync has no memory effects; the dump should survive a power cut.
-        unsafe { libc::fsync(fd) };
-        sys::close(fd);
-        if let Err(errno) = crate::minidump::finish_in(dir, &name[..name_len], result.is_ok()) {
-            if result.is_ok() {
-                result = Err(Error::Sys {
-                    call: "renameat",
-                    errno,
-                });
-            }
-        }
-    }
     out.line(|w| {
         match result {
             Ok(s) => {
@@ -131,7 +120,7 @@ pub(super) fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
                     w.push_bytes(&name[..name_len]);
                 } else {
                     w.push_bytes(b"fd ");
-                    w.push_dec(fd as u64);
+                    w.push_dec(file as u64);
                 }
                 w.push_bytes(b" (");
                 w.push_dec(s.threads() as u64);

@@ -1,5 +1,7 @@
 //! The report: written line by line with `write(2)` from fixed buffers, modelled on the
 //! kernel's oops and `dump_stack()`.
+//! One writer for every report: crash reports, `dump_stack`, thread dumps, the panic report and
+//! the watchdog's (frame lines, call traces with recursion folded, objects, thread headers).
 //!
 //! ```text
 //! ------------[ selftrace: fatal signal ]------------

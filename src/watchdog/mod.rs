@@ -544,29 +544,14 @@ fn write_minidump(fd: i32) {
         return;
     }
     let mut name = [0u8; 48];
-    let line = match crate::minidump::create_in(dir, &mut name) {
+    let options = crate::minidump::Options::new();
+    let timeout = threads::timeout().as_nanos() as u64;
+    let line = match crate::crash::dump_dir::write_in(dir, &mut name, None, &options, timeout) {
         Err(errno) => format!(
             "watchdog: minidump not written: {}\n",
             std::io::Error::from_raw_os_error(errno)
         ),
-        Ok((file, len)) => {
-            let result = {
-                let _lock = crate::report::lock::OutputLock::acquire();
-                crate::minidump::write(
-                    file,
-                    None,
-                    &crate::minidump::Options::new(),
-                    threads::timeout().as_nanos() as u64,
-                )
-            };
-            sys::close(file);
-            let result = match crate::minidump::finish_in(dir, &name[..len], result.is_ok()) {
-                Err(errno) if result.is_ok() => Err(Error::Sys {
-                    call: "renameat",
-                    errno,
-                }),
-                _ => result,
-            };
+        Ok((len, result)) => {
             let dir = MINIDUMP_PATH.lock_or_reset(|| None).clone();
             let path = dir
                 .unwrap_or_default()
