@@ -91,7 +91,7 @@ pub(super) fn write_minidump(out: Out, fault: &crate::minidump::Fault) {
     #[cfg(not(feature = "threads"))]
     let timeout = 0;
     let (name_len, result) = if dir >= 0 {
-        match super::dump_dir::write_in(dir, &mut name, Some(fault), &options, timeout) {
+        match crate::minidump::write_in(dir, &mut name, Some(fault), &options, timeout) {
             Ok(written) => written,
             Err(errno) => {
                 out.line(|w| {

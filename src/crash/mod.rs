@@ -76,7 +76,6 @@
 //! docs/crash.md.
 #![allow(unsafe_code)]
 
-pub(crate) mod dump_dir;
 mod dump_to;
 mod handler;
 mod names;

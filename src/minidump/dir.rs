@@ -5,7 +5,9 @@
 #![allow(unsafe_code)]
 
 use super::SUPPORTED;
+use super::{Fault, Options, Summary};
 use crate::error::Error;
+use crate::report::lock::OutputLock;
 use crate::symbolize::FixedBuf;
 use crate::sys;
 
@@ -131,4 +133,39 @@ fn random(out: &mut [u8; 16]) {
     let mix = s.wrapping_mul(1_000_000_007) ^ ns ^ ((sys::getpid() as u64) << 32);
     out[..8].copy_from_slice(&mix.to_le_bytes());
     out[8..].copy_from_slice(&(sys::gettid() as u64 ^ ns.rotate_left(17)).to_le_bytes());
+}
+
+/// One dump in a directory, start to end (the crash handler's and the watchdog's): a new file
+/// under a temporary name, the dump written into it under the output lock, `fsync`, then renamed
+/// to its `<uuid>.dmp` name, or removed when the dump failed. Async-signal-safe, as
+/// [`super::write`] is.
+///
+/// Writes a minidump into a new file of the directory `dir` (an fd from
+/// [`open_dir`]), its name into `name`. Returns the name's length and how the
+/// dump went (a failed rename fails it too), or the `errno` when no file could be created.
+pub(crate) fn write_in(
+    dir: i32,
+    name: &mut [u8; 48],
+    fault: Option<&Fault>,
+    options: &Options,
+    timeout_ns: u64,
+) -> Result<(usize, Result<Summary, Error>), i32> {
+    let (fd, len) = create_in(dir, name)?;
+    let mut result = {
+        // Held already by a crash report (then this takes nothing).
+        let _lock = OutputLock::acquire();
+        super::write(fd, fault, options, timeout_ns)
+    };
+    // SAFETY: fsync has no memory effects; the dump should survive a power cut.
+    unsafe { libc::fsync(fd) };
+    sys::close(fd);
+    if let Err(errno) = finish_in(dir, &name[..len], result.is_ok()) {
+        if result.is_ok() {
+            result = Err(Error::Sys {
+                call: "renameat",
+                errno,
+            });
+        }
+    }
+    Ok((len, result))
 }

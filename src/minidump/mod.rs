@@ -91,7 +91,7 @@ mod streams;
 mod system;
 mod thread;
 
-pub(crate) use dir::{create_in, finish_in, open_dir};
+pub(crate) use dir::{open_dir, write_in};
 use file::{File, Loc};
 use streams::{
     Directory, LINUX_AUXV, LINUX_CMD_LINE, LINUX_CPU_INFO, LINUX_ENVIRON, LINUX_LSB_RELEASE,

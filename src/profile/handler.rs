@@ -71,8 +71,7 @@ pub(super) fn timer_value(generation: u32, stride: u32, tid: i32) -> u64 {
 /// # Async-signal safety
 /// Async-signal-safe: atomics, one walk into a ring slot, maybe one futex wake; keeps `errno`.
 pub(super) extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
-    // SAFETY: __errno_location returns this thread's errno, always valid.
-    let errno = unsafe { *libc::__errno_location() };
+    let _errno = sys::signal::ErrnoGuard::new();
     let fields = signal_fields(info);
     ACTIVE.fetch_add(1, Ordering::SeqCst);
     let shared = SHARED.load(Ordering::SeqCst);
@@ -90,7 +89,7 @@ pub(super) extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mu
                 rec.weight = weight;
                 // SAFETY: the kernel's ucontext_t of this signal.
                 let walk = unsafe {
-                    crate::Capture::new()
+                    crate::unwind::Capture::new()
                         .walk_ucontext(uc as *const libc::ucontext_t, &mut rec.frames)
                 };
                 rec.len = walk.frames;
@@ -115,8 +114,6 @@ pub(super) extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mu
             sys::signal::call_previous(sig, info, uc);
         }
     }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
 }
 
 /// `si_code`, and for `SI_TIMER` the overrun count and the sigval, of a signal's `siginfo_t`

@@ -546,7 +546,7 @@ fn write_minidump(fd: i32) {
     let mut name = [0u8; 48];
     let options = crate::minidump::Options::new();
     let timeout = threads::timeout().as_nanos() as u64;
-    let line = match crate::crash::dump_dir::write_in(dir, &mut name, None, &options, timeout) {
+    let line = match crate::minidump::write_in(dir, &mut name, None, &options, timeout) {
         Err(errno) => format!(
             "watchdog: minidump not written: {}\n",
             std::io::Error::from_raw_os_error(errno)

@@ -74,15 +74,6 @@ pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t, innermost:
 
 /// `ESR_MAGIC` of `<asm/sigcontext.h>`: the record of the exception syndrome register.
 const ESR_MAGIC: u32 = 0x4553_5201;
-/// `EXTRA_MAGIC`: a record pointing at more records outside the `ucontext_t` (SVE state too
-/// large for it); not followed.
-const EXTRA_MAGIC: u32 = 0x4558_5401;
-/// Bytes of `uc_mcontext.__reserved`.
-const RESERVED: usize = 4096;
-/// Where `__reserved` starts in `mcontext_t`: after `pstate`, 16-byte aligned.
-const RESERVED_AT: usize = (core::mem::offset_of!(libc::mcontext_t, pstate) + 8 + 15) & !15;
-const _: () = assert!(core::mem::size_of::<libc::mcontext_t>() == RESERVED_AT + RESERVED);
-
 /// The ESR the kernel saved for a fault, from the records of `__reserved`.
 ///
 /// # Safety
@@ -91,33 +82,9 @@ const _: () = assert!(core::mem::size_of::<libc::mcontext_t>() == RESERVED_AT + 
 /// # Async-signal safety
 /// Async-signal-safe.
 unsafe fn esr(uc: *const libc::ucontext_t) -> Option<u64> {
-    let base = uc as usize + core::mem::offset_of!(libc::ucontext_t, uc_mcontext) + RESERVED_AT;
-    // SAFETY: the caller vouches for the ucontext_t, which holds the 4096 reserved bytes.
-    let area = unsafe { core::slice::from_raw_parts(base as *const u8, RESERVED) };
-    find_record(area, ESR_MAGIC).and_then(|r| word(r, 8))
-}
-
-/// The record with `magic` among the records of `area` (each `{ u32 magic; u32 size; ... }`,
-/// FPSIMD, ESR, SVE, ZA, TPIDR2, ... then a zero header), walked by their headers: a size that
-/// is too small, unaligned or runs past the area ends the walk, so garbage never makes it read
-/// outside `area`.
-fn find_record(area: &[u8], magic: u32) -> Option<&[u8]> {
-    let mut at = 0usize;
-    // Every record is at least 16 bytes: at most this many.
-    for _ in 0..area.len() / 16 {
-        let head = area.get(at..at.checked_add(8)?)?;
-        let m = u32::from_ne_bytes(head[..4].try_into().ok()?);
-        let size = u32::from_ne_bytes(head[4..].try_into().ok()?) as usize;
-        if m == 0 || size < 8 || !size.is_multiple_of(8) {
-            return None;
-        }
-        let rec = area.get(at..at.checked_add(size)?)?;
-        if m == magic && m != EXTRA_MAGIC {
-            return Some(rec);
-        }
-        at += size;
-    }
-    None
+    // SAFETY: the caller vouches for the ucontext_t, which holds the reserved area.
+    let area = unsafe { crate::context::aarch64::reserved(uc) };
+    crate::context::aarch64::find_record(area, ESR_MAGIC).and_then(|r| word(r, 8))
 }
 
 /// The u64 at byte `at` of `rec`.
@@ -150,43 +117,10 @@ fn exception_class(esr: u64) -> &'static str {
 mod tests {
     use super::*;
 
-    fn rec(out: &mut Vec<u8>, magic: u32, size: u32, payload: u64) {
-        out.extend_from_slice(&magic.to_ne_bytes());
-        out.extend_from_slice(&size.to_ne_bytes());
-        out.extend_from_slice(&payload.to_ne_bytes());
-        out.resize(out.len() + size as usize - 16, 0xee);
-    }
-
+    // The record walk itself is `crate::context::aarch64::find_record`'s, tested there.
     #[test]
-    fn records_are_walked_by_their_headers() {
-        // FPSIMD (528 bytes), SVE, ZA, ESR, end: as the kernel lays them out.
-        let mut a = Vec::new();
-        rec(&mut a, 0x4650_8001, 528, 1);
-        rec(&mut a, 0x5356_4501, 2208, 2);
-        rec(&mut a, 0x5a41_5201, 16, 3);
-        rec(&mut a, ESR_MAGIC, 16, 0x9200_0046);
-        a.resize(RESERVED, 0);
-        assert_eq!(
-            find_record(&a, ESR_MAGIC).and_then(|r| word(r, 8)),
-            Some(0x9200_0046)
-        );
+    fn exception_classes_are_named() {
         assert_eq!(exception_class(0x9200_0046), "data abort, lower EL");
-        // No ESR record (a raise(), not a fault): none.
-        let mut b = Vec::new();
-        rec(&mut b, 0x4650_8001, 528, 1);
-        b.resize(RESERVED, 0);
-        assert_eq!(find_record(&b, ESR_MAGIC), None);
-        // Garbage sizes end the walk without reading outside the area.
-        for size in [0u32, 4, 12, 4097, u32::MAX] {
-            let mut c = Vec::new();
-            c.extend_from_slice(&0x4650_8001u32.to_ne_bytes());
-            c.extend_from_slice(&size.to_ne_bytes());
-            c.resize(RESERVED, 0x45);
-            assert_eq!(find_record(&c, ESR_MAGIC), None, "size {size}");
-        }
-        // A record running past the end.
-        let mut d = vec![0u8; RESERVED];
-        d[RESERVED - 8..RESERVED - 4].copy_from_slice(&ESR_MAGIC.to_ne_bytes());
-        assert_eq!(find_record(&d, ESR_MAGIC), None);
+        assert_eq!(exception_class(0xf200_0000), "BRK instruction");
     }
 }
