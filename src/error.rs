@@ -40,12 +40,12 @@ pub enum Error {
 }
 
 impl Error {
-    /// An [`Error::Sys`] from the current `errno`.
+    /// An [`Error::Sys`] from the current `errno` (read without allocating: async-signal-safe).
     #[allow(dead_code)]
     pub(crate) fn last_os(call: &'static str) -> Error {
         Error::Sys {
             call,
-            errno: crate::sys::errno(),
+            errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
         }
     }
 }

@@ -206,18 +206,10 @@ pub mod usdt;
 pub mod watchdog;
 
 pub use crash::dump_stack;
-/// Bytes of stack that each async-signal-safe entry point takes at most below the kernel's
-/// signal frame: 4 KiB in an optimized build, 12 KiB in a debug build (see the crate docs'
-/// stack budget). An alternate signal stack of `getauxval(AT_MINSIGSTKSZ)` plus this many
-/// bytes is enough for any of them.
-pub const SIGNAL_STACK_BUDGET: usize = if cfg!(debug_assertions) {
-    12 * 1024
-} else {
-    4 * 1024
-};
 pub use error::Error;
 pub use setup::{init, prepare, refresh};
 pub use symbolize::{backtrace_symbols, backtrace_symbols_fd, symbolize, Backtrace, Symbol};
+pub use sys::stack::SIGNAL_STACK_BUDGET;
 pub use unwind::{
     capture, set_auto_refresh, Capture, Regs, StopReason, Truncation, UnwindMode, UnwindStats,
     Walk, WalkEnd,

@@ -287,7 +287,7 @@ impl Builder {
                 "the symbolizer timeout must be 1 ms to 10 minutes",
             ));
         }
-        crate::init()?;
+        crate::setup::init()?;
         for &sig in &self.signals {
             // Not the stack-request signal, the dump signal or a running profiler's.
             sys::signal::check_use(sig, sys::signal::Owner::Crash)?;
@@ -435,7 +435,7 @@ pub(crate) const REPORT_STACK_NEED: usize = 64 * 1024;
 
 /// `dump_stack`'s text; with `short: Some(room)`, raw addresses only (a stack too small for
 /// the symbolizer: `room` bytes left).
-fn write_dump_stack(out: Out, frames: &[usize], end: crate::WalkEnd, short: Option<usize>) {
+fn write_dump_stack(out: Out, frames: &[usize], end: crate::unwind::WalkEnd, short: Option<usize>) {
     let lock = OutputLock::acquire();
     out.line(|w| w.push_bytes(b"------------[ selftrace: dump_stack ]------------"));
     report::who(out);

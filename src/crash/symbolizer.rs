@@ -34,7 +34,7 @@ pub(crate) fn set_timeout(t: std::time::Duration) {
 pub(crate) const MAX_FRAMES: usize = 128;
 
 /// Forks the symbolizer child (once). Normal context.
-pub(crate) fn spawn() -> Result<(), crate::Error> {
+pub(crate) fn spawn() -> Result<(), crate::error::Error> {
     if REQ_FD.load(Ordering::Relaxed) >= 0 {
         return Ok(());
     }
@@ -43,18 +43,18 @@ pub(crate) fn spawn() -> Result<(), crate::Error> {
     // SAFETY: pipe2 writes two fds into each array.
     unsafe {
         if libc::pipe2(req.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return Err(crate::Error::last_os("pipe2"));
+            return Err(crate::error::Error::last_os("pipe2"));
         }
         if libc::pipe2(resp.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
             libc::close(req[0]);
             libc::close(req[1]);
-            return Err(crate::Error::last_os("pipe2"));
+            return Err(crate::error::Error::last_os("pipe2"));
         }
     }
     // SAFETY: fork; the child only runs `child_main` and exits with _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(crate::Error::last_os("fork"));
+        return Err(crate::error::Error::last_os("fork"));
     }
     if pid == 0 {
         // SAFETY: closing the parent's ends in the child.

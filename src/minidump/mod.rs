@@ -101,8 +101,8 @@ use system::{misc_info, system_info};
 use thread::{cannot_answer, copy_stack, thread_context, Got};
 
 use crate::context::{self as arch, context_from_ucontext, CONTEXT_SIZE};
+use crate::error::Error;
 use crate::sys;
-use crate::Error;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicI32, Ordering};
 

@@ -2,7 +2,7 @@
 //! object unloaded after the profile was taken does not change it).
 
 use crate::symbolize::FrameKind;
-use crate::Truncation;
+use crate::unwind::Truncation;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

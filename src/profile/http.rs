@@ -134,7 +134,7 @@ pub fn handle(method: &str, target: &str) -> Response {
     };
     let profiler = match super::builder().frequency(q.hz).mode(q.mode).start() {
         Ok(p) => p,
-        Err(crate::Error::AlreadyExists(_)) => {
+        Err(crate::error::Error::AlreadyExists(_)) => {
             return Response::text(409, "a profile is being taken\n")
         }
         Err(e) => return Response::text(500, &format!("{e}\n")),

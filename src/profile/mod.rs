@@ -96,7 +96,7 @@ mod timer;
 
 pub use data::{Line, Location, Mapping, Mode, Profile, Sample};
 
-use crate::Error;
+use crate::error::Error;
 use std::time::Duration;
 
 /// Which threads a profiler samples.

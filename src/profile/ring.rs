@@ -10,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use super::MAX_DEPTH;
-use crate::WalkEnd;
+use crate::unwind::WalkEnd;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU64, Ordering};
 

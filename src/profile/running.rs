@@ -101,7 +101,7 @@ impl Inner {
         if batch.is_empty() {
             return left;
         }
-        let batch = agg.drain(batch, defer_refresh, crate::refresh);
+        let batch = agg.drain(batch, defer_refresh, crate::setup::refresh);
         self.recycle(batch);
         left
     }
@@ -153,7 +153,7 @@ pub(crate) fn start(b: Builder) -> Result<Running, Error> {
 }
 
 fn start_locked(b: Builder) -> Result<Running, Error> {
-    let _ = crate::init();
+    let _ = crate::setup::init();
     // The threads first: a start refused for them leaves the signal alone.
     if let Threads::Only(tids) = &b.threads {
         if tids.iter().any(|&t| t <= 0) {

@@ -340,8 +340,8 @@ pub(crate) fn is_fault_signal(sig: i32) -> bool {
 ///
 /// # Async-signal safety
 /// Async-signal-safe (atomic loads).
-pub(crate) fn check_use(sig: i32, wanted: Owner) -> Result<(), crate::Error> {
-    use crate::Error::InvalidInput as Invalid;
+pub(crate) fn check_use(sig: i32, wanted: Owner) -> Result<(), crate::error::Error> {
+    use crate::error::Error::InvalidInput as Invalid;
     if !(1..SIGNALS as i32).contains(&sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
         return Err(Invalid("signal cannot be handled"));
     }

@@ -11,6 +11,16 @@
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
+/// Bytes of stack that each async-signal-safe entry point takes at most below the kernel's
+/// signal frame: 4 KiB in an optimized build, 12 KiB in a debug build (see the crate docs'
+/// stack budget). An alternate signal stack of `getauxval(AT_MINSIGSTKSZ)` plus this many
+/// bytes is enough for any of them.
+pub const SIGNAL_STACK_BUDGET: usize = if cfg!(debug_assertions) {
+    12 * 1024
+} else {
+    4 * 1024
+};
+
 /// How many private stacks there are (reports and demangling running at the same time; a
 /// caller that finds them all busy checks its own room instead).
 const POOL: usize = 4;
@@ -247,7 +257,7 @@ mod tests {
         // and the signal's action is the process's.
         static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-        crate::init().unwrap();
+        crate::setup::init().unwrap();
         let mut held = Vec::new();
         while held.len() < POOL {
             match claim() {
@@ -310,7 +320,7 @@ mod tests {
 
     #[test]
     fn room_is_what_is_left_of_the_thread_stack() {
-        crate::init().unwrap();
+        crate::setup::init().unwrap();
         let small = std::thread::Builder::new()
             .stack_size(48 * 1024)
             .spawn(room)
@@ -376,7 +386,7 @@ mod tests {
 
     #[test]
     fn a_child_takes_back_the_stacks_its_parent_held_at_the_fork() {
-        crate::init().unwrap();
+        crate::setup::init().unwrap();
         let held = loop {
             // Another test may hold them all for a moment.
             match claim() {

@@ -191,7 +191,7 @@ fn settle(
                 let k = n.min(f.len()).min(frames.len());
                 frames[..k].copy_from_slice(&f[..k]);
                 let end = if k < n {
-                    crate::WalkEnd::BufferFull
+                    crate::unwind::WalkEnd::BufferFull
                 } else {
                     end
                 };
@@ -217,7 +217,7 @@ fn settle(
 
 /// The calling thread's stack, captured before a dump moved to a private stack: frames, how
 /// the walk ended, the buffer.
-pub(crate) type Mine<'a> = (usize, crate::WalkEnd, &'a [usize]);
+pub(crate) type Mine<'a> = (usize, crate::unwind::WalkEnd, &'a [usize]);
 
 /// Lists every thread but `skip` (0: none) with its stack. Returns what it saw. `mine`: the
 /// calling thread's stack, captured already (else it is asked for like any other).

@@ -83,8 +83,8 @@ pub use crate::procfs::{info, ThreadInfo};
 pub use dump::DumpSummary;
 pub(crate) use request::cannot_answer;
 
+use crate::error::Error;
 use crate::sys;
-use crate::Error;
 use core::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use core::time::Duration;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -328,7 +328,11 @@ pub fn current_tid() -> i32 {
 /// without `SA_ONSTACK`), takes as much as [`crate::Capture::walk_ucontext`] below its signal
 /// frame.
 #[inline(never)]
-pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::Walk, Error> {
+pub fn capture(
+    tid: i32,
+    buf: &mut [usize],
+    timeout: Duration,
+) -> Result<crate::unwind::Walk, Error> {
     if tid <= 0 {
         return Err(Error::InvalidInput(
             "thread id must be positive (a tid of this process)",
@@ -343,7 +347,7 @@ pub fn capture(tid: i32, buf: &mut [usize], timeout: Duration) -> Result<crate::
         match request::post(tid) {
             Ok(Some(t)) => {
                 return match request::wait_one(&t, deadline, buf) {
-                    request::Answer::Frames(frames, end) => Ok(crate::Walk { frames, end }),
+                    request::Answer::Frames(frames, end) => Ok(crate::unwind::Walk { frames, end }),
                     request::Answer::Timeout | request::Answer::Cannot(_) => Err(Error::Timeout),
                     request::Answer::Gone => Err(Error::ThreadGone),
                 };
@@ -488,7 +492,7 @@ fn install_dump_signal_fd(sig: i32, fd: i32) -> Result<(), Error> {
     sys::signal::check_use(sig, sys::signal::Owner::Dump)?;
     // The index, without waiting for the background indexer: a dump meanwhile names the
     // frames of an object it has not finished by object and offset.
-    crate::init()?;
+    crate::setup::init()?;
     crate::symbolize::rebuild();
     DUMP_FD.store(fd, Ordering::Relaxed);
     let sys_err = |errno| Error::Sys {
@@ -563,7 +567,7 @@ pub(crate) fn write_thread(
     fd: i32,
     tid: i32,
     info: Option<&ThreadInfo>,
-    stack: Result<(&[usize], crate::WalkEnd), Error>,
+    stack: Result<(&[usize], crate::unwind::WalkEnd), Error>,
 ) {
     let out = crate::report::Out { fd };
     dump::thread_header(out, tid, info);

@@ -63,7 +63,7 @@ struct Slot {
     frames: AtomicUsize,
     buf: UnsafeCell<[usize; SLOT_FRAMES]>,
     /// How the handler's walk ended (written and read like `buf`).
-    end: UnsafeCell<crate::WalkEnd>,
+    end: UnsafeCell<crate::unwind::WalkEnd>,
     /// The thread's register context in the minidump's `CONTEXT_*` layout (written and read
     /// like `buf`); its length in `frames` for a [`WANT_CONTEXT`] request.
     context: UnsafeCell<[u8; crate::context::CONTEXT_SIZE]>,
@@ -91,7 +91,7 @@ static TABLE: [Slot; SLOTS] = [const {
         hold: AtomicU32::new(0),
         frames: AtomicUsize::new(0),
         buf: UnsafeCell::new([0; SLOT_FRAMES]),
-        end: UnsafeCell::new(crate::WalkEnd::Complete),
+        end: UnsafeCell::new(crate::unwind::WalkEnd::Complete),
         context: UnsafeCell::new([0; crate::context::CONTEXT_SIZE]),
     }
 }; SLOTS];
@@ -114,7 +114,7 @@ pub(crate) struct Ticket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
     /// The handler ran: this many frames are in the slot, and how the walk ended.
-    Frames(usize, crate::WalkEnd),
+    Frames(usize, crate::unwind::WalkEnd),
     /// The thread no longer exists.
     Gone,
     /// No answer by the deadline.
@@ -369,7 +369,7 @@ fn finish(t: &Ticket, a: Answer, out: &mut [usize]) -> Answer {
             let k = f.len().min(out.len());
             out[..k].copy_from_slice(&f[..k]);
             let end = if k < f.len() {
-                crate::WalkEnd::BufferFull
+                crate::unwind::WalkEnd::BufferFull
             } else {
                 end
             };

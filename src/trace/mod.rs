@@ -119,7 +119,7 @@ pub use format::MAX_EVENT;
 #[cfg(feature = "tracing")]
 pub use layer::{MarkerLayer, SpanMode};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Tag of ordinary application events (the free functions' tag, like `TRACE_TAG_APP`).
 pub const TAG_APP: u64 = 1 << 0;

@@ -42,7 +42,7 @@ pub struct Error(Box<Inner>);
 
 #[derive(Debug)]
 struct Inner {
-    kind: crate::Error,
+    kind: crate::error::Error,
     /// What was being done to `path`: `writing`, `reading probes of`.
     op: Option<&'static str>,
     path: Option<PathBuf>,
@@ -56,7 +56,7 @@ struct Inner {
 
 impl Error {
     /// An error of kind `kind` without context (see the `with_*` methods).
-    pub(crate) fn new(kind: crate::Error) -> Error {
+    pub(crate) fn new(kind: crate::error::Error) -> Error {
         Error(Box::new(Inner {
             kind,
             op: None,
@@ -81,11 +81,11 @@ impl Error {
         e: std::io::Error,
     ) -> Error {
         let kind = match e.raw_os_error() {
-            Some(libc::ENOENT) | Some(libc::ENOTDIR) => crate::Error::NotFound(what),
-            Some(libc::EACCES) | Some(libc::EPERM) => crate::Error::PermissionDenied,
-            Some(libc::EEXIST) => crate::Error::AlreadyExists(what),
-            Some(errno) => crate::Error::Sys { call, errno },
-            None => crate::Error::InvalidInput(what),
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => crate::error::Error::NotFound(what),
+            Some(libc::EACCES) | Some(libc::EPERM) => crate::error::Error::PermissionDenied,
+            Some(libc::EEXIST) => crate::error::Error::AlreadyExists(what),
+            Some(errno) => crate::error::Error::Sys { call, errno },
+            None => crate::error::Error::InvalidInput(what),
         };
         let mut err = Error::new(kind).with_op(op).with_path(path);
         err.0.io = Some(e);
@@ -131,7 +131,7 @@ impl Error {
     /// other failed call (a command the kernel refused in `uprobe_events` is
     /// `Sys { call: "write", errno: EINVAL }`, with the reason in
     /// [`kernel_message`](Self::kernel_message)).
-    pub fn kind(&self) -> crate::Error {
+    pub fn kind(&self) -> crate::error::Error {
         self.0.kind
     }
 
@@ -186,7 +186,7 @@ impl fmt::Display for Error {
         }
         match (&e.kind, &e.io) {
             // The operation already says which call: the OS's message is the cause.
-            (crate::Error::Sys { .. }, Some(io)) => write!(f, "{io}")?,
+            (crate::error::Error::Sys { .. }, Some(io)) => write!(f, "{io}")?,
             (kind, _) => write!(f, "{kind}")?,
         }
         if let Some(d) = &e.detail {
@@ -249,16 +249,16 @@ impl From<crate::usdt::notes::ReadError> for Error {
 }
 
 /// An error with nothing but its kind.
-impl From<crate::Error> for Error {
-    fn from(kind: crate::Error) -> Error {
+impl From<crate::error::Error> for Error {
+    fn from(kind: crate::error::Error) -> Error {
         Error::new(kind)
     }
 }
 
 /// The kind alone ([`Error::kind`]); the path, event and kernel message are lost. For code
 /// that must keep the crate's `Copy` error.
-impl From<Error> for crate::Error {
-    fn from(e: Error) -> crate::Error {
+impl From<Error> for crate::error::Error {
+    fn from(e: Error) -> crate::error::Error {
         e.kind()
     }
 }
@@ -272,15 +272,15 @@ impl From<Error> for std::io::Error {
         use std::io::ErrorKind as K;
         let kind = match (&e.0.io, e.0.kind) {
             (Some(io), _) => io.kind(),
-            (None, crate::Error::Sys { errno, .. }) => {
+            (None, crate::error::Error::Sys { errno, .. }) => {
                 std::io::Error::from_raw_os_error(errno).kind()
             }
-            (None, crate::Error::NotFound(_)) => K::NotFound,
-            (None, crate::Error::PermissionDenied) => K::PermissionDenied,
-            (None, crate::Error::AlreadyExists(_)) => K::AlreadyExists,
-            (None, crate::Error::InvalidInput(_)) => K::InvalidInput,
-            (None, crate::Error::BadElf(_)) => K::InvalidData,
-            (None, crate::Error::Unsupported(_)) => K::Unsupported,
+            (None, crate::error::Error::NotFound(_)) => K::NotFound,
+            (None, crate::error::Error::PermissionDenied) => K::PermissionDenied,
+            (None, crate::error::Error::AlreadyExists(_)) => K::AlreadyExists,
+            (None, crate::error::Error::InvalidInput(_)) => K::InvalidInput,
+            (None, crate::error::Error::BadElf(_)) => K::InvalidData,
+            (None, crate::error::Error::Unsupported(_)) => K::Unsupported,
             (None, _) => K::Other,
         };
         std::io::Error::new(kind, e)
@@ -311,7 +311,7 @@ mod tests {
         );
         assert_eq!(
             e.kind(),
-            crate::Error::Sys {
+            crate::error::Error::Sys {
                 call: "write",
                 errno: libc::EINVAL
             }
@@ -328,7 +328,7 @@ mod tests {
         assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
         assert!(io.to_string().contains("for event g_1/foo"), "{io}");
 
-        let e = Error::new(crate::Error::BadElf("bad elf header"))
+        let e = Error::new(crate::error::Error::BadElf("bad elf header"))
             .with_op("reading probes of")
             .with_path("/tmp/a b");
         assert_eq!(
@@ -336,23 +336,27 @@ mod tests {
             "reading probes of \"/tmp/a b\": malformed elf file: bad elf header"
         );
         assert_eq!(
-            e.source().unwrap().downcast_ref::<crate::Error>().copied(),
-            Some(crate::Error::BadElf("bad elf header"))
+            e.source()
+                .unwrap()
+                .downcast_ref::<crate::error::Error>()
+                .copied(),
+            Some(crate::error::Error::BadElf("bad elf header"))
         );
         assert_eq!(
-            crate::Error::from(e),
-            crate::Error::BadElf("bad elf header")
+            crate::error::Error::from(e),
+            crate::error::Error::BadElf("bad elf header")
         );
 
-        let e = Error::new(crate::Error::InvalidInput("bad name")).with_subject("group", "a\nb");
+        let e =
+            Error::new(crate::error::Error::InvalidInput("bad name")).with_subject("group", "a\nb");
         assert_eq!(e.to_string(), "group \"a\\nb\": invalid input: bad name");
         assert_eq!(
-            Error::from(crate::Error::NoTracefs).to_string(),
+            Error::from(crate::error::Error::NoTracefs).to_string(),
             "tracefs is not mounted"
         );
         let enoent = std::io::Error::from_raw_os_error(libc::ENOENT);
         let e = Error::io("opening", "/x", "open", "elf file", enoent).with_subject("symbol", "f");
-        assert_eq!(e.kind(), crate::Error::NotFound("elf file"));
+        assert_eq!(e.kind(), crate::error::Error::NotFound("elf file"));
         assert_eq!(
             e.to_string(),
             "opening /x for symbol f: not found: elf file"

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{parse, root, Error};
-use crate::Error as Kind;
+use crate::error::Error as Kind;
 
 /// A private ftrace instance (`<tracefs>/instances/<name>`), with its own ring buffer, event
 /// enables and `trace_marker`. Removed (with everything recorded in it) when dropped, also

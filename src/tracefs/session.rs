@@ -22,8 +22,8 @@
 use super::symbols::{function_offset, offset_in_code};
 use super::uprobe::UprobeEvent;
 use super::{parse, root, Error, Instance};
+use crate::error::Error as Kind;
 use crate::usdt::ProbeNote;
-use crate::Error as Kind;
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 //! offset is `vaddr - p_vaddr + p_offset` of the `PT_LOAD` segment that contains it.
 
 use super::Error;
-use crate::Error as Kind;
+use crate::error::Error as Kind;
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use std::path::Path;
 

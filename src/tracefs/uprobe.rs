@@ -22,8 +22,8 @@
 //! word it points at, or the event already on the same address.
 
 use super::{root, Error};
+use crate::error::Error as Kind;
 use crate::usdt::{ArgSpec, ProbeNote};
-use crate::Error as Kind;
 use std::io::Write;
 use std::path::Path;
 

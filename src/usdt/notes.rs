@@ -1,6 +1,6 @@
 //! Reading `.note.stapsdt` from any ELF file, and computing what the kernel needs to attach.
 
-use crate::Error;
+use crate::error::Error;
 use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
 use object::read::{ReadCache, ReadRef};
 use object::{elf, Endianness, FileKind};

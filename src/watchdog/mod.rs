@@ -49,10 +49,10 @@
 //! ```
 #![allow(unsafe_code)]
 
+use crate::error::Error;
 use crate::fork::ForkMutex;
 use crate::sys;
 use crate::threads;
-use crate::Error;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use core::time::Duration;
 use std::cell::Cell;
@@ -110,7 +110,7 @@ pub struct Stall {
     /// The thread's stack (frame 0 exact), or why there is none.
     pub stack: Result<Vec<usize>, Error>,
     /// How the walk of [`Stall::stack`] ended (complete, or truncated and why).
-    pub stack_end: Option<crate::WalkEnd>,
+    pub stack_end: Option<crate::unwind::WalkEnd>,
     /// The thread's name, state and CPU time as `/proc` gave them when the stall was found,
     /// before its stack was captured (the stack request wakes a blocked thread, which then
     /// reads as running for a while); `None` if the thread was gone.
@@ -419,7 +419,7 @@ fn start_monitor() {
             .lock_or_reset(Vec::new)
             .retain(|s| !crate::fork::holder_gone(s.tid));
     }
-    let _ = crate::init();
+    let _ = crate::setup::init();
     let spawned = std::thread::Builder::new()
         .name("watchdog".into())
         .spawn(monitor);
@@ -636,7 +636,10 @@ fn report(s: &Stall) {
     let _lock = crate::report::lock::OutputLock::acquire();
     let _ = sys::write_all(fd, text.as_bytes());
     let stack = match &s.stack {
-        Ok(f) => Ok((&f[..], s.stack_end.unwrap_or(crate::WalkEnd::Complete))),
+        Ok(f) => Ok((
+            &f[..],
+            s.stack_end.unwrap_or(crate::unwind::WalkEnd::Complete),
+        )),
         Err(e) => Err(*e),
     };
     threads::write_thread(fd, s.tid, s.thread.as_ref(), stack);
