@@ -147,20 +147,22 @@ pub(crate) fn sp_pc(ctx: &[u8]) -> Option<(u64, u64)> {
 /// (leaf 1) and the AMD extended features (leaf 0x80000001); and the processor level
 /// (family) and revision (model << 8 | stepping) of `MINIDUMP_SYSTEM_INFO`.
 pub(crate) fn cpu_information(out: &mut [u8; 24]) -> (u16, u16) {
-    use core::arch::x86_64::__cpuid;
-    // `cpuid` is unprivileged on every x86-64 CPU and has no memory effects.
-    let l0 = __cpuid(0);
+    // A safe function in recent Rust (1.95), an `unsafe fn` in older ones (1.88 to 1.91 at least).
+    #[allow(unused_unsafe)]
+    // SAFETY: `cpuid` is unprivileged on every x86-64 CPU and has no memory effects.
+    let cpuid = |leaf: u32| unsafe { core::arch::x86_64::__cpuid(leaf) };
+    let l0 = cpuid(0);
     le32(out, 0, l0.ebx);
     le32(out, 4, l0.edx);
     le32(out, 8, l0.ecx);
     if l0.eax < 1 {
         return (0, 0);
     }
-    let l1 = __cpuid(1);
+    let l1 = cpuid(1);
     le32(out, 12, l1.eax);
     le32(out, 16, l1.edx);
-    if __cpuid(0x8000_0000).eax >= 0x8000_0001 {
-        le32(out, 20, __cpuid(0x8000_0001).edx);
+    if cpuid(0x8000_0000).eax >= 0x8000_0001 {
+        le32(out, 20, cpuid(0x8000_0001).edx);
     }
     let base_family = (l1.eax >> 8) & 0xf;
     let mut family = base_family;
