@@ -13,6 +13,8 @@
 //! at most [`BLOCK`] pieces of the store ([`Names::pieces`]), in order, without copying. Lookups
 //! are async-signal-safe: no allocation, no lock, no panic (every read is checked, so even a
 //! store built wrong gives a short or empty name, never a fault).
+//!
+//! Size: over 600 lines only with its unit tests (about 520 without).
 
 /// Names per block: a decode reads at most this many entries.
 pub(crate) const BLOCK: usize = 4;

@@ -2,6 +2,10 @@
 //! fall on the walking thread's own stack, stepped with a few loads each, and the reuse of the
 //! thread's previous walk (join the record, replay its frames while the stack holds the words
 //! they were read from). Anything else goes back to the general step ([`super::step`]).
+//!
+//! Size: over 600 lines, and `frames_loop` over 150, because that function (about 390 lines) is
+//! the hot loop whose machine code the unwind benches pin; it stays whole until a split is shown
+//! (by `objdump` of the release build and the benches) to generate the same code.
 #![allow(unsafe_code)]
 
 use super::arch::{self, FP, PC, SP};

@@ -1,5 +1,8 @@
 //! The hot loop of frame-pointer mode: the chain of frame records on the walking thread's own
 //! stack, one comparison per return address against the code of the current object.
+//!
+//! `fp_chain` is over 150 lines for the reason `frames_loop` is (see `fast.rs`): the hot loop
+//! whose machine code the unwind benches pin stays whole.
 #![allow(unsafe_code)]
 
 use super::arch;
