@@ -37,10 +37,7 @@ const AARCH64_TESTS: &[&str] = &[
     "unwind_no_vm_readv",
     "unwind_reuse",
     "unwind_stress",
-    "usdt_files",
-    "usdt_notes",
-    "usdt_probes",
-    "usdt_tools",
+    "usdt",
     "watchdog",
     "profile_stress",
 ];
@@ -77,10 +74,7 @@ const NOT_UNDER_QEMU: &[(&str, &str)] = &[
         "checks the pprof encoding with go tool pprof: no architecture-specific code (the \
          profiler itself runs under qemu in profile_stress)",
     ),
-    ("record_cli", UPROBES),
-    ("record_hardening", UPROBES),
-    ("record_session", UPROBES),
-    ("record_signals", UPROBES),
+    ("record", UPROBES),
     ("usdt_ui", UPROBES),
     ("usdt_uprobe", UPROBES),
 ];
