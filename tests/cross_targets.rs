@@ -19,7 +19,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The integration tests run for aarch64 under qemu-user.
+/// The integration test binaries (tests/NAME.rs, tests/NAME/main.rs) run for aarch64 under
+/// qemu-user.
 const AARCH64_TESTS: &[&str] = &[
     "before_init",
     "crash",
@@ -29,26 +30,19 @@ const AARCH64_TESTS: &[&str] = &[
     "minidump",
     "symbolize",
     "symbolize_background",
-    "symbolize_files",
-    "symbolize_signal",
-    "symbolize_stripped",
     "threads",
     "unwind",
-    "unwind_cfi",
     "unwind_diff",
     "unwind_gdb",
     "unwind_no_vm_readv",
     "unwind_reuse",
     "unwind_stress",
-    "usdt_files",
-    "usdt_notes",
-    "usdt_probes",
-    "usdt_tools",
+    "usdt",
     "watchdog",
     "profile_stress",
 ];
 
-/// The integration tests that do not run under qemu-user, and why (printed by the aarch64 run).
+/// The integration test binaries that do not run under qemu-user, and why (printed by the aarch64 run).
 const NOT_UNDER_QEMU: &[(&str, &str)] = &[
     (
         "cross_targets",
@@ -80,10 +74,7 @@ const NOT_UNDER_QEMU: &[(&str, &str)] = &[
         "checks the pprof encoding with go tool pprof: no architecture-specific code (the \
          profiler itself runs under qemu in profile_stress)",
     ),
-    ("record_cli", UPROBES),
-    ("record_hardening", UPROBES),
-    ("record_session", UPROBES),
-    ("record_signals", UPROBES),
+    ("record", UPROBES),
     ("usdt_ui", UPROBES),
     ("usdt_uprobe", UPROBES),
 ];
@@ -183,7 +174,7 @@ fn aarch64_tests_pass_under_qemu_user() {
         );
     }
     for (t, why) in NOT_UNDER_QEMU {
-        eprintln!("{TEST}: tests/{t}.rs is not run under qemu-user: {why}");
+        eprintln!("{TEST}: test binary {t} is not run under qemu-user: {why}");
     }
     let mut c = debian_cargo(&target_dir("aarch64-qemu"));
     // Every test binary runs even after one failed, so a CI log shows all failures at once.
@@ -353,10 +344,15 @@ fn check(mut cargo: Command, extra: &[&str], triple: &str) -> bool {
 #[test]
 fn every_test_file_runs_under_qemu_or_says_why() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    // The test binaries cargo finds: tests/NAME.rs and tests/NAME/main.rs.
     let mut files: Vec<String> = std::fs::read_dir(&dir)
         .expect("read tests/")
         .filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
+            let e = e.ok()?;
+            let name = e.file_name().into_string().ok()?;
+            if e.path().join("main.rs").is_file() {
+                return Some(name);
+            }
             Some(name.strip_suffix(".rs")?.to_string())
         })
         .collect();
@@ -366,13 +362,16 @@ fn every_test_file_runs_under_qemu_or_says_why() {
         let out = NOT_UNDER_QEMU.iter().any(|(t, _)| t == f);
         assert!(
             run != out,
-            "tests/{f}.rs must be in exactly one of AARCH64_TESTS and NOT_UNDER_QEMU"
+            "test binary {f} must be in exactly one of AARCH64_TESTS and NOT_UNDER_QEMU"
         );
     }
     for t in AARCH64_TESTS
         .iter()
         .chain(NOT_UNDER_QEMU.iter().map(|(t, _)| t))
     {
-        assert!(files.contains(&t.to_string()), "no tests/{t}.rs");
+        assert!(
+            files.contains(&t.to_string()),
+            "no tests/{t}.rs or tests/{t}/main.rs"
+        );
     }
 }

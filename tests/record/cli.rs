@@ -2,15 +2,13 @@
 //! sections, async sections, counters, instants, a thread and a child process is recorded; the
 //! text trace and the Chrome JSON hold exactly those; nothing of the recorder's is left in
 //! `uprobe_events` or `instances/`, also when it fails with an error. (Crashes, signals and
-//! SIGKILL: tests/record_signals.rs.)
+//! SIGKILL: tests/record/signals.rs.)
 // Needs the cargo features of what it tests (`cargo test --all-features` runs it).
 #![cfg(feature = "tracefs")]
 
-mod example_build;
-mod record_support;
+use crate::record_support;
 // The USDT tests' fixtures: a program that dlopens a cdylib with probes.
-#[path = "usdt_support/mod.rs"]
-mod usdt_support;
+use crate::usdt_support;
 
 use record_support::*;
 use selftrace::tracefs::{self, MarkerKind};

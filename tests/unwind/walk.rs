@@ -1,19 +1,13 @@
 //! Stack capture: known call chains, signal handlers, allocation-freedom, garbage input.
 
-#[path = "support/counting.rs"]
-mod counting;
-#[path = "support/oracle.rs"]
-mod oracle;
-#[path = "support/spinner.rs"]
-mod spinner;
+use crate::counting;
+use crate::oracle;
+use crate::spinner;
 
 use oracle::{leaf, Oracle};
 use selftrace::{capture, Regs, UnwindMode};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-
-#[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
 
 fn oracle() -> &'static Oracle {
     static O: OnceLock<Oracle> = OnceLock::new();

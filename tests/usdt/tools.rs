@@ -6,8 +6,7 @@
 // Needs the cargo features of what it tests (`cargo test --all-features` runs it).
 #![cfg(feature = "usdt")]
 
-mod example_build;
-mod usdt_support;
+use crate::usdt_support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -7,11 +7,8 @@ use selftrace::symbolize::{
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
-#[path = "support/counting.rs"]
-mod counting;
+use crate::counting;
 
-#[global_allocator]
-static GLOBAL: counting::Counting = counting::Counting;
 static HANDLER_ALLOCS: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 static OUT_FD: AtomicI32 = AtomicI32::new(-1);
@@ -49,7 +46,7 @@ extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void)
             let mut is_raise_here = false;
             if let Some(d) = s.demangle_into(&mut name) {
                 NAMED.fetch_add(1, Ordering::SeqCst);
-                if d == "symbolize_signal::raise_here" {
+                if d == "symbolize::signal::raise_here" {
                     DEMANGLED_TEST_FN.fetch_add(1, Ordering::SeqCst);
                     is_raise_here = true;
                 }
@@ -60,10 +57,10 @@ extern "C" fn handler(_sig: c_int, _info: *mut libc::siginfo_t, uc: *mut c_void)
                 let mut w = symbolize::FixedBuf::new(&mut text);
                 let _ = write!(w, "{s}");
                 let shown = w.as_str();
-                if shown.starts_with("symbolize_signal::raise_here+0x")
+                if shown.starts_with("symbolize::signal::raise_here+0x")
                     && shown.contains("/0x")
                     && shown.ends_with(']')
-                    && shown.contains(" [symbolize_signal-")
+                    && shown.contains(" [symbolize-")
                 {
                     DISPLAY_OK.fetch_add(1, Ordering::SeqCst);
                 }
@@ -171,7 +168,7 @@ fn symbolize_and_backtrace_symbols_fd_do_not_allocate_in_a_signal_handler() {
     assert!(
         parts[0]
             .lines()
-            .any(|l| l.contains(" : symbolize_signal::raise_here+0x") && l.contains("/0x")),
+            .any(|l| l.contains(" : symbolize::signal::raise_here+0x") && l.contains("/0x")),
         "{}",
         parts[0]
     );
@@ -187,7 +184,7 @@ fn symbolize_and_backtrace_symbols_fd_do_not_allocate_in_a_signal_handler() {
     assert!(
         parts[2]
             .lines()
-            .any(|l| l.starts_with(&format!("{exe}(symbolize_signal::raise_here+0x"))),
+            .any(|l| l.starts_with(&format!("{exe}(symbolize::signal::raise_here+0x"))),
         "{}",
         parts[2]
     );

@@ -1,10 +1,8 @@
 //! Symbolization: a known chain with file:line and inlined frames, glibc's `backtrace_symbols`
 //! byte for byte, binutils' `addr2line`, and bad input.
 
-#[path = "support/addr2line.rs"]
-mod addr2line;
-#[path = "support/target.rs"]
-mod target;
+use crate::addr2line;
+use crate::target;
 use selftrace::symbolize::{
     self, write_kernel_frame, Backtrace, BacktraceFrame, FrameKind, KernelOptions, SymbolsOptions,
 };
@@ -77,16 +75,16 @@ fn known_chain_has_names_lines_and_inlined_frames() {
     let f0 = &short[0];
     assert_eq!(f0.symbols().len(), 2, "{f0:?}");
     let (inl, phys) = (&f0.symbols()[0], &f0.symbols()[1]);
-    assert_eq!(inl.name.as_deref(), Some("symbolize::sym_inlined"));
+    assert_eq!(inl.name.as_deref(), Some("symbolize::names::sym_inlined"));
     assert!(inl.inlined);
     assert_eq!(inl.line, Some(seen.inlined_call));
-    assert!(inl.file.unwrap().ends_with("tests/symbolize.rs"));
+    assert!(inl.file.unwrap().ends_with("tests/symbolize/names.rs"));
     assert!(inl.column.is_some());
-    assert_eq!(phys.name.as_deref(), Some("symbolize::sym_middle"));
+    assert_eq!(phys.name.as_deref(), Some("symbolize::names::sym_middle"));
     assert!(!phys.inlined);
     assert_eq!(phys.line, Some(seen.middle_call));
     let f1 = &short[1];
-    assert_eq!(f1.name(), Some("symbolize::sym_outer"));
+    assert_eq!(f1.name(), Some("symbolize::names::sym_outer"));
     assert_eq!(f1.symbols().last().unwrap().line, Some(seen.outer_call));
     // This test's function: the frame's own function, or (in a release build) inlined into
     // the harness's closure and that into `FnOnce::call_once`.
@@ -95,14 +93,15 @@ fn known_chain_has_names_lines_and_inlined_frames() {
         .symbols()
         .iter()
         .find(|s| {
-            s.name.as_deref() == Some("symbolize::known_chain_has_names_lines_and_inlined_frames")
+            s.name.as_deref()
+                == Some("symbolize::names::known_chain_has_names_lines_and_inlined_frames")
         })
         .unwrap_or_else(|| panic!("frame 2 is this test's: {f2:?}"));
     assert_eq!(this.line, Some(test_line));
     if cfg!(debug_assertions) {
         assert_eq!(
             f2.name(),
-            Some("symbolize::known_chain_has_names_lines_and_inlined_frames"),
+            Some("symbolize::names::known_chain_has_names_lines_and_inlined_frames"),
             "its own frame in a debug build"
         );
     }
@@ -112,9 +111,12 @@ fn known_chain_has_names_lines_and_inlined_frames() {
         !text.contains("__libc_start") && !text.contains("start_thread"),
         "{text}"
     );
-    assert!(text.contains("symbolize::sym_inlined [inlined]"), "{text}");
     assert!(
-        text.contains(&format!("tests/symbolize.rs:{}:", seen.middle_call)),
+        text.contains("symbolize::names::sym_inlined [inlined]"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("tests/symbolize/names.rs:{}:", seen.middle_call)),
         "{text}"
     );
     let full = format!("{bt:#}");
@@ -147,7 +149,7 @@ fn kernel_format_names_offsets_and_objects() {
     assert_eq!(
         line,
         format!(
-            "{:#x} : symbolize::sym_outer+0x4/{:#x} [{exe_name}]",
+            "{:#x} : symbolize::names::sym_outer+0x4/{:#x} [{exe_name}]",
             f + 4,
             s.size
         )
@@ -352,7 +354,8 @@ fn backtrace_symbols_matches_glibc_byte_for_byte() {
         },
     );
     assert!(
-        demangled[0].contains("(symbolize::backtrace_symbols_matches_glibc_byte_for_byte+0)"),
+        demangled[0]
+            .contains("(symbolize::names::backtrace_symbols_matches_glibc_byte_for_byte+0)"),
         "{}",
         demangled[0]
     );
@@ -623,7 +626,7 @@ fn an_unresolved_backtrace_keeps_a_deep_stack_whole_and_resolves_on_display() {
     assert_ne!(end, selftrace::WalkEnd::BufferFull);
     let text = format!("{bt:#}");
     assert_eq!(
-        text.matches("symbolize::deep_recursion").count(),
+        text.matches("symbolize::names::deep_recursion").count(),
         601,
         "{text}"
     );

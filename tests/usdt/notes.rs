@@ -5,10 +5,8 @@
 // Needs the cargo features of what it tests (`cargo test --all-features` runs it).
 #![cfg(feature = "usdt")]
 
-mod example_build;
-#[path = "support/target.rs"]
-mod target;
-mod usdt_support;
+use crate::target;
+use crate::usdt_support;
 
 use object::{Object, ObjectSection};
 use selftrace::usdt::{parse_probes, read_probes, ArgSpec, ProbeNote};

@@ -2,8 +2,7 @@
 //! has and prints `path(+0x...)` for the rest, without panicking; with its debug info split
 //! into a separate file (found by build-id or by `.gnu_debuglink`), names and lines come back.
 
-#[path = "support/target.rs"]
-mod target;
+use crate::target;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -61,8 +60,13 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr]) {
 
 fn run_child(exe: &Path, debug_dir: Option<&Path>) -> String {
     let mut c = Command::new(exe);
-    c.args(["--exact", "child_report", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, "1");
+    c.args([
+        "--exact",
+        "stripped::child_report",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, "1");
     match debug_dir {
         Some(d) => c.env("SELFTRACE_DEBUG_DIR", d),
         None => c.env_remove("SELFTRACE_DEBUG_DIR"),
@@ -226,10 +230,10 @@ fn check_names_and_lines(out: &str) {
     assert!(
         kernel
             .lines()
-            .any(|l| l.contains(" : symbolize_stripped::child_leaf+0x")),
+            .any(|l| l.contains(" : symbolize::stripped::child_leaf+0x")),
         "{kernel}"
     );
     let bt = section(out, "backtrace");
-    assert!(bt.contains("symbolize_stripped::child_leaf"), "{bt}");
-    assert!(bt.contains("tests/symbolize_stripped.rs:"), "{bt}");
+    assert!(bt.contains("symbolize::stripped::child_leaf"), "{bt}");
+    assert!(bt.contains("tests/symbolize/stripped.rs:"), "{bt}");
 }

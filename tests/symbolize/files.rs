@@ -6,12 +6,9 @@
 //! --compress-debug-sections=zlib|zlib-gnu|zstd`) give the file:line binutils' `addr2line` gives, and a
 //! corrupt or unknown compression is said on the frame.
 
-#[path = "support/addr2line.rs"]
-mod addr2line;
-#[path = "support/sysroot.rs"]
-mod sysroot;
-#[path = "support/target.rs"]
-mod target;
+use crate::addr2line;
+use crate::sysroot;
+use crate::target;
 use selftrace::symbolize::{self, FrameKind, KernelOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -147,8 +144,13 @@ fn have(tool: &str) -> bool {
 
 fn run_child(exe: &Path, debug_dir: Option<&Path>, truncate: Option<&Path>) -> String {
     let mut c = Command::new(exe);
-    c.args(["--exact", "child_report", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, "1");
+    c.args([
+        "--exact",
+        "files::child_report",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, "1");
     match debug_dir {
         Some(d) => c.env("SELFTRACE_DEBUG_DIR", d),
         None => c.env_remove("SELFTRACE_DEBUG_DIR"),
@@ -210,13 +212,13 @@ fn truncated_debug_file_does_not_fault() {
     for tag in ["before", "after", "handler"] {
         assert!(
             out.lines()
-                .any(|l| l.starts_with(tag) && l.contains(" : symbolize_files::child_")),
+                .any(|l| l.starts_with(tag) && l.contains(" : symbolize::files::child_")),
             "no named frame from {tag}:\n{out}"
         );
     }
     // file:line read before the truncation stays (the DWARF is read, not mapped).
     let before = &out[out.find("before-bt").unwrap()..out.find("truncated").unwrap()];
-    assert!(before.contains("tests/symbolize_files.rs:"), "{before}");
+    assert!(before.contains("tests/symbolize/files.rs:"), "{before}");
     assert!(out.contains("after-glibc "), "{out}");
 }
 
@@ -282,7 +284,7 @@ fn debuglink_file_with_wrong_crc_is_not_used() {
     std::fs::copy(&real, dir.join("stripped-copy.debug")).unwrap();
     let out = run_child(&exe, None, None);
     assert!(out.contains("source DebugFile"), "{out}");
-    assert!(out.contains("symbolize_files::child_after"), "{out}");
+    assert!(out.contains("symbolize::files::child_after"), "{out}");
 }
 
 /// `objdump -d -j SECTION FILE`'s `<name@plt>` labels: (link-time address, name).

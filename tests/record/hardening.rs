@@ -9,8 +9,7 @@
 // Needs the cargo features of what it tests (`cargo test --all-features` runs it).
 #![cfg(feature = "tracefs")]
 
-mod example_build;
-mod record_support;
+use crate::record_support;
 
 use record_support::*;
 use std::io::{BufRead, BufReader};
