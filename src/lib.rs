@@ -171,6 +171,8 @@ pub mod crash;
 mod error;
 mod fmt;
 mod fork;
+#[cfg(test)]
+mod layering;
 // Entry points of the fuzz harness (tests/fuzz.rs) into internal parsers: not a stable API.
 #[doc(hidden)]
 pub mod fuzz;

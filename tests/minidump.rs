@@ -251,8 +251,7 @@ fn child_entry() {
         let file = std::fs::File::create(&path).unwrap();
         forbid_ptrace_and_processes();
         let options = selftrace::minidump::Options::new().environ(true);
-        let summary =
-            selftrace::threads::write_minidump_with(&file, &options).expect("write_minidump");
+        let summary = selftrace::minidump::write_to(&file, &options).expect("minidump::write_to");
         eprintln!(
             "summary threads={} contexts={} modules={} bytes={}",
             summary.threads(),
@@ -1003,10 +1002,10 @@ fn a_live_dump_has_every_thread_and_no_exception() {
         "the environment, asked for"
     );
     check_common(&r, &d, None);
-    // The calling thread is in it, stopped in write_minidump.
+    // The calling thread is in it, stopped in minidump::write_to.
     let main = r.tids["main"];
     assert!(
-        in_order(&d.stacks[&main], &["write_minidump_with", "child_entry"]),
+        in_order(&d.stacks[&main], &["minidump::write_to", "child_entry"]),
         "the writing thread: {:?}",
         d.stacks[&main]
     );
@@ -1035,7 +1034,7 @@ extern "C" fn dump_in_handler(_sig: i32) {
     // SAFETY: the test keeps the file open until after the signal was handled.
     let file = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     let token = counting::start();
-    let result = selftrace::threads::write_minidump(file);
+    let result = selftrace::minidump::write_to(file, &selftrace::minidump::Options::new());
     let calls = counting::stop(token);
     HANDLER_CALLS.store(calls, Ordering::SeqCst);
     if let Ok(s) = result {
@@ -1132,7 +1131,7 @@ fn files_a_dump_cannot_be_written_to_are_refused() {
         .open(&path)
         .unwrap();
     assert!(matches!(
-        selftrace::threads::write_minidump(&appending),
+        selftrace::minidump::write_to(&appending, &selftrace::minidump::Options::new()),
         Err(Error::InvalidInput(why)) if why.contains("O_APPEND")
     ));
     assert!(matches!(
@@ -1152,7 +1151,7 @@ fn files_a_dump_cannot_be_written_to_are_refused() {
         let options = selftrace::minidump::Options::new().stack_size(bytes);
         assert!(
             matches!(
-                selftrace::threads::write_minidump_with(&file, &options),
+                selftrace::minidump::write_to(&file, &options),
                 Err(Error::InvalidInput(why)) if why.contains("stack size")
             ),
             "{bytes}"

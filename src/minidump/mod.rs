@@ -341,7 +341,7 @@ static FORK_HOOK: crate::fork::ForkHook =
 /// position): every thread's registers and stack, the loaded objects, the system (see the
 /// [module docs](self)), for hang reports and "dump without crashing". The calling thread is
 /// in it too, stopped in this function. Waits up to [`crate::threads::timeout`] for each
-/// thread. (Formerly `threads::write_minidump{,_with}`, which still work.)
+/// thread. (Formerly `threads::write_minidump{,_with}`.)
 ///
 /// ```no_run
 /// selftrace::init()?;
@@ -362,6 +362,7 @@ static FORK_HOOK: crate::fork::ForkHook =
 /// Async-signal-safe.
 #[cfg(feature = "threads")]
 #[cfg_attr(docsrs, doc(cfg(feature = "threads")))]
+#[inline(never)]
 pub fn write_to(fd: impl std::os::fd::AsFd, options: &Options) -> Result<Summary, Error> {
     use std::os::fd::AsRawFd;
     if !crate::modules::with_current(|s| s.is_some()) {
@@ -372,7 +373,10 @@ pub fn write_to(fd: impl std::os::fd::AsFd, options: &Options) -> Result<Summary
     let _ = crate::threads::install();
     let _lock = crate::report::lock::OutputLock::acquire();
     let timeout_ns = crate::threads::timeout().as_nanos().min(u64::MAX as u128) as u64;
-    write(fd.as_fd().as_raw_fd(), None, options, timeout_ns)
+    let result = write(fd.as_fd().as_raw_fd(), None, options, timeout_ns);
+    // Not a tail call: this frame stays on the writing thread's stack in the dump.
+    core::hint::black_box(&result);
+    result
 }
 
 /// Whether dumps can be written on this machine.

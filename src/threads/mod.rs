@@ -361,37 +361,6 @@ pub fn capture(
     }
 }
 
-/// Writes a minidump of the running process to `fd` with the default
-/// [`crate::minidump::Options`].
-///
-/// Moved: write `selftrace::minidump::write_to(fd, &selftrace::minidump::Options::new())`
-/// (see [`crate::minidump::write_to`] for what it writes, its errors and its async-signal
-/// safety); this name stays as a thin wrapper.
-pub fn write_minidump(fd: impl AsFd) -> Result<crate::minidump::Summary, Error> {
-    write_minidump_with(fd, &crate::minidump::Options::new())
-}
-
-/// [`write_minidump`] with options (stack size per thread, environment).
-///
-/// Moved: write `selftrace::minidump::write_to(fd, &options)` (see
-/// [`crate::minidump::write_to`]); this name stays as a thin wrapper.
-///
-/// # Errors
-/// As [`crate::minidump::write_to`].
-///
-/// # Async-signal safety
-/// Async-signal-safe.
-#[inline(never)]
-pub fn write_minidump_with(
-    fd: impl AsFd,
-    options: &crate::minidump::Options,
-) -> Result<crate::minidump::Summary, Error> {
-    let result = crate::minidump::write_to(fd, options);
-    // Not a tail call: this frame stays on the writing thread's stack in the dump.
-    core::hint::black_box(&result);
-    result
-}
-
 /// Writes the ids of this process's threads (from `/proc/self/task`) into `buf`; returns how
 /// many there are (which may exceed `buf.len()`: only the first fit).
 ///
