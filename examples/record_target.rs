@@ -1,4 +1,4 @@
-//! The program `selftrace record` records in the tests (tests/record_cli.rs, tests/record.rs)
+//! The program `selftrace record` records in the tests (tests/record/cli.rs, tests/record.rs)
 //! and in the README: USDT probes with known values, trace-marker sections, async sections,
 //! counters and instants, a function to put a uprobe on, a thread and a child process.
 //!

@@ -1,4 +1,4 @@
-//! The program the USDT integration tests trace (`tests/usdt_tools.rs`).
+//! The program the USDT integration tests trace (`tests/usdt/tools.rs`).
 //!
 //! `usdt_target values N`: fires `selftrace_test:values` (i8, u16, i32, i64, u64, pointer) and
 //! `selftrace_test:text` (&str, i) N times with fixed values, from two sites in two modules, then prints whether `probe_enabled!` saw a tracer and fires `selftrace_test:done`.

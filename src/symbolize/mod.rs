@@ -24,7 +24,7 @@
 //! tables of `dlclose`d libraries stay (a `dlopen` of the same library again reuses its table).
 //!
 //! No lookup reads a file mapping: a library or debug file truncated or rewritten on disk after
-//! the index was built cannot make it fault (tested: `tests/symbolize_files.rs`).
+//! the index was built cannot make it fault (tested: `tests/symbolize/files.rs`).
 //!
 //! # Libraries unloaded and loaded again
 //! After `dlclose` the kernel often maps the next `dlopen`ed library exactly where the last one

@@ -185,7 +185,7 @@ pub mod __private {
     pub static PROBE_SITES: [Site];
 
     /// A probe in a public function that programs do not call: the linker's `--gc-sections`
-    /// removes the function, and its note must go with it (tests/usdt_notes.rs checks that
+    /// removes the function, and its note must go with it (tests/usdt/notes.rs checks that
     /// `selftrace:gc_canary` is absent from binaries).
     #[inline(never)]
     pub fn gc_canary(x: u64) {
@@ -194,7 +194,7 @@ pub mod __private {
 
     /// A site of `selftrace_test:cross_crate` in this crate; the test program fires the same
     /// probe from its own crate, and both sites must share one semaphore
-    /// (tests/usdt_notes.rs).
+    /// (tests/usdt/notes.rs).
     #[inline(never)]
     pub fn cross_crate(x: u32) {
         crate::probe!(selftrace_test, cross_crate, x);
