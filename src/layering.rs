@@ -302,17 +302,11 @@ fn internal_code_does_not_import_through_the_crate_root() {
         }
         let text = without_comments_and_tests(&std::fs::read_to_string(f).unwrap());
         for (is_crate, segs) in paths(&text) {
-            // `crate::Name` or `crate::function` where the name is a root re-export.
-            if is_crate
-                && segs.len() == 1
-                && !std::path::Path::new(&src).join(&segs[0]).exists()
-                && !src.join(format!("{}.rs", segs[0])).exists()
-            {
-                bad.push(format!(
-                    "src/{}: crate::{}",
-                    f.strip_prefix(&src).unwrap().display(),
-                    segs[0]
-                ));
+            // `crate::Name...` where `Name` is no module of src/: a lib.rs re-export.
+            let first = &segs[0];
+            if is_crate && !src.join(first).is_dir() && !src.join(format!("{first}.rs")).exists() {
+                let file = f.strip_prefix(&src).unwrap().display().to_string();
+                bad.push(format!("src/{file}: crate::{}", segs.join("::")));
             }
         }
     }

@@ -417,13 +417,13 @@ fn dump_stack_to_raw(fd: i32) {
     let out = Out { fd };
     if let Some(mut stack) = sys::stack::claim() {
         let (frames, on) = stack.parts();
-        let walk = crate::Capture::new().walk(frames);
+        let walk = crate::unwind::Capture::new().walk(frames);
         let frames = &frames[..walk.frames];
         on.run(&mut || write_dump_stack(out, frames, walk.end, None));
         return;
     }
     let mut frames = [0usize; 64];
-    let walk = crate::Capture::new().walk(&mut frames);
+    let walk = crate::unwind::Capture::new().walk(&mut frames);
     let short = sys::stack::room().filter(|&r| r < REPORT_STACK_NEED);
     write_dump_stack(out, &frames[..walk.frames], walk.end, short);
 }

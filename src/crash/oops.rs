@@ -96,10 +96,10 @@ pub(super) fn write_report(c: &Crash) {
     // SAFETY: the frames buffer is used by one report at a time (report lock held).
     let frames = unsafe { &mut *CRASH_FRAMES.0.get() };
     let walk = if c.uc.is_null() {
-        crate::Capture::new().walk(frames)
+        crate::unwind::Capture::new().walk(frames)
     } else {
         // SAFETY: uc is the kernel's ucontext for this signal.
-        unsafe { crate::Capture::new().walk_ucontext(c.uc, frames) }
+        unsafe { crate::unwind::Capture::new().walk_ucontext(c.uc, frames) }
     };
     let n = walk.frames;
     // SAFETY: used by one report at a time (report lock held).

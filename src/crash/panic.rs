@@ -35,7 +35,7 @@ pub(super) fn install_hook() {
 /// Prints the `selftrace: panic` report of a panic (normal context: allocates).
 fn report(info: &std::panic::PanicHookInfo<'_>) {
     let mut frames = [0usize; 256];
-    let walk = crate::Capture::new().walk(&mut frames);
+    let walk = crate::unwind::Capture::new().walk(&mut frames);
     let n = walk.frames;
     let frames = &frames[..n];
     // Resolve in normal context (file:line included), then skip the panic machinery.

@@ -114,7 +114,7 @@ enum Pending {
 /// Captures the calling thread's stack without the signal (when it is blocked here).
 #[inline(never)]
 fn capture_myself(frames: &mut [usize]) -> Answer {
-    let walk = crate::Capture::new().walk(frames);
+    let walk = crate::unwind::Capture::new().walk(frames);
     Answer::Frames(walk.frames, walk.end)
 }
 
@@ -313,7 +313,7 @@ pub(crate) fn dump_all(fd: i32, timeout_ns: u64) -> DumpSummary {
     let out = Out { fd };
     if let Some(mut stack) = sys::stack::claim() {
         let (frames, on) = stack.parts();
-        let walk = crate::Capture::new().walk(frames);
+        let walk = crate::unwind::Capture::new().walk(frames);
         let own = Some((walk.frames, walk.end, &frames[..]));
         let mut summary = DumpSummary::default();
         on.run(&mut || summary = dump_all_here(out, timeout_ns, own));

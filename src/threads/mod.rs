@@ -341,7 +341,7 @@ pub fn capture(
     install()?;
     let deadline = sys::monotonic_ns().saturating_add(duration_ns(timeout));
     if tid == sys::gettid() && sys::is_blocked(request::SIGNAL.load(Ordering::Relaxed)) {
-        return Ok(crate::Capture::new().walk(buf));
+        return Ok(crate::unwind::Capture::new().walk(buf));
     }
     loop {
         match request::post(tid) {
