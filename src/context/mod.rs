@@ -8,6 +8,8 @@
 //! inline assembly keep their `cfg`); the walker is the one the crash report's oops block uses
 //! too (`aarch64::find_record`).
 
+#![allow(unsafe_code)]
+
 // Compiled on every host: what does not read this machine's own structures is data.
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code, unused_imports))]
 pub(crate) mod aarch64;
@@ -21,6 +23,33 @@ pub(crate) use other::*;
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86_64::*;
+
+/// A crash, as the fatal signal's handler got it: the one description the handler, the oops
+/// report and the minidump writer share (crash-handling's `CrashContext`).
+#[derive(Clone, Copy)]
+pub(crate) struct Fault {
+    /// The signal.
+    pub(crate) sig: i32,
+    /// The kernel's `siginfo_t` for it (null when not known).
+    pub(crate) info: *const libc::siginfo_t,
+    /// The interrupted context (null when not known).
+    pub(crate) uc: *const libc::ucontext_t,
+    /// The crashing thread.
+    pub(crate) tid: i32,
+}
+
+impl Fault {
+    /// `si_code` and `si_addr` (0, 0 without a `siginfo_t`). Async-signal-safe.
+    pub(crate) fn code_addr(&self) -> (i32, usize) {
+        // SAFETY: `info` is the kernel's siginfo for this signal, or null (the type's contract,
+        // upheld by the handler that builds it).
+        match unsafe { self.info.as_ref() } {
+            // SAFETY: si_addr is meaningful for the fault signals, harmless to read otherwise.
+            Some(i) => (i.si_code, unsafe { i.si_addr() } as usize),
+            None => (0, 0),
+        }
+    }
+}
 
 /// Writes `v` little-endian at `b[off..off + 2]`.
 pub(crate) fn le16(b: &mut [u8], off: usize, v: u16) {

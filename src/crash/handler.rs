@@ -4,9 +4,10 @@
 //!
 //! The handler calls down into [`super::oops`] for the report; nothing there calls back.
 
-use super::oops::{write_report, Crash};
+use super::oops::write_report;
 use super::panic::PANIC_REPORTS;
 use super::REPORT_STACK;
+use crate::context::Fault;
 use crate::error::Error;
 use crate::report::lock::{self, OutputLock};
 use crate::symbolize;
@@ -103,10 +104,11 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
     let lock = OutputLock::acquire();
     lock::unpublish_waiting(waiting);
     IN_CRASH.store(tid, Ordering::Relaxed);
-    let crash = Crash {
+    let crash = Fault {
         sig,
         info,
         uc: uc as *const libc::ucontext_t,
+        tid,
     };
     let top = REPORT_STACK.load(Ordering::Relaxed);
     if top != 0 && lock.release {
@@ -116,7 +118,7 @@ extern "C" fn on_fatal_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut lib
             sys::call_on_stack(
                 top,
                 report_entry,
-                &crash as *const Crash as *mut libc::c_void,
+                &crash as *const Fault as *mut libc::c_void,
             )
         };
     } else {
@@ -135,7 +137,7 @@ static IN_CRASH: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn report_entry(crash: *mut libc::c_void) {
     // SAFETY: on_fatal_signal passes a pointer to its live Crash and waits for us.
-    let crash = unsafe { &*(crash as *const Crash) };
+    let crash = unsafe { &*(crash as *const Fault) };
     write_report(crash);
 }
 

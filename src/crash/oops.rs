@@ -10,18 +10,12 @@
 #[cfg(feature = "threads")]
 use super::ALL_THREADS;
 use super::{dump_to, names, symbolizer, OUT_FD};
+use crate::context::Fault;
 use crate::error::Error;
 use crate::report::{self, Out};
 use crate::sys;
 use core::cell::UnsafeCell;
 use core::sync::atomic::Ordering;
-
-/// Everything the report needs, passed to it on the private stack.
-pub(super) struct Crash {
-    pub(super) sig: i32,
-    pub(super) info: *const libc::siginfo_t,
-    pub(super) uc: *const libc::ucontext_t,
-}
 
 /// Frames of the crashing stack (used by one report at a time, under the report lock).
 const MAX_CRASH_FRAMES: usize = 16 * 1024;
@@ -36,16 +30,11 @@ static CRASH_FRAMES: Shared<[usize; MAX_CRASH_FRAMES]> =
     Shared(UnsafeCell::new([0; MAX_CRASH_FRAMES]));
 
 /// The report's text for the crash `c`.
-pub(super) fn write_report(c: &Crash) {
+pub(super) fn write_report(c: &Fault) {
     let out = Out {
         fd: OUT_FD.load(Ordering::Relaxed),
     };
-    // SAFETY: info is the kernel's siginfo for this signal (or null).
-    let (code, addr) = match unsafe { c.info.as_ref() } {
-        // SAFETY: si_addr is meaningful for the fault signals, harmless to read otherwise.
-        Some(i) => (i.si_code, unsafe { i.si_addr() } as usize),
-        None => (0, 0),
-    };
+    let (code, addr) = c.code_addr();
     out.line(|w| w.push_bytes(b"------------[ selftrace: fatal signal ]------------"));
     out.line(|w| {
         match names::signal_name(c.sig) {
@@ -138,14 +127,7 @@ pub(super) fn write_report(c: &Crash) {
         crate::threads::write_other_threads(out.fd, sys::gettid());
     }
     if !c.uc.is_null() {
-        let fault = crate::minidump::Fault {
-            sig: c.sig,
-            code,
-            addr,
-            tid: sys::gettid(),
-            uc: c.uc,
-        };
-        dump_to::write_minidump(out, &fault);
+        dump_to::write_minidump(out, c);
     }
     out.line(|w| w.push_bytes(b"---[ end of report ]---"));
 }

@@ -242,16 +242,7 @@ impl Summary {
     }
 }
 
-/// The fault a crash dump describes.
-pub(crate) struct Fault {
-    pub(crate) sig: i32,
-    pub(crate) code: i32,
-    pub(crate) addr: usize,
-    /// The crashing thread.
-    pub(crate) tid: i32,
-    /// Its context at the fault (never null).
-    pub(crate) uc: *const libc::ucontext_t,
-}
+pub(crate) use crate::context::Fault;
 
 // ---- state ---------------------------------------------------------------------------------
 

@@ -290,8 +290,8 @@ pub(super) fn exception(f: &mut File, fault: &Fault, threads: &[ThreadRec]) -> S
     let e = ExceptionStream {
         tid: fault.tid as u32,
         sig: fault.sig as u32,
-        code: fault.code as u32,
-        addr: fault.addr as u64,
+        code: fault.code_addr().0 as u32,
+        addr: fault.code_addr().1 as u64,
         context,
     };
     let loc = f.append(&e.encode());

@@ -417,8 +417,9 @@ pub(crate) extern "C" fn on_capture_signal(
             // SAFETY: RUNNING for this generation makes the buffer ours until DONE/FREE.
             let buf = unsafe { &mut *slot.buf.get() };
             // SAFETY: uc is the ucontext_t the kernel passed to this SA_SIGINFO handler.
-            let walk =
-                unsafe { crate::unwind::Capture::new().walk_ucontext(uc as *const libc::ucontext_t, buf) };
+            let walk = unsafe {
+                crate::unwind::Capture::new().walk_ucontext(uc as *const libc::ucontext_t, buf)
+            };
             // SAFETY: RUNNING makes `end` ours too, like the buffer.
             unsafe { *slot.end.get() = walk.end };
             slot.frames.store(walk.frames, Ordering::Relaxed);
