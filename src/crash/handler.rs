@@ -24,10 +24,7 @@ static SKIP_CHAIN: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 /// `n - 1` for signal `n`) blocked from the moment the kernel delivers it.
 pub(super) fn install_signal(sig: i32, open: u64) -> Result<(), Error> {
     let ours = on_fatal_signal as *const () as usize;
-    let current = sys::current_handler(sig).map_err(|errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    })?;
+    let current = sys::current_handler(sig)?;
     if current != ours {
         let is_std = symbolize::symbolize(current).is_some_and(|s| {
             let mut buf = [0u8; 256];

@@ -140,12 +140,9 @@ pub(super) fn timer_thread(
     loop {
         live.clear();
         let listed = sys::for_each_task_in(task_dir, |tid| live.push(tid));
-        if let Err(errno) = listed {
+        if let Err(e) = listed {
             if first {
-                let _ = ready.send(Err(Error::Sys {
-                    call: "getdents64 /proc/self/task",
-                    errno,
-                }));
+                let _ = ready.send(Err(e));
                 sys::close(task_dir);
                 return;
             }

@@ -407,10 +407,6 @@ pub fn list(buf: &mut [i32]) -> Result<usize, Error> {
             *slot = tid;
         }
         n += 1;
-    })
-    .map_err(|errno| Error::Sys {
-        call: "getdents64",
-        errno,
     })?;
     Ok(n)
 }
