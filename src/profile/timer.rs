@@ -127,11 +127,8 @@ pub(super) fn timer_thread(
     let mut first = true;
     let task_dir = match sys::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY) {
         Ok(fd) => fd,
-        Err(errno) => {
-            let _ = ready.send(Err(Error::Sys {
-                call: "open /proc/self/task",
-                errno,
-            }));
+        Err(e) => {
+            let _ = ready.send(Err(e));
             return;
         }
     };

@@ -50,12 +50,7 @@ pub(crate) fn getdents64(fd: i32, buf: &mut [u8]) -> Result<usize, Error> {
 /// Calls `f` with each numeric entry (a thread id) of `/proc/self/task`, read with `open(2)` and
 /// `getdents64(2)` into a stack buffer. Fails with the [`Error::Sys`] of the failed call.
 pub(crate) fn for_each_task(f: impl FnMut(i32)) -> Result<(), Error> {
-    let fd = super::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY).map_err(
-        |errno| Error::Sys {
-            call: "open",
-            errno,
-        },
-    )?;
+    let fd = super::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY)?;
     let res = tasks_of(fd, f);
     super::close(fd);
     res
