@@ -70,7 +70,7 @@ impl Timer {
         period_ns: u64,
         generation: u32,
         stride: u32,
-    ) -> Result<Timer, i32> {
+    ) -> Result<Timer, Error> {
         let stride = stride.clamp(1, MAX_STRIDE);
         let value = timer_value(generation, stride, tid);
         let period_ns = period_ns.saturating_mul(u64::from(stride));
@@ -198,13 +198,10 @@ pub(super) fn timer_thread(
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 // The thread exited meanwhile.
-                Err(libc::EINVAL) | Err(libc::ESRCH) => {}
-                Err(errno) => {
+                Err(e) if matches!(e.errno(), Some(libc::EINVAL | libc::ESRCH)) => {}
+                Err(e) => {
                     if first {
-                        let _ = ready.send(Err(Error::Sys {
-                            call: "timer_create",
-                            errno,
-                        }));
+                        let _ = ready.send(Err(e));
                         sys::close(task_dir);
                         return;
                     }
