@@ -1,5 +1,8 @@
 //! The only place for raw libc calls. Every wrapper here is async-signal-safe unless its docs say
 //! otherwise.
+//!
+//! Over 600 lines because each of its many small wrappers is its own unit (a libc call, its
+//! `EINTR` loop and its `Error::Sys`); the themed groups live in the submodules.
 #![allow(unsafe_code)]
 // Some wrappers serve only some features (crash reports, markers).
 #![allow(dead_code)]
@@ -317,8 +320,8 @@ pub(crate) fn vdso_base() -> usize {
 }
 
 /// Maps `size` bytes of stack with a guard page below; returns the high end (16-aligned), or
-/// `None` if `mmap` fails. Not async-signal-safe in spirit (call at init).
-pub(crate) fn map_stack(size: usize) -> Option<usize> {
+/// [`Error::Sys`] `mmap`. Not async-signal-safe in spirit (call at init).
+pub(crate) fn map_stack(size: usize) -> Result<usize, Error> {
     let ps = page_size();
     let size = (size + ps - 1) & !(ps - 1);
     // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
@@ -333,11 +336,14 @@ pub(crate) fn map_stack(size: usize) -> Option<usize> {
         )
     };
     if p == libc::MAP_FAILED {
-        return None;
+        return Err(Error::Sys {
+            call: "mmap",
+            errno: errno(),
+        });
     }
     // SAFETY: the lowest page of the mapping we just made becomes the guard page.
     unsafe { libc::mprotect(p, ps, libc::PROT_NONE) };
-    Some(p as usize + ps + size)
+    Ok(p as usize + ps + size)
 }
 
 /// The distinct `sa_restorer`s (signal-return trampolines) of the handlers installed now, for
