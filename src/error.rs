@@ -48,6 +48,15 @@ impl Error {
             errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
         }
     }
+
+    /// The `errno` of an [`Error::Sys`], `None` for every other kind: what a caller compares
+    /// (`e.errno() == Some(libc::ESRCH)`) where a failure's cause decides what it does.
+    pub(crate) fn errno(&self) -> Option<i32> {
+        match *self {
+            Error::Sys { errno, .. } => Some(errno),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Error {

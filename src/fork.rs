@@ -221,7 +221,7 @@ unsafe impl<T: Send + Sync> Sync for OnceBox<T> {}
 /// Whether `tid` holds nothing any more: not a thread of this process (a thread of the parent
 /// of a forked child, or one that exited).
 pub(crate) fn holder_gone(tid: i32) -> bool {
-    tid != sys::gettid() && sys::tgkill(tid, 0) == Err(libc::ESRCH)
+    tid != sys::gettid() && sys::tgkill(tid, 0).err().and_then(|e| e.errno()) == Some(libc::ESRCH)
 }
 
 const TID_BITS: u32 = 22;

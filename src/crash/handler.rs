@@ -25,10 +25,7 @@ static SKIP_CHAIN: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 /// `n - 1` for signal `n`) blocked from the moment the kernel delivers it.
 pub(super) fn install_signal(sig: i32, open: u64) -> Result<(), Error> {
     let ours = on_fatal_signal as *const () as usize;
-    let current = sys::current_handler(sig).map_err(|errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    })?;
+    let current = sys::current_handler(sig)?;
     if current != ours {
         let is_std = symbolize::symbolize(current).is_some_and(|s| {
             let mut buf = [0u8; 256];
@@ -38,12 +35,7 @@ pub(super) fn install_signal(sig: i32, open: u64) -> Result<(), Error> {
         SKIP_CHAIN[sig as usize].store(is_std, Ordering::Relaxed);
     }
     // The action that was there is kept and called after the report (`sys::signal`).
-    sys::signal::take_masked(sig, on_fatal_signal, libc::SA_ONSTACK, Some(open)).map_err(
-        |errno| Error::Sys {
-            call: "sigaction",
-            errno,
-        },
-    )?;
+    sys::signal::take_masked(sig, on_fatal_signal, libc::SA_ONSTACK, Some(open))?;
     TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
     sys::signal::set_owner(sig, Some(sys::signal::Owner::Crash));
     Ok(())
@@ -67,12 +59,9 @@ pub fn uninstall() -> Result<(), Error> {
         if taken & (1 << (sig - 1)) != 0 {
             match sys::signal::give_back(sig, on_fatal_signal, false) {
                 Ok(()) => sys::signal::set_owner(sig, None),
-                Err(errno) => {
+                Err(e) => {
                     TAKEN.fetch_or(1 << (sig - 1), Ordering::SeqCst);
-                    result = Err(Error::Sys {
-                        call: "sigaction",
-                        errno,
-                    });
+                    result = Err(e);
                 }
             }
         }

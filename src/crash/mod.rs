@@ -312,10 +312,7 @@ impl Builder {
         OUT_FD.store(fd, Ordering::Relaxed);
         ALT_STACK_SIZE.store(self.alt_stack_size, Ordering::Relaxed);
         if REPORT_STACK.load(Ordering::Relaxed) == 0 {
-            let top = sys::map_stack(REPORT_STACK_SIZE).ok_or(Error::Sys {
-                call: "mmap",
-                errno: sys::errno(),
-            })?;
+            let top = sys::map_stack(REPORT_STACK_SIZE)?;
             REPORT_STACK.store(top, Ordering::Relaxed);
         }
         if self.all_threads {
@@ -364,10 +361,7 @@ pub fn install_thread() -> Result<(), Error> {
     if cur.ss_flags & libc::SS_DISABLE == 0 && cur.ss_size >= want.min(16 * 1024) {
         return Ok(());
     }
-    let top = sys::map_stack(want).ok_or(Error::Sys {
-        call: "mmap",
-        errno: sys::errno(),
-    })?;
+    let top = sys::map_stack(want)?;
     let ss = libc::stack_t {
         ss_sp: (top - want) as *mut libc::c_void,
         ss_flags: 0,

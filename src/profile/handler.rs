@@ -143,10 +143,7 @@ pub(super) fn install(sig: i32) -> Result<(), Error> {
     // Not the stack-request signal, the dump signal (every tick would dump every thread) nor
     // a crash signal.
     sys::signal::check_use(sig, sys::signal::Owner::Profiler)?;
-    sys::signal::take(sig, on_sample, libc::SA_RESTART).map_err(|errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    })?;
+    sys::signal::take(sig, on_sample, libc::SA_RESTART)?;
     sys::signal::set_owner(sig, Some(sys::signal::Owner::Profiler));
     Ok(())
 }

@@ -70,7 +70,7 @@ impl Timer {
         period_ns: u64,
         generation: u32,
         stride: u32,
-    ) -> Result<Timer, i32> {
+    ) -> Result<Timer, Error> {
         let stride = stride.clamp(1, MAX_STRIDE);
         let value = timer_value(generation, stride, tid);
         let period_ns = period_ns.saturating_mul(u64::from(stride));
@@ -127,11 +127,8 @@ pub(super) fn timer_thread(
     let mut first = true;
     let task_dir = match sys::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY) {
         Ok(fd) => fd,
-        Err(errno) => {
-            let _ = ready.send(Err(Error::Sys {
-                call: "open /proc/self/task",
-                errno,
-            }));
+        Err(e) => {
+            let _ = ready.send(Err(e));
             return;
         }
     };
@@ -140,12 +137,9 @@ pub(super) fn timer_thread(
     loop {
         live.clear();
         let listed = sys::for_each_task_in(task_dir, |tid| live.push(tid));
-        if let Err(errno) = listed {
+        if let Err(e) = listed {
             if first {
-                let _ = ready.send(Err(Error::Sys {
-                    call: "getdents64 /proc/self/task",
-                    errno,
-                }));
+                let _ = ready.send(Err(e));
                 sys::close(task_dir);
                 return;
             }
@@ -204,13 +198,10 @@ pub(super) fn timer_thread(
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 // The thread exited meanwhile.
-                Err(libc::EINVAL) | Err(libc::ESRCH) => {}
-                Err(errno) => {
+                Err(e) if matches!(e.errno(), Some(libc::EINVAL | libc::ESRCH)) => {}
+                Err(e) => {
                     if first {
-                        let _ = ready.send(Err(Error::Sys {
-                            call: "timer_create",
-                            errno,
-                        }));
+                        let _ = ready.send(Err(e));
                         sys::close(task_dir);
                         return;
                     }

@@ -1,8 +1,13 @@
 //! The only place for raw libc calls. Every wrapper here is async-signal-safe unless its docs say
 //! otherwise.
+//!
+//! Over 600 lines because each of its many small wrappers is its own unit (a libc call, its
+//! `EINTR` loop and its `Error::Sys`); the themed groups live in the submodules.
 #![allow(unsafe_code)]
 // Some wrappers serve only some features (crash reports, markers).
 #![allow(dead_code)]
+
+use crate::error::Error;
 
 mod arch;
 mod memory;
@@ -25,11 +30,12 @@ pub(crate) fn keep_open(fd: impl std::os::fd::AsRawFd) -> i32 {
     raw
 }
 
-/// `write(2)` of the whole buffer, retrying on `EINTR` and on short writes.
+/// `write(2)` of the whole buffer, retrying on `EINTR` and on short writes. Fails with
+/// [`Error::Sys`] `write` (`EIO` when `write` returned 0).
 ///
 /// # References
 /// write(2)
-pub(crate) fn write_all(fd: i32, mut buf: &[u8]) -> Result<(), i32> {
+pub(crate) fn write_all(fd: i32, mut buf: &[u8]) -> Result<(), Error> {
     while !buf.is_empty() {
         // SAFETY: buf is a valid readable slice for its length.
         let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
@@ -38,10 +44,16 @@ pub(crate) fn write_all(fd: i32, mut buf: &[u8]) -> Result<(), i32> {
             if e == libc::EINTR {
                 continue;
             }
-            return Err(e);
+            return Err(Error::Sys {
+                call: "write",
+                errno: e,
+            });
         }
         if n == 0 {
-            return Err(libc::EIO);
+            return Err(Error::Sys {
+                call: "write",
+                errno: libc::EIO,
+            });
         }
         buf = &buf[n as usize..];
     }
@@ -308,8 +320,8 @@ pub(crate) fn vdso_base() -> usize {
 }
 
 /// Maps `size` bytes of stack with a guard page below; returns the high end (16-aligned), or
-/// `None` if `mmap` fails. Not async-signal-safe in spirit (call at init).
-pub(crate) fn map_stack(size: usize) -> Option<usize> {
+/// [`Error::Sys`] `mmap`. Not async-signal-safe in spirit (call at init).
+pub(crate) fn map_stack(size: usize) -> Result<usize, Error> {
     let ps = page_size();
     let size = (size + ps - 1) & !(ps - 1);
     // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
@@ -324,11 +336,14 @@ pub(crate) fn map_stack(size: usize) -> Option<usize> {
         )
     };
     if p == libc::MAP_FAILED {
-        return None;
+        return Err(Error::Sys {
+            call: "mmap",
+            errno: errno(),
+        });
     }
     // SAFETY: the lowest page of the mapping we just made becomes the guard page.
     unsafe { libc::mprotect(p, ps, libc::PROT_NONE) };
-    Some(p as usize + ps + size)
+    Ok(p as usize + ps + size)
 }
 
 /// The distinct `sa_restorer`s (signal-return trampolines) of the handlers installed now, for
@@ -394,11 +409,11 @@ pub(crate) fn strnlen(bytes: &[u8]) -> usize {
 }
 
 /// `open(2)` of a NUL-terminated path with `O_CLOEXEC` added to `flags`, retrying on `EINTR`.
-/// Returns the fd or the `errno`.
+/// Returns the fd or [`Error::Sys`] `open`.
 ///
 /// # References
 /// open(2)
-pub(crate) fn open_cloexec(path: &core::ffi::CStr, flags: i32) -> Result<i32, i32> {
+pub(crate) fn open_cloexec(path: &core::ffi::CStr, flags: i32) -> Result<i32, Error> {
     loop {
         // SAFETY: path is a valid NUL-terminated string that outlives the call.
         let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
@@ -407,19 +422,22 @@ pub(crate) fn open_cloexec(path: &core::ffi::CStr, flags: i32) -> Result<i32, i3
         }
         let e = errno();
         if e != libc::EINTR {
-            return Err(e);
+            return Err(Error::Sys {
+                call: "open",
+                errno: e,
+            });
         }
     }
 }
 
 /// One `write(2)` call: no retry on short writes (a retry on a `trace_marker` fd would become a
 /// second event); retries only on `EINTR`, when nothing was written. Returns the count written
-/// or the `errno`.
+/// or [`Error::Sys`] `write`.
 ///
 /// # References
 /// write(2)
 #[inline]
-pub(crate) fn write_once(fd: i32, buf: &[u8]) -> Result<usize, i32> {
+pub(crate) fn write_once(fd: i32, buf: &[u8]) -> Result<usize, Error> {
     loop {
         // SAFETY: buf is a valid readable slice for its length.
         let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
@@ -428,16 +446,20 @@ pub(crate) fn write_once(fd: i32, buf: &[u8]) -> Result<usize, i32> {
         }
         let e = errno();
         if e != libc::EINTR {
-            return Err(e);
+            return Err(Error::Sys {
+                call: "write",
+                errno: e,
+            });
         }
     }
 }
 
-/// `read(2)` once, retrying on `EINTR`. Returns the count read (0 at end of file) or the `errno`.
+/// `read(2)` once, retrying on `EINTR`. Returns the count read (0 at end of file) or
+/// [`Error::Sys`] `read`.
 ///
 /// # References
 /// read(2)
-pub(crate) fn read(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
+pub(crate) fn read(fd: i32, buf: &mut [u8]) -> Result<usize, Error> {
     loop {
         // SAFETY: buf is a valid writable slice for its length.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
@@ -446,7 +468,10 @@ pub(crate) fn read(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
         }
         let e = errno();
         if e != libc::EINTR {
-            return Err(e);
+            return Err(Error::Sys {
+                call: "read",
+                errno: e,
+            });
         }
     }
 }
@@ -460,11 +485,12 @@ pub(crate) fn close(fd: i32) {
     unsafe { libc::close(fd) };
 }
 
-/// `dup3(2)` with `O_CLOEXEC`: atomically makes `newfd` refer to `oldfd`'s file.
+/// `dup3(2)` with `O_CLOEXEC`: atomically makes `newfd` refer to `oldfd`'s file. Fails with
+/// [`Error::Sys`] `dup3`.
 ///
 /// # References
 /// dup3(2)
-pub(crate) fn dup3_cloexec(oldfd: i32, newfd: i32) -> Result<(), i32> {
+pub(crate) fn dup3_cloexec(oldfd: i32, newfd: i32) -> Result<(), Error> {
     loop {
         // SAFETY: dup3 has no memory-safety preconditions.
         let r = unsafe { libc::dup3(oldfd, newfd, libc::O_CLOEXEC) };
@@ -473,7 +499,10 @@ pub(crate) fn dup3_cloexec(oldfd: i32, newfd: i32) -> Result<(), i32> {
         }
         let e = errno();
         if e != libc::EINTR && e != libc::EBUSY {
-            return Err(e);
+            return Err(Error::Sys {
+                call: "dup3",
+                errno: e,
+            });
         }
     }
 }
@@ -484,11 +513,11 @@ pub(crate) fn getpid() -> i32 {
     unsafe { libc::getpid() }
 }
 
-/// `statfs(2)`'s `f_type` for a NUL-terminated path, or the `errno`.
+/// `statfs(2)`'s `f_type` for a NUL-terminated path, or [`Error::Sys`] `statfs`.
 ///
 /// # References
 /// statfs(2)
-pub(crate) fn statfs_type(path: &core::ffi::CStr) -> Result<i64, i32> {
+pub(crate) fn statfs_type(path: &core::ffi::CStr) -> Result<i64, Error> {
     // SAFETY: statfs is plain old data; all-zero is a valid value.
     let mut st: libc::statfs = unsafe { core::mem::zeroed() };
     // SAFETY: path is NUL-terminated and st is a valid out-pointer.
@@ -496,18 +525,21 @@ pub(crate) fn statfs_type(path: &core::ffi::CStr) -> Result<i64, i32> {
     if r == 0 {
         Ok(st.f_type as i64)
     } else {
-        Err(errno())
+        Err(Error::Sys {
+            call: "statfs",
+            errno: errno(),
+        })
     }
 }
 
-/// `fstatfs(2)`'s `f_type` for an open fd, or the `errno`.
+/// `fstatfs(2)`'s `f_type` for an open fd, or [`Error::Sys`] `fstatfs`.
 ///
 /// # References
 /// fstatfs(2)
 ///
 /// # Async-signal safety
 /// Async-signal-safe (one syscall).
-pub(crate) fn fstatfs_type(fd: i32) -> Result<i64, i32> {
+pub(crate) fn fstatfs_type(fd: i32) -> Result<i64, Error> {
     // SAFETY: statfs is plain old data; all-zero is a valid value.
     let mut st: libc::statfs = unsafe { core::mem::zeroed() };
     // SAFETY: st is a valid out-pointer; a bad fd gives EBADF.
@@ -515,37 +547,46 @@ pub(crate) fn fstatfs_type(fd: i32) -> Result<i64, i32> {
     if r == 0 {
         Ok(st.f_type as i64)
     } else {
-        Err(errno())
+        Err(Error::Sys {
+            call: "fstatfs",
+            errno: errno(),
+        })
     }
 }
 
-/// `pthread_atfork(3)`.
+/// `pthread_atfork(3)`; fails with [`Error::Sys`] `pthread_atfork`.
 ///
 /// Not async-signal-safe (glibc allocates its handler list): call in normal context.
 pub(crate) fn atfork(
     prepare: unsafe extern "C" fn(),
     parent: unsafe extern "C" fn(),
     child: unsafe extern "C" fn(),
-) -> Result<(), i32> {
+) -> Result<(), Error> {
     // SAFETY: the handlers are plain extern "C" fns valid for the program's lifetime.
     let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
     if r == 0 {
         Ok(())
     } else {
-        Err(r)
+        Err(Error::Sys {
+            call: "pthread_atfork",
+            errno: r,
+        })
     }
 }
 
-/// `pthread_atfork(3)` with only a child handler.
+/// `pthread_atfork(3)` with only a child handler; fails with [`Error::Sys`] `pthread_atfork`.
 ///
 /// Not async-signal-safe (glibc allocates its handler list): call in normal context.
-pub(crate) fn atfork_child(child: unsafe extern "C" fn()) -> Result<(), i32> {
+pub(crate) fn atfork_child(child: unsafe extern "C" fn()) -> Result<(), Error> {
     // SAFETY: the handler is a plain extern "C" fn valid for the program's lifetime.
     let r = unsafe { libc::pthread_atfork(None, None, Some(child)) };
     if r == 0 {
         Ok(())
     } else {
-        Err(r)
+        Err(Error::Sys {
+            call: "pthread_atfork",
+            errno: r,
+        })
     }
 }
 

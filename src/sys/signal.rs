@@ -17,6 +17,8 @@
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
+use crate::error::Error;
+
 /// Blocks every signal in the calling thread except those in `keep` (bit `n - 1` for signal
 /// `n`). Inside a signal handler this lasts until the handler returns (`sigreturn` puts the
 /// interrupted code's mask back).
@@ -105,6 +107,15 @@ fn claim(s: &Saved) -> Result<u8, i32> {
     Err(libc::EAGAIN)
 }
 
+/// The error every failure of [`take`], [`take_masked`] and [`give_back`] reports: `sigaction`
+/// with the `errno` (also for the `EINVAL` and `EAGAIN` they decide themselves).
+fn sigaction_err(errno: i32) -> Error {
+    Error::Sys {
+        call: "sigaction",
+        errno,
+    }
+}
+
 fn query(sig: i32) -> Result<libc::sigaction, i32> {
     // SAFETY: all-zero is a valid sigaction.
     let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
@@ -116,10 +127,10 @@ fn query(sig: i32) -> Result<libc::sigaction, i32> {
 }
 
 /// Installs `ours` for `sig` (`SA_SIGINFO | flags`, empty mask), saving the action that was
-/// there so that [`call_previous`] can chain to it and [`give_back`] restore it. Returns the
-/// `errno` on failure (`EINVAL` for a signal that cannot be caught, `EAGAIN` while another
-/// thread changes the same signal).
-pub(crate) fn take(sig: i32, ours: Handler, flags: i32) -> Result<Taken, i32> {
+/// there so that [`call_previous`] can chain to it and [`give_back`] restore it. Fails with
+/// [`Error::Sys`] `sigaction` and the `errno` (`EINVAL` for a signal that cannot be caught,
+/// `EAGAIN` while another thread changes the same signal).
+pub(crate) fn take(sig: i32, ours: Handler, flags: i32) -> Result<Taken, Error> {
     take_masked(sig, ours, flags, None)
 }
 
@@ -132,14 +143,14 @@ pub(crate) fn take_masked(
     ours: Handler,
     flags: i32,
     block_all_but: Option<u64>,
-) -> Result<Taken, i32> {
+) -> Result<Taken, Error> {
     let Some(s) = slot(sig) else {
-        return Err(libc::EINVAL);
+        return Err(sigaction_err(libc::EINVAL));
     };
     if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-        return Err(libc::EINVAL);
+        return Err(sigaction_err(libc::EINVAL));
     }
-    let was = claim(s)?;
+    let was = claim(s).map_err(sigaction_err)?;
     let result = (|| {
         let old = query(sig)?;
         if old.sa_sigaction == ours as *const () as usize {
@@ -172,7 +183,7 @@ pub(crate) fn take_masked(
         _ => was,
     };
     s.state.store(now, Ordering::Release);
-    result
+    result.map_err(sigaction_err)
 }
 
 /// In a forked child (one thread): a signal whose action a thread of the parent was changing
@@ -230,17 +241,17 @@ pub(crate) fn call_previous(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc:
 
 /// Removes `ours` from `sig`: puts the saved action back, or `SIG_IGN` if the saved action was
 /// `SIG_DFL` and `ignore_instead_of_default` (a late signal of ours would kill). Does nothing
-/// if `ours` is not installed (someone replaced it: theirs stays). Returns the `errno` on
-/// failure.
+/// if `ours` is not installed (someone replaced it: theirs stays). Fails with [`Error::Sys`]
+/// `sigaction` and the `errno`.
 pub(crate) fn give_back(
     sig: i32,
     ours: Handler,
     ignore_instead_of_default: bool,
-) -> Result<(), i32> {
+) -> Result<(), Error> {
     let Some(s) = slot(sig) else {
-        return Err(libc::EINVAL);
+        return Err(sigaction_err(libc::EINVAL));
     };
-    let was = claim(s)?;
+    let was = claim(s).map_err(sigaction_err)?;
     let result = (|| {
         let cur = query(sig)?;
         if cur.sa_sigaction != ours as *const () as usize {
@@ -269,7 +280,7 @@ pub(crate) fn give_back(
         _ => was,
     };
     s.state.store(now, Ordering::Release);
-    result.map(|_| ())
+    result.map(|_| ()).map_err(sigaction_err)
 }
 
 /// Whether `ours` is the installed handler of `sig`.
@@ -441,7 +452,7 @@ mod fork_tests {
         // Ours installed, previous saved, then a give_back under way in a parent thread.
         assert_eq!(take(sig, ours, 0), Ok(Taken::Now));
         s.state.store(1, Ordering::Release);
-        assert_eq!(take(sig, ours, 0), Err(libc::EAGAIN));
+        assert_eq!(take(sig, ours, 0), Err(sigaction_err(libc::EAGAIN)));
         after_fork();
         assert_eq!(s.state.load(Ordering::Acquire), 2);
         assert_eq!(give_back(sig, ours, false), Ok(()));

@@ -71,7 +71,7 @@ pub(crate) fn fill() {
             .is_ok()
         {
             if s.top.load(Ordering::Relaxed) == 0 {
-                if let Some(top) = super::map_stack(PRIVATE_STACK) {
+                if let Ok(top) = super::map_stack(PRIVATE_STACK) {
                     s.top.store(top, Ordering::Release);
                 }
             }

@@ -5,27 +5,32 @@
 
 use core::sync::atomic::AtomicU32;
 
+use crate::error::Error;
+
 /// `tgkill(2)`: sends `sig` to thread `tid` of this process (`sig` 0 only checks that the thread
-/// exists). Returns the `errno` on failure (`ESRCH`: no such thread).
+/// exists). Fails with [`Error::Sys`] `tgkill` and the `errno` (`ESRCH`: no such thread).
 ///
 /// # References
 /// tgkill(2)
-pub(crate) fn tgkill(tid: i32, sig: i32) -> Result<(), i32> {
+pub(crate) fn tgkill(tid: i32, sig: i32) -> Result<(), Error> {
     // SAFETY: tgkill has no memory-safety preconditions.
     let r = unsafe { libc::syscall(libc::SYS_tgkill, super::getpid(), tid, sig) };
     if r == 0 {
         Ok(())
     } else {
-        Err(super::errno())
+        Err(Error::Sys {
+            call: "tgkill",
+            errno: super::errno(),
+        })
     }
 }
 
 /// `getdents64(2)` on an open directory: fills `buf` with `linux_dirent64` records; returns the
-/// number of bytes filled (0 at the end), or the `errno`. Retries on `EINTR`.
+/// number of bytes filled (0 at the end), or [`Error::Sys`] `getdents64`. Retries on `EINTR`.
 ///
 /// # References
 /// getdents64(2)
-pub(crate) fn getdents64(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
+pub(crate) fn getdents64(fd: i32, buf: &mut [u8]) -> Result<usize, Error> {
     loop {
         // SAFETY: buf is valid for writes of buf.len() bytes.
         let r = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
@@ -34,14 +39,17 @@ pub(crate) fn getdents64(fd: i32, buf: &mut [u8]) -> Result<usize, i32> {
         }
         let e = super::errno();
         if e != libc::EINTR {
-            return Err(e);
+            return Err(Error::Sys {
+                call: "getdents64",
+                errno: e,
+            });
         }
     }
 }
 
 /// Calls `f` with each numeric entry (a thread id) of `/proc/self/task`, read with `open(2)` and
-/// `getdents64(2)` into a stack buffer. Returns the `errno` of a failed call.
-pub(crate) fn for_each_task(f: impl FnMut(i32)) -> Result<(), i32> {
+/// `getdents64(2)` into a stack buffer. Fails with the [`Error::Sys`] of the failed call.
+pub(crate) fn for_each_task(f: impl FnMut(i32)) -> Result<(), Error> {
     let fd = super::open_cloexec(c"/proc/self/task", libc::O_RDONLY | libc::O_DIRECTORY)?;
     let res = tasks_of(fd, f);
     super::close(fd);
@@ -51,15 +59,18 @@ pub(crate) fn for_each_task(f: impl FnMut(i32)) -> Result<(), i32> {
 /// Like [`for_each_task`] on a `/proc/self/task` directory the caller keeps open: rewinds it
 /// and lists it again (the kernel builds the listing afresh on each pass), without the path
 /// lookup of an `open`.
-pub(crate) fn for_each_task_in(fd: i32, f: impl FnMut(i32)) -> Result<(), i32> {
+pub(crate) fn for_each_task_in(fd: i32, f: impl FnMut(i32)) -> Result<(), Error> {
     // SAFETY: lseek on a descriptor has no memory effects.
     if unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
-        return Err(super::errno());
+        return Err(Error::Sys {
+            call: "lseek",
+            errno: super::errno(),
+        });
     }
     tasks_of(fd, f)
 }
 
-fn tasks_of(fd: i32, mut f: impl FnMut(i32)) -> Result<(), i32> {
+fn tasks_of(fd: i32, mut f: impl FnMut(i32)) -> Result<(), Error> {
     let mut buf = [0u8; 4096];
     loop {
         let n = match getdents64(fd, &mut buf) {
@@ -214,16 +225,19 @@ pub(crate) fn sleep_ns(ns: u64) {
     unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
 }
 
-/// The handler currently installed for `sig` (its `sa_sigaction`), or the `errno`.
+/// The handler currently installed for `sig` (its `sa_sigaction`), or [`Error::Sys`] `sigaction`.
 ///
 /// # References
 /// sigaction(2)
-pub(crate) fn current_handler(sig: i32) -> Result<usize, i32> {
+pub(crate) fn current_handler(sig: i32) -> Result<usize, Error> {
     // SAFETY: all-zero is a valid sigaction.
     let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
     // SAFETY: a null new action only queries.
     if unsafe { libc::sigaction(sig, core::ptr::null(), &mut old) } != 0 {
-        return Err(super::errno());
+        return Err(Error::Sys {
+            call: "sigaction",
+            errno: super::errno(),
+        });
     }
     Ok(old.sa_sigaction)
 }

@@ -2,6 +2,8 @@
 //! sampling clocks. Not used in signal handlers.
 #![allow(unsafe_code)]
 
+use crate::error::Error;
+
 /// A POSIX timer that sends a signal to one thread of this process; deleted on drop.
 pub(crate) struct ThreadTimer {
     id: libc::timer_t,
@@ -13,8 +15,8 @@ unsafe impl Send for ThreadTimer {}
 
 impl ThreadTimer {
     /// `timer_create(2)`: a timer on `clock` that sends `sig` to thread `tid` with `value` in
-    /// the signal's `si_value` (as `sival_ptr`). Not armed yet ([`ThreadTimer::set`]). Returns
-    /// the `errno` on failure (`EINVAL`/`ESRCH`: no such thread, or its clock is gone).
+    /// the signal's `si_value` (as `sival_ptr`). Not armed yet ([`ThreadTimer::set`]). Fails with
+    /// [`Error::Sys`] `timer_create` (`EINVAL`/`ESRCH`: no such thread, or its clock is gone).
     ///
     /// # References
     /// timer_create(2)
@@ -23,7 +25,7 @@ impl ThreadTimer {
         sig: i32,
         tid: i32,
         value: u64,
-    ) -> Result<ThreadTimer, i32> {
+    ) -> Result<ThreadTimer, Error> {
         // SAFETY: all-zero is a valid sigevent.
         let mut sev: libc::sigevent = unsafe { core::mem::zeroed() };
         sev.sigev_notify = libc::SIGEV_THREAD_ID;
@@ -35,17 +37,20 @@ impl ThreadTimer {
         let mut id: libc::timer_t = core::ptr::null_mut();
         // SAFETY: sev and id are valid; SIGEV_THREAD_ID names a thread of this process.
         if unsafe { libc::timer_create(clock, &mut sev, &mut id) } != 0 {
-            return Err(super::errno());
+            return Err(Error::Sys {
+                call: "timer_create",
+                errno: super::errno(),
+            });
         }
         Ok(ThreadTimer { id })
     }
 
     /// `timer_settime(2)`, relative: first expiry in `first_ns`, then every `interval_ns`.
-    /// Returns the `errno` on failure.
+    /// Fails with [`Error::Sys`] `timer_settime`.
     ///
     /// # References
     /// timer_settime(2)
-    pub(crate) fn set(&self, first_ns: u64, interval_ns: u64) -> Result<(), i32> {
+    pub(crate) fn set(&self, first_ns: u64, interval_ns: u64) -> Result<(), Error> {
         let spec = libc::itimerspec {
             it_interval: timespec(interval_ns),
             it_value: timespec(first_ns),
@@ -53,7 +58,10 @@ impl ThreadTimer {
         // SAFETY: id is the timer created in `create` and not deleted (Drop does that);
         // spec is valid.
         if unsafe { libc::timer_settime(self.id, 0, &spec, core::ptr::null_mut()) } != 0 {
-            return Err(super::errno());
+            return Err(Error::Sys {
+                call: "timer_settime",
+                errno: super::errno(),
+            });
         }
         Ok(())
     }

@@ -245,7 +245,7 @@ pub(crate) fn threads_section(
     if let Err(e) = listed {
         out.line(|w| {
             w.push_bytes(b"cannot list /proc/self/task: errno ");
-            w.push_dec(e as u64);
+            w.push_dec(e.errno().unwrap_or(0) as u64);
         });
         return summary;
     }

@@ -156,12 +156,7 @@ fn install_with_signal(sig: i32) -> Result<(), Error> {
     let result = (|| {
         // A handler that was there is kept and called for the signals that carry no request
         // for the thread (`sys::signal`'s policy).
-        sys::signal::take(sig, request::on_capture_signal, libc::SA_RESTART).map_err(|errno| {
-            Error::Sys {
-                call: "sigaction",
-                errno,
-            }
-        })?;
+        sys::signal::take(sig, request::on_capture_signal, libc::SA_RESTART)?;
         request::SIGNAL.store(sig, Ordering::Release);
         sys::signal::set_owner(sig, Some(sys::signal::Owner::Request));
         Ok(())
@@ -203,10 +198,7 @@ pub fn uninstall() -> Result<(), Error> {
         sys::signal::set_owner(sig, None);
     }
     INSTALL.store(if result.is_ok() { 0 } else { 2 }, Ordering::Release);
-    result.map_err(|errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    })
+    result
 }
 
 /// In a forked child (one thread; see `crate::fork`): stack requests of the parent's threads are
@@ -376,10 +368,6 @@ pub fn list(buf: &mut [i32]) -> Result<usize, Error> {
             *slot = tid;
         }
         n += 1;
-    })
-    .map_err(|errno| Error::Sys {
-        call: "getdents64",
-        errno,
     })?;
     Ok(n)
 }
@@ -464,16 +452,12 @@ fn install_dump_signal_fd(sig: i32, fd: i32) -> Result<(), Error> {
     crate::setup::init()?;
     crate::symbolize::rebuild();
     DUMP_FD.store(fd, Ordering::Relaxed);
-    let sys_err = |errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    };
     let before = DUMP_SIGNAL.load(Ordering::Relaxed);
     if before != 0 && before != sig {
-        sys::signal::give_back(before, on_dump_signal, false).map_err(sys_err)?;
+        sys::signal::give_back(before, on_dump_signal, false)?;
         sys::signal::set_owner(before, None);
     }
-    sys::signal::take(sig, on_dump_signal, libc::SA_RESTART).map_err(sys_err)?;
+    sys::signal::take(sig, on_dump_signal, libc::SA_RESTART)?;
     DUMP_SIGNAL.store(sig, Ordering::Relaxed);
     sys::signal::set_owner(sig, Some(sys::signal::Owner::Dump));
     Ok(())
@@ -490,10 +474,7 @@ pub fn uninstall_dump_signal() -> Result<(), Error> {
     if sig == 0 {
         return Ok(());
     }
-    sys::signal::give_back(sig, on_dump_signal, false).map_err(|errno| Error::Sys {
-        call: "sigaction",
-        errno,
-    })?;
+    sys::signal::give_back(sig, on_dump_signal, false)?;
     DUMP_SIGNAL.store(0, Ordering::Relaxed);
     sys::signal::set_owner(sig, None);
     Ok(())

@@ -166,7 +166,7 @@ pub(crate) fn post_for(tid: i32, want: u32, hold: bool) -> Result<Option<Ticket>
             // Nobody got the signal; a handler of another thread ignores this target.
             slot.word
                 .store(with_state(claimed, FREE), Ordering::Release);
-            return Err(if e == libc::ESRCH {
+            return Err(if e.errno() == Some(libc::ESRCH) {
                 Answer::Gone
             } else {
                 Answer::Timeout
@@ -319,7 +319,7 @@ fn wait_until(t: &Ticket, deadline: u64) -> Option<Answer> {
         if now >= deadline {
             return None;
         }
-        if sys::tgkill(t.tid, 0) == Err(libc::ESRCH) {
+        if sys::tgkill(t.tid, 0).err().and_then(|e| e.errno()) == Some(libc::ESRCH) {
             return Some(cancel(t).unwrap_or(Answer::Gone));
         }
         wait(seen, (deadline - now).min(10_000_000));

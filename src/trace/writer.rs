@@ -217,13 +217,10 @@ fn open_in(dir: &[u8], append_name: bool) -> Result<i32, Error> {
     let n = dir.len() + extra;
     let path = CStr::from_bytes_with_nul(&buf[..n + 1])
         .map_err(|_| Error::InvalidInput("marker path contains a nul byte"))?;
-    let fd = sys::open_cloexec(path, libc::O_WRONLY).map_err(|errno| match errno {
-        libc::ENOENT | libc::ENOTDIR => Error::NotFound("trace_marker"),
-        libc::EACCES | libc::EPERM => Error::PermissionDenied,
-        errno => Error::Sys {
-            call: "open",
-            errno,
-        },
+    let fd = sys::open_cloexec(path, libc::O_WRONLY).map_err(|e| match e.errno() {
+        Some(libc::ENOENT | libc::ENOTDIR) => Error::NotFound("trace_marker"),
+        Some(libc::EACCES | libc::EPERM) => Error::PermissionDenied,
+        _ => e,
     })?;
     match sys::fstatfs_type(fd) {
         Ok(t) if t == tracefs::TRACEFS_MAGIC => Ok(fd),
@@ -231,12 +228,9 @@ fn open_in(dir: &[u8], append_name: bool) -> Result<i32, Error> {
             sys::close(fd);
             Err(NOT_TRACEFS)
         }
-        Err(errno) => {
+        Err(e) => {
             sys::close(fd);
-            Err(Error::Sys {
-                call: "fstatfs",
-                errno,
-            })
+            Err(e)
         }
     }
 }
@@ -495,16 +489,18 @@ pub(crate) fn emit(kind: u8, track: Option<&str>, name: Option<Text<'_>>, value:
         Ok(_) => {
             SHORT.fetch_add(1, Relaxed);
         }
-        Err(libc::EBADF) => {
-            EBADF.fetch_add(1, Relaxed);
-        }
-        Err(libc::EINVAL) => {
-            EINVAL.fetch_add(1, Relaxed);
-        }
-        Err(e) => {
-            OTHER.fetch_add(1, Relaxed);
-            LAST_ERRNO.store(e, Relaxed);
-        }
+        Err(e) => match e.errno().unwrap_or(0) {
+            libc::EBADF => {
+                EBADF.fetch_add(1, Relaxed);
+            }
+            libc::EINVAL => {
+                EINVAL.fetch_add(1, Relaxed);
+            }
+            errno => {
+                OTHER.fetch_add(1, Relaxed);
+                LAST_ERRNO.store(errno, Relaxed);
+            }
+        },
     }
 }
 

@@ -165,13 +165,13 @@ fn is_tracefs(path: &Path) -> Result<bool, Error> {
         .map_err(|_| fail(Kind::InvalidInput("path contains a nul byte")))?;
     match sys::statfs_type(&c) {
         Ok(t) => Ok(t == TRACEFS_MAGIC),
-        Err(libc::ENOENT) | Err(libc::ENOTDIR) => Ok(false),
-        Err(errno) => Err(Error::io(
+        Err(e) if matches!(e.errno(), Some(libc::ENOENT | libc::ENOTDIR)) => Ok(false),
+        Err(e) => Err(Error::io(
             "examining",
             path,
             "statfs",
             "tracefs",
-            std::io::Error::from_raw_os_error(errno),
+            std::io::Error::from_raw_os_error(e.errno().unwrap_or(0)),
         )),
     }
 }

@@ -61,7 +61,7 @@ pub(crate) fn fill_pool() {
                     window: Box::new([0; WINDOW_WORDS]),
                 })
             };
-            if let Some(top) = sys::map_stack(WALK_STACK) {
+            if let Ok(top) = sys::map_stack(WALK_STACK) {
                 slot.stack_top.store(top, Ordering::Relaxed);
             }
             slot.ready.store(true, Ordering::Release);
