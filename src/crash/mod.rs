@@ -10,8 +10,8 @@
 //!
 //! With [`Builder::minidump`] it then writes a minidump of the process (every thread's
 //! registers and stack, the modules with their build-ids: see [`crate::minidump`]) into a new
-//! file of a directory, itself, without ptrace or a helper process; [`upload`] sends such files
-//! to a crash server on the next start.
+//! file of a directory, itself, without ptrace or a helper process; [`crate::minidump::upload`]
+//! sends such files to a crash server on the next start.
 //!
 //! Then it calls the handler that was installed before (if any: chaining), restores the
 //! default action and re-raises the signal, so the process dies by the same signal and a core
@@ -82,8 +82,10 @@ mod names;
 mod oops;
 mod panic;
 mod symbolizer;
-pub mod upload;
 
+/// Moved to [`crate::minidump::upload`] (the uploads of what the minidump writer wrote); this path
+/// keeps working.
+pub use crate::minidump::upload;
 pub use handler::uninstall;
 
 use crate::error::Error;

@@ -34,7 +34,7 @@ pub(crate) fn open_dir(dir: &std::path::Path) -> Result<i32, Error> {
 
 /// A new file for a dump in `dir_fd`, to be named `<uuid>.dmp` by [`finish_in`]: created
 /// exclusively, mode 0600, as `<uuid>.dmp.tmp` (so that a dump being written, or cut short, is
-/// never taken for a finished one, by `crash::upload::send_pending` for one). Returns the fd and
+/// never taken for a finished one, by `minidump::upload::send_pending` for one). Returns the fd and
 /// writes the final name (NUL-free) into `name`, returning its length too.
 ///
 /// # Async-signal safety

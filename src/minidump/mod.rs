@@ -90,6 +90,7 @@ mod file;
 mod streams;
 mod system;
 mod thread;
+pub mod upload;
 
 pub(crate) use dir::{open_dir, write_in};
 use file::{File, Loc};

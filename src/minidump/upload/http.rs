@@ -150,7 +150,7 @@ pub(super) fn parse_url(url: &str) -> Result<Url<'_>, UploadError> {
 /// body (`413 Payload Too Large`) and closes is answered with its response, not a send error.
 ///
 /// ```no_run
-/// use selftrace::crash::upload::{self, Form};
+/// use selftrace::minidump::upload::{self, Form};
 /// use std::time::Duration;
 ///
 /// # fn main() -> Result<(), upload::UploadError> {

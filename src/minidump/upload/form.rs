@@ -29,9 +29,9 @@ struct Part {
 /// occurs in none of them.
 ///
 /// ```
-/// use selftrace::crash::upload::Form;
+/// use selftrace::minidump::upload::Form;
 ///
-/// # fn main() -> Result<(), selftrace::crash::upload::UploadError> {
+/// # fn main() -> Result<(), selftrace::minidump::upload::UploadError> {
 /// let form = Form::new()
 ///     .field("prod", "myapp")?
 ///     .field("ver", "1.4.2")?
@@ -127,8 +127,8 @@ impl Form {
     /// file's name (its last path component) as `filename`.
     ///
     /// ```no_run
-    /// # fn main() -> Result<(), selftrace::crash::upload::UploadError> {
-    /// let form = selftrace::crash::upload::Form::new()
+    /// # fn main() -> Result<(), selftrace::minidump::upload::UploadError> {
+    /// let form = selftrace::minidump::upload::Form::new()
     ///     .field("guid", "6c1f0b3e")?
     ///     .minidump("/var/crash/myapp/2024-05-01T10-00-00.dmp")?;
     /// # Ok(()) }

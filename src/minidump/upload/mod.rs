@@ -18,7 +18,7 @@
 //! accepted: the call to make once at start-up.
 //!
 //! ```no_run
-//! use selftrace::crash::upload::{self, Form};
+//! use selftrace::minidump::upload::{self, Form};
 //! use std::path::Path;
 //! use std::time::Duration;
 //!
@@ -198,7 +198,7 @@ impl Sent {
 /// client.
 ///
 /// ```no_run
-/// use selftrace::crash::upload::{self, Form, Outcome};
+/// use selftrace::minidump::upload::{self, Form, Outcome};
 /// use std::time::Duration;
 ///
 /// # fn main() -> Result<(), upload::UploadError> {
