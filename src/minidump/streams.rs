@@ -287,11 +287,12 @@ pub(super) fn exception(f: &mut File, fault: &Fault, threads: &[ThreadRec]) -> S
         .find(|t| t.tid == fault.tid as u32)
         .map(|t| t.context)
         .unwrap_or_default();
+    let (code, addr) = fault.code_addr();
     let e = ExceptionStream {
         tid: fault.tid as u32,
         sig: fault.sig as u32,
-        code: fault.code_addr().0 as u32,
-        addr: fault.code_addr().1 as u64,
+        code: code as u32,
+        addr: addr as u64,
         context,
     };
     let loc = f.append(&e.encode());
