@@ -752,7 +752,8 @@ fn fp_mode() {
     let target = format!("{root}/target/fp-build");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let built = std::process::Command::new(&cargo)
-        .args(["build", "--quiet", "--release", "--example", "fp_bench"])
+        .args(["build", "--quiet", "--release", "-p", "selftrace-examples"])
+        .args(["--example", "fp_bench"])
         .env("RUSTFLAGS", "-C force-frame-pointers=yes")
         .env("CARGO_TARGET_DIR", &target)
         .current_dir(root)

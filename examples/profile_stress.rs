@@ -8,8 +8,8 @@
 //!
 //! ```sh
 //! cargo run --release --example profile_stress -- --profiler selftrace --hz 1000 --secs 5
-//! cargo run --release --example profile_stress -- --profiler pprof-rs --hz 1000 --secs 5
-//! cargo run --release --example profile_stress -- --profiler pprof-rs-blocklist --hz 1000 --secs 5
+//! cargo run --release --features pprof-rs --example profile_stress -- --profiler pprof-rs --hz 1000 --secs 5
+//! cargo run --release --features pprof-rs --example profile_stress -- --profiler pprof-rs-blocklist --hz 1000 --secs 5
 //! cargo run --release --example profile_stress -- --profiler none --secs 5
 //! ```
 //!
@@ -209,6 +209,7 @@ struct Outcome {
 
 enum Running {
     Selftrace(selftrace::profile::Profiler),
+    #[cfg(feature = "pprof-rs")]
     Pprof(pprof::ProfilerGuard<'static>),
     None,
 }
@@ -226,18 +227,32 @@ fn start(a: &Args) -> Running {
                 });
             Running::Selftrace(p)
         }
-        Which::Pprof { blocklist } => {
-            let mut b = pprof::ProfilerGuardBuilder::default().frequency(a.hz as i32);
-            if blocklist {
-                b = b.blocklist(&["libc", "libgcc", "pthread", "vdso"]);
-            }
-            Running::Pprof(b.build().unwrap_or_else(|e| {
-                eprintln!("profile_stress: pprof-rs: {e}");
-                std::process::exit(2);
-            }))
-        }
+        Which::Pprof { blocklist } => start_pprof(a.hz, blocklist),
         Which::None => Running::None,
     }
+}
+
+/// Starts pprof-rs (the peer).
+#[cfg(feature = "pprof-rs")]
+fn start_pprof(hz: u32, blocklist: bool) -> Running {
+    let mut b = pprof::ProfilerGuardBuilder::default().frequency(hz as i32);
+    if blocklist {
+        b = b.blocklist(&["libc", "libgcc", "pthread", "vdso"]);
+    }
+    Running::Pprof(b.build().unwrap_or_else(|e| {
+        eprintln!("profile_stress: pprof-rs: {e}");
+        std::process::exit(2);
+    }))
+}
+
+/// Built without the `pprof-rs` feature of examples/Cargo.toml (as the tests build it).
+#[cfg(not(feature = "pprof-rs"))]
+fn start_pprof(_hz: u32, _blocklist: bool) -> Running {
+    eprintln!(
+        "profile_stress: built without pprof-rs: run `cargo run --release --features pprof-rs \
+         --example profile_stress -- --profiler pprof-rs`"
+    );
+    std::process::exit(2);
 }
 
 /// CPU time the profiler's own threads (`selftrace-prof`, `selftrace-timer`) used so far, in
@@ -312,6 +327,7 @@ fn finish(r: Running, folded: Option<&str>) -> Outcome {
                 ),
             }
         }
+        #[cfg(feature = "pprof-rs")]
         Running::Pprof(guard) => {
             let report = guard.report().build().unwrap_or_else(|e| {
                 eprintln!("profile_stress: pprof-rs report: {e}");

@@ -1,4 +1,5 @@
-//! Builds examples of this package for the tests that run them as child processes.
+//! Builds the examples the tests run as child processes (the `selftrace-examples` package,
+//! examples/Cargo.toml, which links only selftrace and what the examples use).
 #![allow(dead_code)]
 
 use std::ffi::OsStr;
@@ -11,19 +12,33 @@ static BUILD: Mutex<()> = Mutex::new(());
 /// The target directory (under `target/`) that the fixture programs are built in.
 pub const FIXTURES: &str = "fixtures";
 
-/// Runs `cargo build --quiet ARGS` (for example `--example x --features f`) with the target
-/// directory `target/SUBDIR`, so that fixtures built with other flags do not rebuild the
-/// test's own target directory; returns that target directory. One build at a time in this
-/// process. Fails the test with cargo's output when the build fails. Built for the test's own
-/// architecture (the directory returned is then `target/SUBDIR/TRIPLE`).
+/// The package of the examples (examples/Cargo.toml).
+pub const EXAMPLES: &str = "selftrace-examples";
+
+/// Runs `cargo build --quiet -p selftrace-examples ARGS` (for example `--example x --features
+/// http`) with the target directory `target/SUBDIR`, so that programs built with other flags
+/// do not rebuild the test's own target directory; returns that target directory. One build at
+/// a time in this process. Fails the test with cargo's output when the build fails. Built for
+/// the test's own architecture (the directory returned is then `target/SUBDIR/TRIPLE`).
 ///
-/// An example links every dev-dependency, so each target directory holds a build of all of
-/// them: the fixtures share one ([`FIXTURES`]) and are built without incremental state (they
-/// are never edited between builds), which keeps a fresh clone's test run within the disk a
-/// CI machine has.
+/// The programs share one target directory ([`FIXTURES`]) and are built without incremental
+/// state (they are never edited between builds). The examples are a package of their own, so
+/// they link only selftrace and what they use: as examples of the selftrace package, each
+/// profile they were built in (dev, release, release-lto, a frame-pointer build, aarch64)
+/// compiled every dev-dependency.
 pub fn build(subdir: &str, args: &[&str]) -> PathBuf {
+    build_with(subdir, args, &[])
+}
+
+/// [`build`] with the extra environment `envs` (`RUSTFLAGS` for a frame-pointer build).
+pub fn build_with(subdir: &str, args: &[&str], envs: &[(&str, &OsStr)]) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let (out, target) = cargo(root, subdir, "build", args, &[]);
+    let args: Vec<&str> = ["-p", EXAMPLES]
+        .iter()
+        .copied()
+        .chain(args.iter().copied())
+        .collect();
+    let (out, target) = cargo(root, subdir, "build", &args, envs);
     assert!(
         out.status.success(),
         "cargo build {args:?} failed:\n{}",

@@ -25,7 +25,7 @@ pub fn usable(test: &str) -> bool {
     false
 }
 
-/// Builds `examples/record_target.rs` in a target directory of its own and returns its path.
+/// Builds `examples/record_target.rs` in the fixtures' target directory and returns its path.
 pub fn record_target() -> PathBuf {
     example_build::build(example_build::FIXTURES, &["--example", "record_target"])
         .join("debug")

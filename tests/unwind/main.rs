@@ -8,6 +8,8 @@
 
 #[path = "../support/counting.rs"]
 mod counting;
+#[path = "../example_build/mod.rs"]
+mod example_build;
 #[path = "../support/oracle.rs"]
 mod oracle;
 #[path = "../support/spinner.rs"]

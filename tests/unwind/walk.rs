@@ -131,30 +131,16 @@ fn buffer_bounds_the_walk() {
 
 #[test]
 fn frame_pointer_mode_in_a_frame_pointer_build() {
-    // Build the fp_chain example with frame pointers everywhere we compile, and run it.
-    let target = concat!(env!("CARGO_MANIFEST_DIR"), "/target/fp-build");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    // For the architecture of this test (aarch64 tests run under qemu-user on x86-64 hosts).
-    let triple = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
-    let cross = cfg!(not(target_arch = "x86_64"));
-    let mut build = std::process::Command::new(&cargo);
-    build.args(["build", "--quiet", "--example", "fp_chain"]);
-    if cross {
-        build.args(["--target", &triple]);
-    }
-    let status = build
-        .env("RUSTFLAGS", "-C force-frame-pointers=yes")
-        .env("CARGO_TARGET_DIR", target)
-        .env("CARGO_INCREMENTAL", "0")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo");
-    assert!(status.success(), "building the fp_chain example failed");
-    let bin = if cross {
-        format!("{target}/{triple}/debug/examples/fp_chain")
-    } else {
-        format!("{target}/debug/examples/fp_chain")
-    };
+    // Build the fp_chain example with frame pointers everywhere we compile, in a target
+    // directory of its own (other RUSTFLAGS), for this test's architecture, and run it.
+    let bin = crate::example_build::build_with(
+        "fp-build",
+        &["--example", "fp_chain"],
+        &[("RUSTFLAGS", "-C force-frame-pointers=yes".as_ref())],
+    )
+    .join("debug")
+    .join("examples")
+    .join("fp_chain");
     let out = std::process::Command::new(bin)
         .output()
         .expect("run fp_chain");

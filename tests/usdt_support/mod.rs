@@ -15,7 +15,7 @@ pub const VALUES_LINE: &str = "-5 65000 -123456 -9000000000 18000000000000000000
 pub const TEXT: &str = "hello usdt";
 
 /// Builds `examples/usdt_target.rs` and `examples/usdt_cdylib.rs` with cargo `profile` (`dev`,
-/// `release` or `release-lto`) in a target directory of their own, and returns the directory
+/// `release` or `release-lto`) in the fixtures' target directory, and returns the directory
 /// holding them.
 pub fn build_fixtures(profile: &str) -> PathBuf {
     let target = example_build::build(
