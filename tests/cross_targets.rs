@@ -75,7 +75,6 @@ const NOT_UNDER_QEMU: &[(&str, &str)] = &[
          profiler itself runs under qemu in profile_stress)",
     ),
     ("record", UPROBES),
-    ("usdt_ui", UPROBES),
     ("usdt_uprobe", UPROBES),
 ];
 const MARKERS: &str = "writes and reads tracefs: under qemu-user these are the x86-64 host \

@@ -1,7 +1,8 @@
-//! Bad uses of the probe macros are compile errors pointing at the offending tokens, never
-//! macro panics (trybuild; regenerate the expected output with `TRYBUILD=overwrite`).
-// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
-#![cfg(feature = "usdt")]
+//! Bad uses of the probe macros (`selftrace::probe!`, `#[selftrace::usdt::probe]`) are compile
+//! errors pointing at the offending tokens, never macro panics (trybuild; regenerate the
+//! expected output with `TRYBUILD=overwrite`). In this package, not selftrace's: trybuild's
+//! project links the tested package's dev-dependencies, and this package has two (selftrace and
+//! trybuild) where selftrace has two hundred.
 
 #[test]
 fn ui() {
@@ -14,7 +15,11 @@ fn ui() {
 /// monomorphization, which `cargo check` (and so trybuild) does not reach: build them.
 #[test]
 fn type_dependent_errors() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    // The workspace's root (selftrace), whose target/ and Cargo.lock the build uses.
+    let root = here
+        .parent()
+        .expect("usdt-macros is in the workspace's root");
     let dir = root.join("target").join("usdt-ui-build");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
@@ -36,7 +41,7 @@ fn type_dependent_errors() {
     for (name, _) in cases {
         manifest.push_str(&format!(
             "\n[[bin]]\nname = \"{name}\"\npath = {:?}\n",
-            root.join("tests/ui-build")
+            here.join("tests/ui-build")
                 .join(format!("{name}.rs"))
                 .display()
                 .to_string()
