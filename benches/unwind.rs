@@ -748,8 +748,11 @@ fn bench_handler_libcrypto(c: &mut Criterion) {
 /// Builds the `fp_bench` example with frame pointers (release, its own target directory) and
 /// runs it; prints its line.
 fn fp_mode() {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let target = format!("{root}/target/fp-build");
+    // The workspace's root (this package is benches/).
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("benches/ is in the workspace's root");
+    let target = root.join("target").join("fp-build");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let built = std::process::Command::new(&cargo)
         .args(["build", "--quiet", "--release", "-p", "selftrace-examples"])
@@ -762,7 +765,7 @@ fn fp_mode() {
         eprintln!("fp_bench: building the example with frame pointers failed");
         return;
     }
-    match std::process::Command::new(format!("{target}/release/examples/fp_bench")).output() {
+    match std::process::Command::new(target.join("release/examples/fp_bench")).output() {
         Ok(out) => {
             eprint!("{}", String::from_utf8_lossy(&out.stdout));
             eprint!("{}", String::from_utf8_lossy(&out.stderr));
