@@ -11,11 +11,11 @@
 //! frames from DWARF, with the per-object DWARF cache that every lookup shares.
 #![allow(unsafe_code)]
 
-use super::format::FrameKind;
 use super::index::ObjectSymbols;
 use super::{frame_kind, lookup, Mode, SymbolName};
 use crate::fmt::FixedBuf;
 use crate::fork::ForkMutex;
+use crate::unwind::FrameKind;
 use crate::unwind::WalkEnd;
 use addr2line::gimli;
 use std::borrow::Cow;

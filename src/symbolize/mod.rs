@@ -122,10 +122,13 @@ use crate::error::Error;
 
 // Defined in the crate's `fmt` module (under every report writer); public here.
 pub use crate::fmt::FixedBuf;
+/// Defined in [`crate::unwind`], beside the walk that knows each frame's kind
+/// ([`Walk::frame_kinds`](crate::Walk::frame_kinds)); public here too, where it was first.
+pub use crate::unwind::FrameKind;
 pub(crate) use format::write_truncation;
 pub use format::{
-    demangle_into, demangle_to, without_version, write_kernel_frame, FrameKind, KernelOptions,
-    SymbolsOptions, DEMANGLE_STACK, RAW_NAME_MAX,
+    demangle_into, demangle_to, without_version, write_kernel_frame, KernelOptions, SymbolsOptions,
+    DEMANGLE_STACK, RAW_NAME_MAX,
 };
 pub use index::SymbolSource;
 pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol, NoLine};

@@ -339,7 +339,9 @@ pub fn capture(
         match request::post(tid) {
             Ok(Some(t)) => {
                 return match request::wait_one(&t, deadline, buf) {
-                    request::Answer::Frames(frames, end) => Ok(crate::unwind::Walk { frames, end }),
+                    request::Answer::Frames(frames, end) => {
+                        Ok(crate::unwind::Walk::new(frames, end))
+                    }
                     request::Answer::Timeout | request::Answer::Cannot(_) => Err(Error::Timeout),
                     request::Answer::Gone => Err(Error::ThreadGone),
                 };
