@@ -222,6 +222,25 @@ impl FrameKinds {
     }
 }
 
+impl FrameKinds {
+    /// The record of the frames from `n` on, renumbered from 0 (for a stack whose first `n`
+    /// frames are dropped: `frames[n..]`).
+    pub fn after(mut self, n: usize) -> FrameKinds {
+        let drop = self
+            .exact()
+            .iter()
+            .take_while(|&&e| (e as usize) < n)
+            .count();
+        let len = self.len as usize;
+        self.at.copy_within(drop..len, 0);
+        self.len = (len - drop) as u8;
+        for e in &mut self.at[..self.len as usize] {
+            *e -= n as u16;
+        }
+        self
+    }
+}
+
 impl Default for FrameKinds {
     fn default() -> FrameKinds {
         FrameKinds::NONE
@@ -427,6 +446,11 @@ mod tests {
             [0, 3, 6, 9].iter().for_each(|&i| e.push(i));
             e
         });
+        // Dropping the first frames renumbers the rest.
+        let a = t.after(4);
+        assert_eq!(a.exact(), &[2, 5]);
+        assert_eq!(t.after(0), t);
+        assert_eq!(t.after(10).exact(), &[] as &[u16]);
         // An index past MAX_FRAMES cannot be recorded either.
         let mut big = FrameKinds::NONE;
         big.push(MAX_FRAMES);

@@ -213,3 +213,28 @@ fn a_walk_from_registers_has_frame_0_exact_and_a_plain_capture_none() {
     assert_eq!(walk.frame_kind(&frames, 0), FrameKind::Exact);
     assert_eq!(walk.frame_kind(&frames, 1), FrameKind::Return);
 }
+
+#[test]
+fn another_threads_capture_carries_the_kinds_of_its_walk() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static STOP: AtomicBool = AtomicBool::new(false);
+    selftrace::init().expect("init");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        tx.send(selftrace::threads::current_tid()).unwrap();
+        while !STOP.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+    let tid = rx.recv().unwrap();
+    let mut frames = [0usize; N];
+    let walk = selftrace::threads::capture(tid, &mut frames, std::time::Duration::from_secs(5));
+    STOP.store(true, Ordering::Relaxed);
+    t.join().unwrap();
+    let walk = walk.expect("capture");
+    let frames = &frames[..walk.frames];
+    // The thread's own walk from its handler's ucontext_t: frame 0 exact, no signal frame.
+    assert_eq!(walk.frame_kinds().exact(), &oracle(frames, true)[..]);
+    assert_eq!(walk.frame_kinds().exact(), &[0u16]);
+    assert_eq!(walk.frame_kind(frames, 0), FrameKind::Exact);
+}
