@@ -122,7 +122,7 @@ impl FrameKind {
 /// than return addresses: frame 0 of a walk from a register state or a `ucontext_t`, and the
 /// frame right after each signal frame the walk crossed. The walk records them as it crosses
 /// them ([`Walk::frame_kinds`]), so nothing needs to read code to tell them again; a `Copy`
-/// value of 38 bytes, to keep beside the frames.
+/// value of 36 bytes, to keep beside the frames.
 ///
 /// It holds up to `MAX_SIGNAL_FRAMES + 1` indices, which is every exact frame a walk can have
 /// (a walk stops after [`MAX_SIGNAL_FRAMES`] signal frames). Should a record ever hold more
@@ -146,7 +146,7 @@ impl FrameKinds {
         partial: false,
     };
 
-    /// Forgets every index, in place (no 38-byte temporary on the stack of a debug build).
+    /// Forgets every index, in place (no 36-byte temporary on the stack of a debug build).
     pub(crate) fn clear(&mut self) {
         self.len = 0;
         self.partial = false;
@@ -425,6 +425,7 @@ mod tests {
 
     #[test]
     fn frame_kinds_record_past_their_capacity_as_partial() {
+        assert_eq!(core::mem::size_of::<FrameKinds>(), 36, "as the docs say");
         let mut k = FrameKinds::NONE;
         for i in 0..=MAX_SIGNAL_FRAMES {
             k.push(i * 3);
