@@ -128,6 +128,12 @@ impl FrameKind {
 /// (a walk stops after [`MAX_SIGNAL_FRAMES`] signal frames). Should a record ever hold more
 /// exact frames than fit, it says so ([`FrameKinds::is_partial`]), and [`FrameKinds::kind`]
 /// falls back to reading the code before the frames past the last one recorded.
+///
+/// The record can differ from reading the code before each frame
+/// ([`symbolize::frame_kind`](crate::symbolize::frame_kind)), and then it is the right one: on
+/// aarch64 a frame-pointer walk that does not know a trampoline (a handler installed after
+/// `init`) follows the frame record the kernel leaves in the signal frame to the interrupted
+/// code's link register, a return address, although it comes right after the trampoline.
 #[derive(Clone, Copy)]
 pub struct FrameKinds {
     /// The indices of the exact frames, ascending, in `at[..len]` (the rest is not read).
