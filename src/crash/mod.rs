@@ -415,13 +415,13 @@ fn dump_stack_to_raw(fd: i32) {
         let (frames, on) = stack.parts();
         let walk = crate::unwind::Capture::new().walk(frames);
         let frames = &frames[..walk.frames];
-        on.run(&mut || write_dump_stack(out, frames, walk.end, None));
+        on.run(&mut || write_dump_stack(out, frames, walk, None));
         return;
     }
     let mut frames = [0usize; 64];
     let walk = crate::unwind::Capture::new().walk(&mut frames);
     let short = sys::stack::room().filter(|&r| r < REPORT_STACK_NEED);
-    write_dump_stack(out, &frames[..walk.frames], walk.end, short);
+    write_dump_stack(out, &frames[..walk.frames], walk, short);
 }
 
 /// Bytes of stack that a report's symbolizing and formatting take (at most, measured in a debug
@@ -431,13 +431,14 @@ pub(crate) const REPORT_STACK_NEED: usize = 64 * 1024;
 
 /// `dump_stack`'s text; with `short: Some(room)`, raw addresses only (a stack too small for
 /// the symbolizer: `room` bytes left).
-fn write_dump_stack(out: Out, frames: &[usize], end: crate::unwind::WalkEnd, short: Option<usize>) {
+fn write_dump_stack(out: Out, frames: &[usize], walk: crate::unwind::Walk, short: Option<usize>) {
+    let end = walk.end;
     let lock = OutputLock::acquire();
     out.line(|w| w.push_bytes(b"------------[ selftrace: dump_stack ]------------"));
     report::who(out);
     match short {
         None => {
-            report::call_trace(out, frames, false, end);
+            report::call_trace(out, frames, walk.frame_kinds(), end);
             report::objects(out, frames);
         }
         Some(room) => report::raw_call_trace(out, frames, end, room),

@@ -102,7 +102,7 @@ pub(super) fn write_report(c: &Fault) {
         indices[k] = i;
         k += 1;
     }
-    let answered = symbolizer::ask(&frames[..n], &indices[..k], !c.uc.is_null(), text, spans);
+    let answered = symbolizer::ask(&frames[..n], &indices[..k], walk.frame_kinds(), text, spans);
     let lines = report::Lines {
         text,
         indices: &indices[..answered],
@@ -113,7 +113,7 @@ pub(super) fn write_report(c: &Fault) {
         // SAFETY: uc is the kernel's ucontext for this signal.
         unsafe { report::registers(out, c.uc, innermost) };
     }
-    report::call_trace_with_lines(out, &frames[..n], !c.uc.is_null(), walk.end, lines);
+    report::call_trace_with_lines(out, &frames[..n], walk.frame_kinds(), walk.end, lines);
     if answered == 0 && symbolizer::forked_away() {
         out.line(|w| {
             w.push_bytes(

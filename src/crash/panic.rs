@@ -39,11 +39,9 @@ fn report(info: &std::panic::PanicHookInfo<'_>) {
     let n = walk.frames;
     let frames = &frames[..n];
     // Resolve in normal context (file:line included), then skip the panic machinery.
+    let kinds = walk.frame_kinds();
     let resolved: Vec<_> = (0..n)
-        .map(|i| {
-            let kind = symbolize::frame_kind(frames, i, false);
-            symbolize::BacktraceFrame::resolve(frames[i], kind)
-        })
+        .map(|i| symbolize::BacktraceFrame::resolve(frames[i], kinds.kind(frames, i)))
         .collect();
     // The first run of panic machinery frames ends where the panicking code begins.
     let machinery = |f: &symbolize::BacktraceFrame| {
@@ -71,6 +69,7 @@ fn report(info: &std::panic::PanicHookInfo<'_>) {
         return;
     }
     let frames = &frames[skip..];
+    let kinds = kinds.after(skip);
     let lines = report::OwnedLines::new(&resolved[skip..]);
     let msg = info
         .payload()
@@ -112,7 +111,7 @@ fn report(info: &std::panic::PanicHookInfo<'_>) {
         ),
     });
     report::who(out);
-    report::call_trace_with_lines(out, frames, false, walk.end, lines.lines());
+    report::call_trace_with_lines(out, frames, kinds, walk.end, lines.lines());
     report::objects(out, frames);
     out.line(|w| w.push_bytes(b"---[ end of report ]---"));
 }

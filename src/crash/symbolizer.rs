@@ -15,8 +15,9 @@
 #![allow(unsafe_code)]
 
 use crate::report::lines::{describe, Explained};
-use crate::symbolize::{BacktraceFrame, FrameKind};
+use crate::symbolize::BacktraceFrame;
 use crate::sys;
+use crate::unwind::{FrameKind, FrameKinds};
 use core::sync::atomic::{AtomicI32, Ordering};
 
 static REQ_FD: AtomicI32 = AtomicI32::new(-1);
@@ -198,14 +199,16 @@ fn child_main(req: i32, resp: i32) {
 
 /// Asks the symbolizer about the frames at `indices` of `frames` (at most [`MAX_FRAMES`]);
 /// writes the answers into `text` and their `(start, len)` into `spans`, in the order of
-/// `indices`. Returns how many were answered (0 when there is no symbolizer or it timed out).
+/// `indices`, each sent with its kind from the walk's record `kinds` (the symbolizer process
+/// reads no code to tell it). Returns how many were answered (0 when there is no symbolizer or
+/// it timed out).
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
 pub(crate) fn ask(
     frames: &[usize],
     indices: &[usize],
-    first_exact: bool,
+    kinds: FrameKinds,
     text: &mut [u8],
     spans: &mut [(u32, u32); MAX_FRAMES],
 ) -> usize {
@@ -221,7 +224,7 @@ pub(crate) fn ask(
     msg[..4].copy_from_slice(&(n as u32).to_le_bytes());
     for (j, &i) in indices.iter().take(n).enumerate() {
         let addr = frames.get(i).copied().unwrap_or(0);
-        let kind = crate::symbolize::frame_kind(frames, i, first_exact);
+        let kind = kinds.kind(frames, i);
         let at = 4 + 9 * j;
         msg[at..at + 8].copy_from_slice(&(addr as u64).to_le_bytes());
         msg[at + 8] = u8::from(kind == FrameKind::Exact);

@@ -6,9 +6,9 @@
 use super::data::{Line, Location, Mapping, Mode, Profile, Sample};
 use super::ring::Ring;
 use super::MAX_DEPTH;
-use crate::symbolize::{BacktraceFrame, FrameKind};
+use crate::symbolize::BacktraceFrame;
 use crate::sys;
-use crate::unwind::{StopReason, Truncation, WalkEnd};
+use crate::unwind::{FrameKind, FrameKinds, StopReason, Truncation, WalkEnd};
 use core::sync::atomic::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +43,8 @@ pub(super) struct Raw {
     tid: i32,
     weight: u32,
     end: WalkEnd,
+    /// Which frames are exact (the walk's record).
+    kinds: FrameKinds,
     frames: Box<[usize]>,
 }
 
@@ -60,6 +62,7 @@ pub(super) fn pull(ring: &Ring, out: &mut Vec<Raw>) {
             tid: rec.tid,
             weight: rec.weight,
             end: rec.end,
+            kinds: rec.kinds.truncated(rec.len.min(MAX_DEPTH)),
             frames: rec.frames[..rec.len.min(MAX_DEPTH)].into(),
         })
     });
@@ -82,7 +85,9 @@ pub(super) struct Aggregator {
     /// Stacks of raw addresses already named, all of whose frames were named with certainty:
     /// a sample whose addresses were seen before costs one lookup, not one per frame. Valid
     /// while no object was unloaded (cleared then) and used only while the loader's list is
-    /// the one of the last refresh ([`View::Settled`]).
+    /// the one of the last refresh ([`View::Settled`]). Keyed by the addresses alone: a
+    /// sample's frame kinds follow from them (frame 0 exact, and each frame after a signal
+    /// trampoline's address).
     stack_cache: HashMap<Box<[usize]>, u32>,
     /// The loader's (adds, subs) at the last refresh.
     counters: (u64, u64),
@@ -94,9 +99,6 @@ pub(super) struct Aggregator {
     interval_instant: Instant,
     dropped_before: u64,
     scratch: Vec<u32>,
-    /// Whether an address is a signal trampoline's (the frame after it is an exact pc): the
-    /// check reads code through the kernel, so each address is checked once.
-    trampolines: HashMap<usize, bool>,
 }
 
 impl Aggregator {
@@ -119,7 +121,6 @@ impl Aggregator {
             interval_instant: Instant::now(),
             dropped_before: 0,
             scratch: Vec::new(),
-            trampolines: HashMap::new(),
         };
         a.counters = sys::dl_load_counters();
         a.objects = current_objects();
@@ -193,16 +194,7 @@ impl Aggregator {
             scratch.clear();
             let mut all_certain = true;
             for i in 0..frames.len() {
-                let after_trampoline = i > 0
-                    && *self
-                        .trampolines
-                        .entry(frames[i - 1])
-                        .or_insert_with(|| crate::symbolize::is_signal_trampoline(frames[i - 1]));
-                let kind = if i == 0 || after_trampoline {
-                    FrameKind::Exact
-                } else {
-                    FrameKind::Return
-                };
+                let kind = rec.kinds.kind(frames, i);
                 let (id, certain) = self.location(frames[i], kind, &view);
                 all_certain &= certain;
                 scratch.push(id);
@@ -271,7 +263,6 @@ impl Aggregator {
                 address.wrapping_sub(1)
             })
         });
-        self.trampolines.retain(|&a, _| !in_gone(a));
     }
 
     /// The location id of a frame, resolving (symbolizing) an address seen for the first time,
@@ -441,7 +432,6 @@ impl Aggregator {
         if self.locs.len() > 1 << 18 || self.stack_lists.len() > 1 << 18 {
             self.locs.clear();
             self.loc_index.clear();
-            self.trampolines.clear();
             self.stack_lists.clear();
             self.stack_index.clear();
             self.stack_cache.clear();

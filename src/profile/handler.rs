@@ -94,6 +94,7 @@ pub(super) extern "C" fn on_sample(sig: i32, info: *mut libc::siginfo_t, uc: *mu
                 };
                 rec.len = walk.frames;
                 rec.end = walk.end;
+                rec.kinds = walk.frame_kinds();
             });
             if shared.ring.fill() * 2 >= shared.ring.capacity()
                 && DRAIN.swap(1, Ordering::AcqRel) == 0

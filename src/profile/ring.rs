@@ -10,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use super::MAX_DEPTH;
-use crate::unwind::WalkEnd;
+use crate::unwind::{FrameKinds, WalkEnd};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -21,6 +21,8 @@ pub(crate) struct Record {
     pub weight: u32,
     pub len: usize,
     pub end: WalkEnd,
+    /// Which frames are exact, as the handler's walk recorded them.
+    pub kinds: FrameKinds,
     pub frames: [usize; MAX_DEPTH],
 }
 
@@ -56,6 +58,7 @@ impl Ring {
                     weight: 0,
                     len: 0,
                     end: WalkEnd::Complete,
+                    kinds: FrameKinds::NONE,
                     frames: [0; MAX_DEPTH],
                 }),
             })

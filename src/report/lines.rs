@@ -7,6 +7,7 @@
 //! allocate and run in normal context or in the crash handler's symbolizer process.
 
 use crate::symbolize::{self, BacktraceFrame};
+use crate::unwind::FrameKinds;
 
 /// file:line texts for the first frames of a trace (from the symbolizer process).
 #[derive(Clone, Copy)]
@@ -26,14 +27,12 @@ pub(crate) struct OwnedLines {
 }
 
 impl OwnedLines {
-    /// Resolves every frame of `frames` (file:line, inlined functions). Normal context only.
+    /// Resolves every frame of `frames` (file:line, inlined functions), of the kinds the walk
+    /// recorded. Normal context only.
     #[cfg_attr(not(feature = "threads"), allow(dead_code))] // Used by thread dumps.
-    pub(crate) fn resolve(frames: &[usize], first_exact: bool) -> OwnedLines {
+    pub(crate) fn resolve(frames: &[usize], kinds: FrameKinds) -> OwnedLines {
         let resolved: Vec<_> = (0..frames.len())
-            .map(|i| {
-                let kind = symbolize::frame_kind(frames, i, first_exact);
-                symbolize::BacktraceFrame::resolve(frames[i], kind)
-            })
+            .map(|i| symbolize::BacktraceFrame::resolve(frames[i], kinds.kind(frames, i)))
             .collect();
         OwnedLines::new(&resolved)
     }

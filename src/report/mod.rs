@@ -23,9 +23,10 @@
 //! Everything here is async-signal-safe: fixed buffers, `write(2)`, lock-free lookups.
 #![allow(unsafe_code)]
 
-use crate::symbolize::{self, FixedBuf, FrameKind, KernelOptions};
+use crate::fmt::FixedBuf;
+use crate::symbolize::{self, KernelOptions};
 use crate::sys;
-use crate::unwind::WalkEnd;
+use crate::unwind::{FrameKind, FrameKinds, WalkEnd};
 
 pub(crate) mod arch;
 pub(crate) mod lines;
@@ -106,8 +107,8 @@ fn frame_line(w: &mut FixedBuf<'_>, i: usize, addr: usize, kind: FrameKind) {
 }
 
 /// The demangled leaf-ish name of the function at frame `i`, for recursion summaries.
-fn short_name<'b>(frames: &[usize], i: usize, first_exact: bool, buf: &'b mut [u8]) -> &'b str {
-    let kind = symbolize::frame_kind(frames, i, first_exact);
+fn short_name<'b>(frames: &[usize], i: usize, kinds: FrameKinds, buf: &'b mut [u8]) -> &'b str {
+    let kind = kinds.kind(frames, i);
     let Some(addr) = frames.get(i) else {
         return "?";
     };
@@ -137,8 +138,8 @@ fn repeat_at(frames: &[usize], start: usize) -> Option<(usize, usize)> {
 /// Prints frame `k`: first the functions inlined into it, innermost first, each on its own
 /// line (` #k [inlined] name at file:line:col`), then the physical function with the frame's
 /// address and its own file:line, as std's backtraces, gdb and minidump-stackwalk order them.
-fn frame_with_lines(out: Out, frames: &[usize], k: usize, first_exact: bool, lines: Lines<'_>) {
-    let kind = symbolize::frame_kind(frames, k, first_exact);
+fn frame_with_lines(out: Out, frames: &[usize], k: usize, kinds: FrameKinds, lines: Lines<'_>) {
+    let kind = kinds.kind(frames, k);
     let text = lines.get(k);
     let mut parts = text.split(|&b| b == b'\n');
     let physical = parts.next().unwrap_or(&[]);
@@ -172,16 +173,17 @@ pub(crate) fn innermost_inlined<'t>(lines: &Lines<'t>, k: usize) -> &'t [u8] {
     inlined.split(|&b| b == b'\t').next().unwrap_or(&[])
 }
 
-/// Prints a call trace, compressing recursion: `frames 12-4000 repeat: f -> g`.
-pub(crate) fn call_trace(out: Out, frames: &[usize], first_exact: bool, end: WalkEnd) {
-    call_trace_with_lines(out, frames, first_exact, end, Lines::NONE);
+/// Prints a call trace, compressing recursion: `frames 12-4000 repeat: f -> g`. `kinds` is
+/// the walk's record of which frames are exact pcs ([`crate::Walk::frame_kinds`]).
+pub(crate) fn call_trace(out: Out, frames: &[usize], kinds: FrameKinds, end: WalkEnd) {
+    call_trace_with_lines(out, frames, kinds, end, Lines::NONE);
 }
 
 /// [`call_trace`] with file:line for the first frames.
 pub(crate) fn call_trace_with_lines(
     out: Out,
     frames: &[usize],
-    first_exact: bool,
+    kinds: FrameKinds,
     end: WalkEnd,
     lines: Lines<'_>,
 ) {
@@ -191,7 +193,7 @@ pub(crate) fn call_trace_with_lines(
         if let Some((p, run)) = repeat_at(frames, i) {
             // Print one cycle, then the summary.
             for k in i..i + p {
-                frame_with_lines(out, frames, k, first_exact, lines);
+                frame_with_lines(out, frames, k, kinds, lines);
             }
             let last = i + run - 1;
             out.line(|w| {
@@ -205,13 +207,13 @@ pub(crate) fn call_trace_with_lines(
                         w.push_bytes(b" -> ");
                     }
                     let mut nb = [0u8; 256];
-                    w.push_str(short_name(frames, k, first_exact, &mut nb));
+                    w.push_str(short_name(frames, k, kinds, &mut nb));
                 }
             });
             i += run;
             continue;
         }
-        frame_with_lines(out, frames, i, first_exact, lines);
+        frame_with_lines(out, frames, i, kinds, lines);
         i += 1;
     }
     match end {

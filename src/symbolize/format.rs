@@ -12,6 +12,7 @@
 
 use super::{lookup, lookup_frame, Mode, Symbol, SymbolName};
 use crate::fmt::FixedBuf;
+use crate::unwind::FrameKind;
 use core::fmt;
 
 /// Writes `name` demangled into `out`: Rust legacy and v0 names with rustc-demangle (hash
@@ -300,28 +301,6 @@ impl Default for KernelOptions {
             demangle: true,
             object_offset: false,
             build_id: false,
-        }
-    }
-}
-
-/// How an address of a captured stack is looked up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FrameKind {
-    /// An exact pc: the first frame of a ucontext capture, or the frame after a signal
-    /// trampoline. Looked up as is.
-    Exact,
-    /// A return address: looked up at `addr - 1`, so that a call at the very end of a function
-    /// names that function and not the next one.
-    Return,
-}
-
-impl FrameKind {
-    /// The address to look up for a frame at `addr`.
-    pub fn lookup_address(self, addr: usize) -> usize {
-        match self {
-            FrameKind::Exact => addr,
-            FrameKind::Return => addr.saturating_sub(1),
         }
     }
 }

@@ -7,16 +7,16 @@
 //! process: the first lookup in an object pays for parsing its unit ranges, later ones cost
 //! a few hundred nanoseconds.
 //!
-//! Size: over 600 lines (about 820 without tests, 113 of them docs): one idea, file:line and inlined
+//! Size: over 600 lines (about 860 without tests, 136 of them docs): one idea, file:line and inlined
 //! frames from DWARF, with the per-object DWARF cache that every lookup shares.
 #![allow(unsafe_code)]
 
-use super::format::FrameKind;
 use super::index::ObjectSymbols;
 use super::{frame_kind, lookup, Mode, SymbolName};
 use crate::fmt::FixedBuf;
 use crate::fork::ForkMutex;
 use crate::unwind::WalkEnd;
+use crate::unwind::{FrameKind, FrameKinds};
 use addr2line::gimli;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -590,12 +590,32 @@ impl BacktraceFrame {
 #[derive(Clone, Debug)]
 pub struct Backtrace {
     addrs: Vec<usize>,
-    first_exact: bool,
+    /// Which frames are exact pcs.
+    kinds: Kinds,
     /// How the walk ended (`None` for addresses given by the caller).
     end: Option<WalkEnd>,
     /// Leading frames that belong to selftrace (hidden in the short form).
     own: usize,
     frames: std::sync::OnceLock<Vec<BacktraceFrame>>,
+}
+
+/// Where a [`Backtrace`]'s frame kinds come from.
+#[derive(Clone, Copy, Debug)]
+enum Kinds {
+    /// The walk's record.
+    Walk(FrameKinds),
+    /// Addresses without a walk: frame 0 exact when `first_exact`, the others by reading the
+    /// code before them ([`frame_kind`]).
+    Guessed { first_exact: bool },
+}
+
+impl Kinds {
+    fn get(&self, addrs: &[usize], i: usize) -> FrameKind {
+        match *self {
+            Kinds::Walk(k) => k.kind(addrs, i),
+            Kinds::Guessed { first_exact } => frame_kind(addrs, i, first_exact),
+        }
+    }
 }
 
 impl Backtrace {
@@ -624,7 +644,7 @@ impl Backtrace {
         self.frames.get_or_init(|| {
             super::ensure_covers(&self.addrs);
             let kinds: Vec<FrameKind> = (0..self.addrs.len())
-                .map(|i| frame_kind(&self.addrs, i, self.first_exact))
+                .map(|i| self.kinds.get(&self.addrs, i))
                 .collect();
             // The names first, all against one index the loader did not change under (see
             // `settled`), then the lines, outside the index.
@@ -665,14 +685,14 @@ impl Backtrace {
         ];
         let own = (0..addrs.len())
             .take_while(|&i| {
-                let kind = frame_kind(&addrs, i, false);
+                let kind = walk.frame_kind(&addrs, i);
                 lookup(kind.lookup_address(addrs[i]), Mode::All)
                     .is_some_and(|s| mine.contains(&s.start))
             })
             .count();
         Backtrace {
             addrs,
-            first_exact: false,
+            kinds: Kinds::Walk(walk.frame_kinds()),
             end: Some(walk.end),
             own,
             frames: std::sync::OnceLock::new(),
@@ -680,12 +700,32 @@ impl Backtrace {
     }
 
     /// Symbolizes captured addresses: `first_exact` when frame 0 is an exact pc (a capture
-    /// from a `ucontext_t`); frames after a signal trampoline are recognized as exact.
+    /// from a `ucontext_t`); frames after a signal trampoline are recognized as exact by
+    /// reading the code before them ([`frame_kind`]). For addresses without their walk: with
+    /// the [`Walk`](crate::Walk) of the capture, [`Backtrace::from_walk`] knows each frame's
+    /// kind without reading code.
     pub fn from_addresses(addrs: &[usize], first_exact: bool) -> Backtrace {
         let bt = Backtrace {
             addrs: addrs.to_vec(),
-            first_exact,
+            kinds: Kinds::Guessed { first_exact },
             end: None,
+            own: 0,
+            frames: std::sync::OnceLock::new(),
+        };
+        bt.resolve_now();
+        bt
+    }
+
+    /// Symbolizes the frames of a capture, `addrs` being the buffer that `walk` filled (its
+    /// first `walk.frames` entries are used): each frame's kind is the one the walk recorded
+    /// ([`Walk::frame_kinds`](crate::Walk::frame_kinds)), and [`Backtrace::walk_end`] says how
+    /// the walk ended.
+    pub fn from_walk(addrs: &[usize], walk: &crate::unwind::Walk) -> Backtrace {
+        let addrs = addrs.get(..walk.frames).unwrap_or(addrs);
+        let bt = Backtrace {
+            addrs: addrs.to_vec(),
+            kinds: Kinds::Walk(walk.frame_kinds().truncated(addrs.len())),
+            end: Some(walk.end),
             own: 0,
             frames: std::sync::OnceLock::new(),
         };

@@ -44,9 +44,10 @@
 //!
 //! * [`symbolize`] / [`symbolize_exported`]: a [`Symbol`] (object path, bias, build-id, raw
 //!   name, start, offset, size) by value; the name is decoded on demand ([`SymbolName`]);
-//! * [`frame_kind`] / [`FrameKind::lookup_address`]: which captured addresses are return
-//!   addresses (look up at `addr - 1`) and which are exact pcs (frame 0 of a ucontext capture,
-//!   the frame after a signal trampoline);
+//! * [`Walk::frame_kind`](crate::Walk::frame_kind) / [`FrameKind::lookup_address`]: which
+//!   captured addresses are return addresses (look up at `addr - 1`) and which are exact pcs
+//!   (frame 0 of a ucontext capture, the frame after a signal trampoline), as the walk
+//!   recorded them; [`frame_kind`] tells the same from the addresses alone, reading code;
 //! * [`write_kernel_frame`]: one `0x... : name+0x1d/0x80 [obj]` line into a caller's buffer,
 //!   Rust names demangled (C++ names stay mangled: demangling them allocates), optionally with
 //!   `[obj+0xoffset]` and the build-id;
@@ -56,10 +57,11 @@
 //! ```
 //! selftrace::symbolize::prepare().expect("init");
 //! let mut frames = [0usize; 32];
-//! let n = selftrace::capture(&mut frames);
+//! let walk = selftrace::Capture::new().walk(&mut frames);
+//! let n = walk.frames;
 //! let mut line = [0u8; 256];
 //! for (i, &pc) in frames[..n].iter().enumerate() {
-//!     let kind = selftrace::symbolize::frame_kind(&frames[..n], i, false);
+//!     let kind = walk.frame_kind(&frames[..n], i);
 //!     let len = selftrace::symbolize::write_kernel_frame(&mut line, pc, kind, Default::default());
 //!     // write(2) &line[..len] to stderr ...
 //!     assert!(len > 0);
@@ -122,10 +124,13 @@ use crate::error::Error;
 
 // Defined in the crate's `fmt` module (under every report writer); public here.
 pub use crate::fmt::FixedBuf;
+/// Defined in [`crate::unwind`], beside the walk that knows each frame's kind
+/// ([`Walk::frame_kinds`](crate::Walk::frame_kinds)); public here too, where it was first.
+pub use crate::unwind::FrameKind;
 pub(crate) use format::write_truncation;
 pub use format::{
-    demangle_into, demangle_to, without_version, write_kernel_frame, FrameKind, KernelOptions,
-    SymbolsOptions, DEMANGLE_STACK, RAW_NAME_MAX,
+    demangle_into, demangle_to, without_version, write_kernel_frame, KernelOptions, SymbolsOptions,
+    DEMANGLE_STACK, RAW_NAME_MAX,
 };
 pub use index::SymbolSource;
 pub use lines::{Backtrace, BacktraceFrame, BacktraceSymbol, NoLine};
@@ -712,8 +717,13 @@ pub fn is_signal_trampoline(addr: usize) -> bool {
 }
 
 /// The kind of frame `i` of a captured stack: exact for frame 0 when `first_exact` (a capture
-/// from a `ucontext_t` or registers) and for a frame right after a signal trampoline, else a
-/// return address.
+/// from a `ucontext_t` or registers) and for a frame right after a signal trampoline (read from
+/// the code before it), else a return address.
+///
+/// For callers that hold only the addresses. A capture's [`Walk`](crate::Walk) knows better:
+/// [`Walk::frame_kind`](crate::Walk::frame_kind) (or the [`FrameKinds`](crate::unwind::FrameKinds)
+/// it returns) gives the kinds the walk recorded as it crossed each signal frame, without reading
+/// code.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.

@@ -78,14 +78,13 @@ pub(crate) fn thread_body(
     out: Out,
     answer: Answer,
     frames: &[usize],
-    first_exact: bool,
     objects: &mut Objects,
     lines: Lines<'_>,
 ) {
     match answer {
-        Answer::Frames(n, end) => {
+        Answer::Frames(n, end, kinds) => {
             let f = &frames[..n.min(frames.len())];
-            call_trace_with_lines(out, f, first_exact, end, lines);
+            call_trace_with_lines(out, f, kinds.truncated(f.len()), end, lines);
             objects.add(f);
         }
         Answer::Timeout => out.line(|w| w.push_bytes(b" no stack (timeout)")),
@@ -115,7 +114,7 @@ enum Pending {
 #[inline(never)]
 fn capture_myself(frames: &mut [usize]) -> Answer {
     let walk = crate::unwind::Capture::new().walk(frames);
-    Answer::Frames(walk.frames, walk.end)
+    Answer::Frames(walk.frames, walk.end, walk.frame_kinds())
 }
 
 /// The deadline of a request posted now: its own timeout, cut at the dump's overall deadline
@@ -173,7 +172,7 @@ fn settle(
     overall: u64,
     frames: &mut [usize],
     mine: Option<Mine<'_>>,
-) -> (Answer, bool) {
+) -> Answer {
     match p {
         Pending::Posted(t, grace, Some(why)) => {
             // A thread whose status said it blocks the signal gets a grace; its status is read
@@ -182,24 +181,25 @@ fn settle(
             let mut unblocked = || super::cannot_answer(tid).is_none();
             let (a, extended) =
                 request::wait_one_with_grace(&t, grace, full, &mut unblocked, frames);
-            (explained(a, (!extended).then_some(why)), true)
+            explained(a, (!extended).then_some(why))
         }
-        Pending::Posted(t, deadline, None) => (request::wait_one(&t, deadline, frames), true),
-        Pending::Answered(a) => (a, true),
+        Pending::Posted(t, deadline, None) => request::wait_one(&t, deadline, frames),
+        Pending::Answered(a) => a,
         Pending::Myself => match mine {
-            Some((n, end, f)) => {
+            Some((walk, f)) => {
+                let n = walk.frames;
                 let k = n.min(f.len()).min(frames.len());
                 frames[..k].copy_from_slice(&f[..k]);
                 let end = if k < n {
                     crate::unwind::WalkEnd::BufferFull
                 } else {
-                    end
+                    walk.end
                 };
-                (Answer::Frames(k, end), false)
+                Answer::Frames(k, end, walk.frame_kinds().truncated(k))
             }
-            None => (capture_myself(frames), false),
+            None => capture_myself(frames),
         },
-        Pending::Empty => (Answer::Timeout, true),
+        Pending::Empty => Answer::Timeout,
         Pending::NoSlot(why) => {
             let deadline = deadline(timeout_ns, overall, why);
             let answer = loop {
@@ -210,14 +210,14 @@ fn settle(
                     Err(a) => break a,
                 }
             };
-            (explained(answer, why), true)
+            explained(answer, why)
         }
     }
 }
 
-/// The calling thread's stack, captured before a dump moved to a private stack: frames, how
-/// the walk ended, the buffer.
-pub(crate) type Mine<'a> = (usize, crate::unwind::WalkEnd, &'a [usize]);
+/// The calling thread's stack, captured before a dump moved to a private stack: the walk (its
+/// frames, how it ended, which frames are exact) and the buffer.
+pub(crate) type Mine<'a> = (crate::unwind::Walk, &'a [usize]);
 
 /// Lists every thread but `skip` (0: none) with its stack. Returns what it saw. `mine`: the
 /// calling thread's stack, captured already (else it is asked for like any other).
@@ -270,7 +270,7 @@ pub(crate) fn threads_section(
             posted += 1;
         }
         let k = printed % WINDOW;
-        let (answer, first_exact) = settle(
+        let answer = settle(
             window[k],
             tids[printed],
             timeout_ns,
@@ -281,7 +281,7 @@ pub(crate) fn threads_section(
         window[k] = Pending::Empty;
         out.line(|_| {});
         thread_header(out, tids[printed], infos[k].as_ref());
-        thread_body(out, answer, &frames, first_exact, objects, Lines::NONE);
+        thread_body(out, answer, &frames, objects, Lines::NONE);
         summary.threads += 1;
         match answer {
             Answer::Frames(..) => summary.stacks += 1,
@@ -314,7 +314,7 @@ pub(crate) fn dump_all(fd: i32, timeout_ns: u64) -> DumpSummary {
     if let Some(mut stack) = sys::stack::claim() {
         let (frames, on) = stack.parts();
         let walk = crate::unwind::Capture::new().walk(frames);
-        let own = Some((walk.frames, walk.end, &frames[..]));
+        let own = Some((walk, &frames[..]));
         let mut summary = DumpSummary::default();
         on.run(&mut || summary = dump_all_here(out, timeout_ns, own));
         return summary;

@@ -306,7 +306,8 @@ pub fn current_tid() -> i32 {
 /// Captures the stack of thread `tid` of this process into `buf` (at most 256 frames) and says
 /// how the thread's walk ended (complete, buffer full, or truncated and why). Frame 0 is the
 /// thread's exact pc (see the module docs); for the calling thread itself with the request
-/// signal blocked, frame 0 is in this function.
+/// signal blocked, frame 0 is in this function. The [`Walk`](crate::Walk) carries the record
+/// of exact frames of the walk the thread did ([`Walk::frame_kinds`](crate::Walk::frame_kinds)).
 ///
 /// # Errors
 /// [`Error::InvalidInput`] for a `tid` that is not positive (no thread has one),
@@ -339,7 +340,11 @@ pub fn capture(
         match request::post(tid) {
             Ok(Some(t)) => {
                 return match request::wait_one(&t, deadline, buf) {
-                    request::Answer::Frames(frames, end) => Ok(crate::unwind::Walk { frames, end }),
+                    request::Answer::Frames(frames, end, kinds) => {
+                        let mut walk = crate::unwind::Walk::new(frames, end);
+                        walk.kinds = kinds;
+                        Ok(walk)
+                    }
                     request::Answer::Timeout | request::Answer::Cannot(_) => Err(Error::Timeout),
                     request::Answer::Gone => Err(Error::ThreadGone),
                 };
@@ -517,29 +522,28 @@ pub(crate) fn write_thread(
     fd: i32,
     tid: i32,
     info: Option<&ThreadInfo>,
-    stack: Result<(&[usize], crate::unwind::WalkEnd), Error>,
+    stack: Result<(&[usize], crate::unwind::WalkEnd, crate::unwind::FrameKinds), Error>,
 ) {
     let out = crate::report::Out { fd };
     dump::thread_header(out, tid, info);
     let mut objects = crate::report::Objects::new();
     let none = crate::report::Lines::NONE;
     match stack {
-        Ok((frames, end)) => {
+        Ok((frames, end, kinds)) => {
             // Normal context: file:line and inlined functions, resolved here.
-            let lines = crate::report::OwnedLines::resolve(frames, true);
+            let lines = crate::report::OwnedLines::resolve(frames, kinds);
             dump::thread_body(
                 out,
-                request::Answer::Frames(frames.len(), end),
+                request::Answer::Frames(frames.len(), end, kinds),
                 frames,
-                true,
                 &mut objects,
                 lines.lines(),
             )
         }
         Err(Error::ThreadGone) => {
-            dump::thread_body(out, request::Answer::Gone, &[], true, &mut objects, none)
+            dump::thread_body(out, request::Answer::Gone, &[], &mut objects, none)
         }
-        Err(_) => dump::thread_body(out, request::Answer::Timeout, &[], true, &mut objects, none),
+        Err(_) => dump::thread_body(out, request::Answer::Timeout, &[], &mut objects, none),
     }
     objects.write(out);
 }

@@ -64,6 +64,8 @@ struct Slot {
     buf: UnsafeCell<[usize; SLOT_FRAMES]>,
     /// How the handler's walk ended (written and read like `buf`).
     end: UnsafeCell<crate::unwind::WalkEnd>,
+    /// Which frames of the handler's walk are exact (written and read like `buf`).
+    kinds: UnsafeCell<crate::unwind::FrameKinds>,
     /// The thread's register context in the minidump's `CONTEXT_*` layout (written and read
     /// like `buf`); its length in `frames` for a [`WANT_CONTEXT`] request.
     context: UnsafeCell<[u8; crate::context::CONTEXT_SIZE]>,
@@ -92,6 +94,7 @@ static TABLE: [Slot; SLOTS] = [const {
         frames: AtomicUsize::new(0),
         buf: UnsafeCell::new([0; SLOT_FRAMES]),
         end: UnsafeCell::new(crate::unwind::WalkEnd::Complete),
+        kinds: UnsafeCell::new(crate::unwind::FrameKinds::NONE),
         context: UnsafeCell::new([0; crate::context::CONTEXT_SIZE]),
     }
 }; SLOTS];
@@ -113,8 +116,10 @@ pub(crate) struct Ticket {
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
-    /// The handler ran: this many frames are in the slot, and how the walk ended.
-    Frames(usize, crate::unwind::WalkEnd),
+    /// The handler ran: this many frames are in the slot, how the walk ended, and which
+    /// frames are exact (the handler's walk from its `ucontext_t`: frame 0, and any frame
+    /// after a signal frame the walk crossed).
+    Frames(usize, crate::unwind::WalkEnd, crate::unwind::FrameKinds),
     /// The thread no longer exists.
     Gone,
     /// No answer by the deadline.
@@ -186,10 +191,14 @@ pub(crate) fn poll(t: &Ticket) -> Option<Answer> {
     let slot = &TABLE[t.slot];
     let w = slot.word.load(Ordering::Acquire);
     if w == with_state(t.word, DONE) {
-        // SAFETY: DONE for this generation: the handler finished writing `end` (Release/Acquire
-        // on the word) and nobody writes it until the slot is released.
-        let end = unsafe { *slot.end.get() };
-        return Some(Answer::Frames(slot.frames.load(Ordering::Relaxed), end));
+        // SAFETY: DONE for this generation: the handler finished writing `end` and `kinds`
+        // (Release/Acquire on the word) and nobody writes them until the slot is released.
+        let (end, kinds) = unsafe { (*slot.end.get(), *slot.kinds.get()) };
+        return Some(Answer::Frames(
+            slot.frames.load(Ordering::Relaxed),
+            end,
+            kinds,
+        ));
     }
     None
 }
@@ -364,7 +373,7 @@ fn answering_another(t: &Ticket) -> bool {
 
 fn finish(t: &Ticket, a: Answer, out: &mut [usize]) -> Answer {
     let a = match a {
-        Answer::Frames(n, end) => {
+        Answer::Frames(n, end, kinds) => {
             let f = frames(t, n);
             let k = f.len().min(out.len());
             out[..k].copy_from_slice(&f[..k]);
@@ -373,7 +382,7 @@ fn finish(t: &Ticket, a: Answer, out: &mut [usize]) -> Answer {
             } else {
                 end
             };
-            Answer::Frames(k, end)
+            Answer::Frames(k, end, kinds.truncated(k))
         }
         other => other,
     };
@@ -420,8 +429,11 @@ pub(crate) extern "C" fn on_capture_signal(
             let walk = unsafe {
                 crate::unwind::Capture::new().walk_ucontext(uc as *const libc::ucontext_t, buf)
             };
-            // SAFETY: RUNNING makes `end` ours too, like the buffer.
-            unsafe { *slot.end.get() = walk.end };
+            // SAFETY: RUNNING makes `end` and `kinds` ours too, like the buffer.
+            unsafe {
+                *slot.end.get() = walk.end;
+                *slot.kinds.get() = walk.frame_kinds();
+            }
             slot.frames.store(walk.frames, Ordering::Relaxed);
         }
         if slot
@@ -519,7 +531,7 @@ pub(crate) fn request_context(
         match post_for(tid, WANT_CONTEXT, hold) {
             Ok(Some(t)) => {
                 return match wait_answer(&t, deadline) {
-                    Answer::Frames(n, _) => {
+                    Answer::Frames(n, ..) => {
                         let ctx = context(&t, n);
                         if ctx.len() == out.len() && !ctx.is_empty() {
                             out.copy_from_slice(ctx);

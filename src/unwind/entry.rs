@@ -89,12 +89,7 @@ unsafe fn capture_fp(
 unsafe fn write_walk(out: *mut Walk, o: &Outcome) {
     if !out.is_null() {
         // SAFETY: the caller guarantees that a non-null `out` points to a live `Walk`.
-        unsafe {
-            *out = Walk {
-                frames: o.frames,
-                end: o.end,
-            }
-        };
+        unsafe { *out = o.walk() };
     }
 }
 

@@ -134,8 +134,8 @@ pub(crate) use imp::{
 };
 pub use imp::{set_auto_refresh, stats};
 pub use types::{
-    Regs, StopReason, Truncation, UnwindMode, UnwindStats, Walk, WalkEnd, MAX_FRAMES,
-    MAX_SIGNAL_FRAMES,
+    FrameKind, FrameKinds, Regs, StopReason, Truncation, UnwindMode, UnwindStats, Walk, WalkEnd,
+    MAX_FRAMES, MAX_SIGNAL_FRAMES,
 };
 
 /// Enables or disables the reuse of a thread's previous walk (enabled by default).
@@ -220,10 +220,7 @@ impl Capture {
     /// into the interrupted code.
     #[inline(always)]
     pub fn walk(self, buf: &mut [usize]) -> Walk {
-        let mut w = Walk {
-            frames: 0,
-            end: WalkEnd::BufferFull,
-        };
+        let mut w = Walk::new(0, WalkEnd::BufferFull);
         imp::capture(buf, self.mode, Some(&mut w));
         w
     }

@@ -1,7 +1,7 @@
 //! What a walk starts from and what it returns to the entry points.
 
 use super::regs::RegSet;
-use super::types::WalkEnd;
+use super::types::{FrameKinds, Walk, WalkEnd};
 
 /// How a walk ended.
 #[derive(Clone, Copy, Debug)]
@@ -17,6 +17,19 @@ pub(crate) struct Outcome {
     pub(crate) unknown_object: bool,
     /// `init()` had published an unwinder when the walk ran.
     pub(crate) initialized: bool,
+    /// The exact frames: frame 0 of an exact start, each frame after a signal frame.
+    pub(crate) kinds: FrameKinds,
+}
+
+impl Outcome {
+    /// What the public capture functions return.
+    pub(crate) fn walk(&self) -> Walk {
+        Walk {
+            frames: self.frames,
+            end: self.end,
+            kinds: self.kinds,
+        }
+    }
 }
 
 impl Default for Outcome {
@@ -27,6 +40,7 @@ impl Default for Outcome {
             signal_frames: 0,
             unknown_object: false,
             initialized: false,
+            kinds: FrameKinds::NONE,
         }
     }
 }

@@ -32,13 +32,13 @@ pub(crate) unsafe fn capture_from_ucontext(
     buf: &mut [usize],
     mode: UnwindMode,
 ) -> Walk {
-    let none = Walk {
-        frames: 0,
-        end: WalkEnd::Truncated(Truncation {
+    let none = Walk::new(
+        0,
+        WalkEnd::Truncated(Truncation {
             pc: 0,
             reason: StopReason::BadSignalFrame,
         }),
-    };
+    );
     if uc.is_null() {
         return none;
     }
@@ -52,10 +52,7 @@ pub(crate) unsafe fn capture_from_ucontext(
     };
     let mut o = Outcome::default();
     walk::walk(&Start::Exact(r), buf, mode, true, &mut o);
-    Walk {
-        frames: o.frames,
-        end: o.end,
-    }
+    o.walk()
 }
 
 /// See [`super::Capture::walk_regs`].
@@ -68,10 +65,7 @@ pub(crate) fn capture_from_regs(regs: Regs, buf: &mut [usize], mode: UnwindMode)
         false,
         &mut o,
     );
-    Walk {
-        frames: o.frames,
-        end: o.end,
-    }
+    o.walk()
 }
 
 /// See [`super::set_walk_reuse`].

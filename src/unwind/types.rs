@@ -1,5 +1,5 @@
 //! The values the public capture functions take and return: the walk mode, how a walk ended and
-//! why, and the unwinder's counters.
+//! why, which of its frames are exact pcs, and the unwinder's counters.
 
 /// The most frames one walk produces, whatever the buffer size.
 pub const MAX_FRAMES: usize = 1 << 16;
@@ -38,8 +38,8 @@ impl UnwindMode {
     }
 }
 
-/// What a [`Capture`](crate::Capture) returns: how many frames it wrote and how the walk
-/// ended.
+/// What a [`Capture`](crate::Capture) returns: how many frames it wrote, how the walk ended,
+/// and which of its frames are exact pcs ([`Walk::frame_kinds`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Walk {
@@ -47,9 +47,37 @@ pub struct Walk {
     pub frames: usize,
     /// Why the walk stopped.
     pub end: WalkEnd,
+    /// The exact frames the walk knew of.
+    pub(crate) kinds: FrameKinds,
 }
 
 impl Walk {
+    /// A walk of `frames` frames that ended with `end`, none of them exact.
+    pub(crate) const fn new(frames: usize, end: WalkEnd) -> Walk {
+        Walk {
+            frames,
+            end,
+            kinds: FrameKinds::NONE,
+        }
+    }
+
+    /// Which frames of this walk are exact pcs, as the walk knew them: frame 0 of a walk from
+    /// a register state or a `ucontext_t`, and the frame after each signal frame it crossed.
+    /// A small `Copy` value to keep beside the frames.
+    pub fn frame_kinds(&self) -> FrameKinds {
+        self.kinds
+    }
+
+    /// The kind of frame `i` of this walk (`frames` is the buffer the walk filled): see
+    /// [`FrameKinds::kind`]. Unlike
+    /// [`symbolize::frame_kind`](crate::symbolize::frame_kind), it does not read code.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub fn frame_kind(&self, frames: &[usize], i: usize) -> FrameKind {
+        self.kinds.kind(frames, i)
+    }
+
     /// The walk reached the outermost frame (`_start`, `clone3`, or the end of a
     /// frame-pointer chain).
     pub fn is_complete(&self) -> bool {
@@ -62,6 +90,190 @@ impl Walk {
             WalkEnd::Truncated(t) => Some(t),
             _ => None,
         }
+    }
+}
+
+/// How an address of a captured stack is looked up.
+///
+/// Defined here, beside the walk that knows it ([`Walk::frame_kinds`]); public also as
+/// [`symbolize::FrameKind`](crate::symbolize::FrameKind), where it was first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FrameKind {
+    /// An exact pc: the first frame of a ucontext capture, or the frame after a signal
+    /// trampoline. Looked up as is.
+    Exact,
+    /// A return address: looked up at `addr - 1`, so that a call at the very end of a function
+    /// names that function and not the next one.
+    Return,
+}
+
+impl FrameKind {
+    /// The address to look up for a frame at `addr`.
+    pub fn lookup_address(self, addr: usize) -> usize {
+        match self {
+            FrameKind::Exact => addr,
+            FrameKind::Return => addr.saturating_sub(1),
+        }
+    }
+}
+
+/// Which frames of one captured stack are exact pcs (an interrupted pc, looked up as is) rather
+/// than return addresses: frame 0 of a walk from a register state or a `ucontext_t`, and the
+/// frame right after each signal frame the walk crossed. The walk records them as it crosses
+/// them ([`Walk::frame_kinds`]), so nothing needs to read code to tell them again; a `Copy`
+/// value of 36 bytes, to keep beside the frames.
+///
+/// It holds up to `MAX_SIGNAL_FRAMES + 1` indices, which is every exact frame a walk can have
+/// (a walk stops after [`MAX_SIGNAL_FRAMES`] signal frames). Should a record ever hold more
+/// exact frames than fit, it says so ([`FrameKinds::is_partial`]), and [`FrameKinds::kind`]
+/// falls back to reading the code before the frames past the last one recorded.
+///
+/// The record can differ from reading the code before each frame
+/// ([`symbolize::frame_kind`](crate::symbolize::frame_kind)), and then it is the right one: on
+/// aarch64 a frame-pointer walk that does not know a trampoline (a handler installed after
+/// `init`) follows the frame record the kernel leaves in the signal frame to the interrupted
+/// code's link register, a return address, although it comes right after the trampoline.
+#[derive(Clone, Copy)]
+pub struct FrameKinds {
+    /// The indices of the exact frames, ascending, in `at[..len]` (the rest is not read).
+    at: [u16; MAX_SIGNAL_FRAMES + 1],
+    len: u8,
+    /// An exact frame after `at[len - 1]` could not be recorded.
+    partial: bool,
+}
+
+impl FrameKinds {
+    /// No exact frame: every frame is a return address (a capture of the current stack in
+    /// normal context).
+    pub const NONE: FrameKinds = FrameKinds {
+        at: [0; MAX_SIGNAL_FRAMES + 1],
+        len: 0,
+        partial: false,
+    };
+
+    /// Forgets every index, in place (no 36-byte temporary on the stack of a debug build).
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+        self.partial = false;
+    }
+
+    /// Marks frame `i` exact. Indices come in ascending order. One past the capacity (or an
+    /// index past [`MAX_FRAMES`]) is not recorded: the record becomes partial.
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub(crate) fn push(&mut self, i: usize) {
+        let n = self.len as usize;
+        match (self.at.get_mut(n), u16::try_from(i)) {
+            (Some(slot), Ok(i)) if !self.partial => {
+                *slot = i;
+                self.len += 1;
+            }
+            _ => self.partial = true,
+        }
+    }
+
+    /// The indices of the exact frames recorded, ascending.
+    pub fn exact(&self) -> &[u16] {
+        &self.at[..self.len as usize]
+    }
+
+    /// Whether frame `i` is exact according to the record (see [`FrameKinds::kind`] for a
+    /// partial record).
+    pub fn is_exact(&self, i: usize) -> bool {
+        self.exact().iter().any(|&e| e as usize == i)
+    }
+
+    /// Whether the walk had more exact frames than the record holds (never, for a walk of
+    /// this crate: see the type's docs); then the frames past the last recorded are told by
+    /// reading code ([`FrameKinds::kind`]).
+    pub fn is_partial(&self) -> bool {
+        self.partial
+    }
+
+    /// The kind of frame `i` of `frames` (the frames the walk wrote): [`FrameKind::Exact`] for
+    /// a recorded exact frame, else [`FrameKind::Return`]. Only for a partial record, a frame
+    /// past the last index recorded is told by reading the code before it, as
+    /// [`symbolize::frame_kind`](crate::symbolize::frame_kind) does (exact when the frame
+    /// before it is a signal trampoline).
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub fn kind(&self, frames: &[usize], i: usize) -> FrameKind {
+        if self.is_exact(i) {
+            return FrameKind::Exact;
+        }
+        let last = self.exact().last().map_or(0, |&e| e as usize);
+        match frames.get(i.wrapping_sub(1)) {
+            Some(&prev) if self.partial && i > last && super::is_signal_trampoline(prev) => {
+                FrameKind::Exact
+            }
+            _ => FrameKind::Return,
+        }
+    }
+
+    /// The record of the first `n` frames only (for a stack cut to `n` frames).
+    pub fn truncated(mut self, n: usize) -> FrameKinds {
+        let keep = self
+            .exact()
+            .iter()
+            .take_while(|&&e| (e as usize) < n)
+            .count();
+        if keep < self.len as usize {
+            self.len = keep as u8;
+            self.partial = false;
+        }
+        self
+    }
+}
+
+impl FrameKinds {
+    /// The record of the frames from `n` on, renumbered from 0 (for a stack whose first `n`
+    /// frames are dropped: `frames[n..]`).
+    pub fn after(mut self, n: usize) -> FrameKinds {
+        let drop = self
+            .exact()
+            .iter()
+            .take_while(|&&e| (e as usize) < n)
+            .count();
+        let len = self.len as usize;
+        self.at.copy_within(drop..len, 0);
+        self.len = (len - drop) as u8;
+        for e in &mut self.at[..self.len as usize] {
+            *e -= n as u16;
+        }
+        self
+    }
+}
+
+impl Default for FrameKinds {
+    fn default() -> FrameKinds {
+        FrameKinds::NONE
+    }
+}
+
+impl PartialEq for FrameKinds {
+    fn eq(&self, other: &FrameKinds) -> bool {
+        self.exact() == other.exact() && self.partial == other.partial
+    }
+}
+
+impl Eq for FrameKinds {}
+
+impl core::hash::Hash for FrameKinds {
+    fn hash<H: core::hash::Hasher>(&self, h: &mut H) {
+        self.exact().hash(h);
+        self.partial.hash(h);
+    }
+}
+
+impl core::fmt::Debug for FrameKinds {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FrameKinds")
+            .field("exact", &self.exact())
+            .field("partial", &self.partial)
+            .finish()
     }
 }
 
@@ -210,5 +422,45 @@ impl Regs {
     /// Registers for a walk that starts at `pc` with stack pointer `sp` and frame pointer `fp`.
     pub const fn new(pc: usize, sp: usize, fp: usize) -> Regs {
         Regs { pc, sp, fp, lr: 0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_kinds_record_past_their_capacity_as_partial() {
+        assert_eq!(core::mem::size_of::<FrameKinds>(), 36, "as the docs say");
+        let mut k = FrameKinds::NONE;
+        for i in 0..=MAX_SIGNAL_FRAMES {
+            k.push(i * 3);
+        }
+        assert!(!k.is_partial());
+        assert_eq!(k.exact().len(), MAX_SIGNAL_FRAMES + 1);
+        k.push(1000);
+        assert!(k.is_partial(), "a crossing past the capacity is marked");
+        assert_eq!(k.exact().len(), MAX_SIGNAL_FRAMES + 1);
+        let frames = [0usize; 2000];
+        assert_eq!(k.kind(&frames, 3), FrameKind::Exact);
+        assert_eq!(k.kind(&frames, 4), FrameKind::Return);
+        // Cut before the last recorded frame: nothing unrecorded remains.
+        let t = k.truncated(10);
+        assert_eq!(t.exact(), &[0, 3, 6, 9]);
+        assert!(!t.is_partial());
+        assert_eq!(t, {
+            let mut e = FrameKinds::NONE;
+            [0, 3, 6, 9].iter().for_each(|&i| e.push(i));
+            e
+        });
+        // Dropping the first frames renumbers the rest.
+        let a = t.after(4);
+        assert_eq!(a.exact(), &[2, 5]);
+        assert_eq!(t.after(0), t);
+        assert_eq!(t.after(10).exact(), &[] as &[u16]);
+        // An index past MAX_FRAMES cannot be recorded either.
+        let mut big = FrameKinds::NONE;
+        big.push(MAX_FRAMES);
+        assert!(big.is_partial() && big.exact().is_empty());
     }
 }

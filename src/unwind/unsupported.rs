@@ -5,13 +5,13 @@
 use super::types::{Regs, StopReason, Truncation, UnwindMode, UnwindStats, Walk, WalkEnd};
 
 /// The walk that did not happen.
-const NONE: Walk = Walk {
-    frames: 0,
-    end: WalkEnd::Truncated(Truncation {
+const NONE: Walk = Walk::new(
+    0,
+    WalkEnd::Truncated(Truncation {
         pc: 0,
         reason: StopReason::Unsupported,
     }),
-};
+);
 
 /// No frames.
 #[inline(always)]

@@ -29,7 +29,9 @@ use super::outcome::{Outcome, Start};
 use super::regs::RegSet;
 use super::slots::{Scratch, SlotGuard};
 use super::step::{Step, Walker};
-use super::types::{StopReason, Truncation, UnwindMode, WalkEnd, MAX_FRAMES, MAX_SIGNAL_FRAMES};
+use super::types::{
+    FrameKinds, StopReason, Truncation, UnwindMode, WalkEnd, MAX_FRAMES, MAX_SIGNAL_FRAMES,
+};
 use crate::sys;
 
 
@@ -176,6 +178,7 @@ fn walk_all_cached(
     out.signal_frames = 0;
     out.unknown_object = false;
     out.initialized = true;
+    out.kinds.clear();
     Cached::Done
 }
 
@@ -211,6 +214,7 @@ pub(crate) fn capture_fp(sp: usize, fp: usize, pc: usize, buf: &mut [usize]) -> 
         signal_frames: 0,
         unknown_object: false,
         initialized: true,
+        kinds: FrameKinds::NONE,
     })
 }
 
@@ -299,6 +303,9 @@ impl Job<'_, '_> {
             None => {
                 buf[0] = regs.pc();
                 out.frames = 1;
+                if exact {
+                    out.kinds.push(0);
+                }
             }
         }
         loop {
@@ -350,6 +357,11 @@ impl Job<'_, '_> {
                         break;
                     }
                     buf[out.frames] = regs.pc();
+                    // The walk's record of exact frames, on this rare branch only (the hot
+                    // loops never cross a signal frame).
+                    if signal {
+                        out.kinds.push(out.frames);
+                    }
                     out.frames += 1;
                 }
                 Step::End => {

@@ -114,6 +114,8 @@ pub struct Stall {
     pub stack: Result<Vec<usize>, Error>,
     /// How the walk of [`Stall::stack`] ended (complete, or truncated and why).
     pub stack_end: Option<crate::unwind::WalkEnd>,
+    /// Which frames of [`Stall::stack`] are exact, as the walk recorded them.
+    pub(crate) stack_kinds: crate::unwind::FrameKinds,
     /// The thread's name, state and CPU time as `/proc` gave them when the stall was found,
     /// before its stack was captured (the stack request wakes a blocked thread, which then
     /// reads as running for a while); `None` if the thread was gone.
@@ -481,6 +483,9 @@ fn check(slot: &Slot, now: u64) {
     let mut frames = vec![0usize; 256];
     let walk = threads::capture(slot.tid, &mut frames, Duration::from_secs(1));
     let stack_end = walk.as_ref().ok().map(|w| w.end);
+    let stack_kinds = walk
+        .as_ref()
+        .map_or(Default::default(), |w| w.frame_kinds());
     let stack = walk.map(|w| {
         frames.truncate(w.frames);
         frames
@@ -495,6 +500,7 @@ fn check(slot: &Slot, now: u64) {
         busy,
         stack,
         stack_end,
+        stack_kinds,
         thread,
     };
     // The report resolves file:line (the first one in an object parses its DWARF) and the
@@ -642,6 +648,7 @@ fn report(s: &Stall) {
         Ok(f) => Ok((
             &f[..],
             s.stack_end.unwrap_or(crate::unwind::WalkEnd::Complete),
+            s.stack_kinds,
         )),
         Err(e) => Err(*e),
     };

@@ -18,6 +18,7 @@ mod spinner;
 mod target;
 
 mod cfi;
+mod kinds;
 mod walk;
 
 // walk.rs counts the allocations of its own threads only (support/counting.rs).
