@@ -6,6 +6,8 @@
 //! its threads ran), and the tests that flip process-wide state (unwind_reuse.rs,
 //! unwind_no_vm_readv.rs).
 
+#[path = "../support/altstack.rs"]
+mod altstack;
 #[path = "../support/counting.rs"]
 mod counting;
 #[path = "../example_build/mod.rs"]

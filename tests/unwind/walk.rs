@@ -207,9 +207,14 @@ fn in_a_signal_handler_frames_are_exact_complete_and_allocation_free() {
         libc::sigemptyset(&mut sa.sa_mask);
         assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
     }
-    // A thread that never called init() or captured before: its stack bounds are unknown.
+    // A thread that never called init() or captured before: its stack bounds are unknown. Its
+    // alternate stack is the size the entry points are documented to need (the signal frame
+    // plus SIGNAL_STACK_BUDGET; std's own, 8 KiB, is too small for a debug build's capture).
     let (tx, rx) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
+        crate::altstack::install_painted(
+            crate::altstack::signal_frame_size() + selftrace::SIGNAL_STACK_BUDGET,
+        );
         // SAFETY: pthread_self has no preconditions.
         tx.send(unsafe { libc::pthread_self() }).unwrap();
         chain_00(&mut spinner::spin_until_stopped);
