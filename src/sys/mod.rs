@@ -10,11 +10,15 @@
 use crate::error::Error;
 
 mod arch;
+mod file;
 mod memory;
+mod process;
 pub(crate) mod signal;
 pub(crate) mod stack;
 pub(crate) use arch::call_on_stack;
+pub(crate) use file::*;
 pub(crate) use memory::*;
+pub(crate) use process::*;
 
 /// The calling thread's `errno`.
 pub(crate) fn errno() -> i32 {
