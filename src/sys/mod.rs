@@ -614,6 +614,8 @@ pub(crate) fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
 mod task;
 pub(crate) use task::*;
 
-// POSIX timers signalling one thread (the profiler's).
+// POSIX timers signalling one thread (the profiler's: compiled with it).
+#[cfg(feature = "profile")]
 mod timer;
+#[cfg(feature = "profile")]
 pub(crate) use timer::*;
