@@ -38,7 +38,8 @@ pub(crate) const PC: u16 = RA;
 const COUNT: usize = 17;
 
 /// The index in `gregs` (glibc's `REG_*`, the order of the kernel's `struct sigcontext`) of
-/// each register slot, from the `ucontext_t` layout of [`crate::context::x86_64`].
+/// each register slot, in DWARF order (rax, rdx, rcx, rbx, rsi, rdi, rbp, rsp, r8-r15, rip),
+/// from the `ucontext_t` layout of [`crate::context::x86_64`].
 const GREG: [usize; COUNT] = [
     uc::REG_RAX,
     uc::REG_RDX,
