@@ -79,11 +79,18 @@ pub(crate) mod rank {
     pub(crate) const MODULES: u8 = 3;
     /// The symbol index's reader marks.
     pub(crate) const SYMBOLS: u8 = 4;
-    /// Walk slots, reuse records, the unwinder's reader marks.
+    /// Walk slots, reuse records, the unwinder's reader marks. (Only the unwinder's port uses
+    /// it: there is none beyond x86-64 and aarch64.)
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) const UNWIND: u8 = 5;
     /// A minidump being written.
     pub(crate) const MINIDUMP: u8 = 6;
-    /// Stack requests in flight, the dump signal's installation.
+    /// Stack requests in flight, the dump signal's installation (used with the `threads`
+    /// feature).
+    #[cfg_attr(not(feature = "threads"), allow(dead_code))]
     pub(crate) const THREADS: u8 = 7;
     /// The profiler's state.
     pub(crate) const PROFILE: u8 = 8;

@@ -1,15 +1,95 @@
-//! aarch64: `CONTEXT_ARM64` (912 bytes) from `uc_mcontext` (x0-x30, sp, pc, pstate) and the
-//! FP/SIMD record the kernel puts in its `__reserved` area (v0-v31, fpsr, fpcr); and the one
+//! aarch64: the layout of the kernel's `ucontext_t` (where x0-x30, sp, pc, pstate, the fault
+//! address and the `__reserved` records lie: the one table the unwinder's `UC_OFFSETS` and the
+//! oops block read, through [`Registers`]), `CONTEXT_ARM64` (912 bytes) from `uc_mcontext` and
+//! the FP/SIMD record the kernel puts in its `__reserved` area (v0-v31, fpsr, fpcr); and the one
 //! walker of the `__reserved` records.
 //!
-//! Compiled on every host: the codec ([`context_from_parts`]) and the record walker
-//! ([`find_record`]) work on plain values and bytes, so a `cargo check` on x86-64 type-checks
-//! them and their unit tests run there. Only [`context_from_ucontext`] and [`reserved`], which
-//! read this machine's real `ucontext_t`, and the inline assembly of `own_registers!` keep
+//! Compiled on every host: the layout, the codec ([`context_from_parts`]) and the record walker
+//! ([`find_record`]) are data and work on plain values and bytes, so a `cargo check` on x86-64
+//! type-checks them and their unit tests run there. Only the checks against this machine's
+//! real `libc::ucontext_t` and the inline assembly of `own_registers!` keep
 //! `#[cfg(target_arch = "aarch64")]`.
 #![allow(unsafe_code)]
 
-use super::{le32, le64, rd64};
+use super::{le32, le64, rd64, read_word};
+
+/// Where `uc_mcontext` starts in `ucontext_t`: after `uc_flags`, `uc_link`, the 24-byte
+/// `uc_stack` and the 128 bytes that glibc's `sigset_t` takes (the kernel's `uc_sigmask` and
+/// `__unused`), aligned to 16 (the kernel's `struct ucontext`, asm/ucontext.h).
+pub(crate) const UC_MCONTEXT: usize = 176;
+/// Offsets in `uc_mcontext` (the kernel's `struct sigcontext`, asm/sigcontext.h):
+/// `fault_address` first, then `regs[31]`, `sp`, `pc`, `pstate`.
+pub(crate) const MC_FAULT_ADDRESS: usize = 0;
+/// `uc_mcontext.regs` (x0-x30).
+pub(crate) const MC_REGS: usize = 8;
+/// `uc_mcontext.sp`.
+pub(crate) const MC_SP: usize = MC_REGS + 31 * 8;
+/// `uc_mcontext.pc`.
+pub(crate) const MC_PC: usize = MC_SP + 8;
+/// `uc_mcontext.pstate`.
+pub(crate) const MC_PSTATE: usize = MC_PC + 8;
+
+/// Offset in `ucontext_t` of `x<n>` (`uc_mcontext.regs[n]`, `n` < 31).
+pub(crate) const fn uc_x(n: usize) -> usize {
+    UC_MCONTEXT + MC_REGS + 8 * n
+}
+/// Offset in `ucontext_t` of `uc_mcontext.sp`.
+pub(crate) const UC_SP: usize = UC_MCONTEXT + MC_SP;
+/// Offset in `ucontext_t` of `uc_mcontext.pc`.
+pub(crate) const UC_PC: usize = UC_MCONTEXT + MC_PC;
+
+/// The layout above is what this machine's libc says.
+#[cfg(target_arch = "aarch64")]
+const _: () = {
+    use core::mem::offset_of;
+    assert!(UC_MCONTEXT == offset_of!(libc::ucontext_t, uc_mcontext));
+    assert!(MC_FAULT_ADDRESS == offset_of!(libc::mcontext_t, fault_address));
+    assert!(MC_REGS == offset_of!(libc::mcontext_t, regs));
+    assert!(MC_SP == offset_of!(libc::mcontext_t, sp));
+    assert!(MC_PC == offset_of!(libc::mcontext_t, pc));
+    assert!(MC_PSTATE == offset_of!(libc::mcontext_t, pstate));
+};
+
+/// The registers of an interrupted context, read out of its `ucontext_t`.
+#[derive(Clone, Copy)]
+pub(crate) struct Registers {
+    /// x0-x30.
+    pub(crate) x: [u64; 31],
+    /// The stack pointer.
+    pub(crate) sp: u64,
+    /// The pc.
+    pub(crate) pc: u64,
+    /// The processor state.
+    pub(crate) pstate: u64,
+    /// The faulting address the kernel saved.
+    pub(crate) fault_address: u64,
+}
+
+impl Registers {
+    /// The registers of `uc`.
+    ///
+    /// # Safety
+    /// `uc` points to a readable aarch64 `ucontext_t` (the kernel's, for the signal being
+    /// handled).
+    ///
+    /// # Async-signal safety
+    /// Async-signal-safe.
+    pub(crate) unsafe fn read(uc: *const libc::ucontext_t) -> Registers {
+        // SAFETY: every offset below lies inside the ucontext_t the caller vouches for.
+        let word = |off: usize| unsafe { read_word(uc, off) };
+        let mut x = [0u64; 31];
+        for (n, w) in x.iter_mut().enumerate() {
+            *w = word(uc_x(n));
+        }
+        Registers {
+            x,
+            sp: word(UC_SP),
+            pc: word(UC_PC),
+            pstate: word(UC_MCONTEXT + MC_PSTATE),
+            fault_address: word(UC_MCONTEXT + MC_FAULT_ADDRESS),
+        }
+    }
+}
 
 /// Size of `CONTEXT_ARM64`.
 pub(crate) const CONTEXT_SIZE: usize = 912;
@@ -43,7 +123,8 @@ const EXTRA_MAGIC: u32 = 0x4558_5401;
 pub(crate) const RESERVED: usize = 4096;
 /// Its offset in `mcontext_t`: after fault_address, x0-x30, sp, pc and pstate (280 bytes),
 /// aligned to 16.
-pub(crate) const RESERVED_AT: usize = 288;
+pub(crate) const RESERVED_AT: usize = (MC_PSTATE + 8 + 15) & !15;
+const _: () = assert!(RESERVED_AT == 288);
 #[cfg(target_arch = "aarch64")]
 const _: () = assert!(core::mem::size_of::<libc::mcontext_t>() == RESERVED_AT + RESERVED);
 #[cfg(target_arch = "aarch64")]
@@ -53,33 +134,31 @@ const _: () =
 /// Writes the `CONTEXT_ARM64` of `uc` into `out`; returns its size.
 ///
 /// # Safety
-/// `uc` is a `ucontext_t` the kernel passed to a signal handler.
+/// `uc` is an aarch64 `ucontext_t` the kernel passed to a signal handler.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
-#[cfg(target_arch = "aarch64")]
 pub(crate) unsafe fn context_from_ucontext(
     uc: *const libc::ucontext_t,
     out: &mut [u8; CONTEXT_SIZE],
 ) -> usize {
     // SAFETY: uc is the kernel's ucontext (the caller's contract).
-    let m = unsafe { &(*uc).uc_mcontext };
+    let m = unsafe { Registers::read(uc) };
     // SAFETY: as above.
     let reserved = unsafe { reserved(uc) };
-    context_from_parts(&m.regs, m.sp, m.pc, m.pstate, reserved, out)
+    context_from_parts(&m.x, m.sp, m.pc, m.pstate, reserved, out)
 }
 
 /// The `__reserved` area of `uc`'s `mcontext_t` (`RESERVED` bytes of records).
 ///
 /// # Safety
-/// `uc` is a readable `ucontext_t` (the kernel's, for the signal being handled), which holds
-/// the reserved bytes; the slice lives no longer than it.
+/// `uc` is a readable aarch64 `ucontext_t` (the kernel's, for the signal being handled), which
+/// holds the reserved bytes; the slice lives no longer than it.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
-#[cfg(target_arch = "aarch64")]
 pub(crate) unsafe fn reserved<'a>(uc: *const libc::ucontext_t) -> &'a [u8] {
-    let base = uc as usize + core::mem::offset_of!(libc::ucontext_t, uc_mcontext) + RESERVED_AT;
+    let base = uc as usize + UC_MCONTEXT + RESERVED_AT;
     // SAFETY: the reserved area lies RESERVED_AT bytes into the kernel's sigcontext (which
     // libc's mcontext_t is, size checked above), RESERVED bytes long, written in full by the
     // kernel; the caller vouches for uc.

@@ -1,12 +1,13 @@
-//! A thread's registers as the minidump format's `CONTEXT_*` record, one file per
-//! architecture: the interrupted `ucontext_t` (or the calling function's own registers) turned
-//! into the record the machine's minidump consumers read, and the little-endian field writers
-//! the records are built with.
+//! A thread's registers from the `ucontext_t` a signal handler gets, one file per architecture:
+//! the layout of the kernel's `ucontext_t` (the one table of where each register lies, which
+//! the unwinder's `UC_OFFSETS` and the crash report's register block read), the minidump
+//! format's `CONTEXT_*` record built from it (or from the calling function's own registers),
+//! the little-endian field writers the records are built with, and the crash context ([`Fault`]).
 //!
-//! The aarch64 codec and its `__reserved` record walker are plain data code, compiled and
-//! type-checked on every host (only reading the current machine's real `ucontext_t` and the
-//! inline assembly keep their `cfg`); the walker is the one the crash report's oops block uses
-//! too (`aarch64::find_record`).
+//! Both architectures' layouts, codecs and aarch64's `__reserved` record walker are plain data
+//! code, compiled and type-checked on every host (only the checks against this machine's real
+//! `libc::ucontext_t` and the inline assembly keep their `cfg`); the walker is the one the
+//! crash report's oops block uses too (`aarch64::find_record`).
 
 #![allow(unsafe_code)]
 
@@ -19,10 +20,28 @@ pub(crate) use aarch64::*;
 mod other;
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(crate) use other::*;
-#[cfg(target_arch = "x86_64")]
-mod x86_64;
+// Compiled on every host, as aarch64.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
+pub(crate) mod x86_64;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86_64::*;
+
+/// The 64-bit word at byte `off` of the `ucontext_t` at `uc` (a layout table's offset).
+///
+/// # Safety
+/// `uc` points to a readable `ucontext_t` of the architecture whose layout gave `off`, and
+/// `off + 8` lies inside it.
+///
+/// # Async-signal safety
+/// Async-signal-safe.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) unsafe fn read_word(uc: *const libc::ucontext_t, off: usize) -> u64 {
+    // SAFETY: the caller vouches that the word lies inside a readable ucontext_t.
+    unsafe { core::ptr::read_unaligned(uc.cast::<u8>().add(off).cast::<u64>()) }
+}
 
 /// A crash, as the fatal signal's handler got it: the one description the handler, the oops
 /// report and the minidump writer share (crash-handling's `CrashContext`).

@@ -13,7 +13,6 @@ use super::{dump_to, names, symbolizer, OUT_FD};
 use crate::context::Fault;
 use crate::error::Error;
 use crate::report::{self, Out};
-use crate::sys;
 use core::cell::UnsafeCell;
 use core::sync::atomic::Ordering;
 
@@ -124,7 +123,7 @@ pub(super) fn write_report(c: &Fault) {
     report::objects(out, &frames[..n]);
     #[cfg(feature = "threads")]
     if ALL_THREADS.load(Ordering::Relaxed) {
-        crate::threads::write_other_threads(out.fd, sys::gettid());
+        crate::threads::write_other_threads(out.fd, crate::sys::gettid());
     }
     if !c.uc.is_null() {
         dump_to::write_minidump(out, c);

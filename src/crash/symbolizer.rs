@@ -39,44 +39,34 @@ pub(crate) fn spawn() -> Result<(), crate::error::Error> {
     if REQ_FD.load(Ordering::Relaxed) >= 0 {
         return Ok(());
     }
-    let mut req = [0i32; 2];
-    let mut resp = [0i32; 2];
-    // SAFETY: pipe2 writes two fds into each array.
-    unsafe {
-        if libc::pipe2(req.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return Err(crate::error::Error::last_os("pipe2"));
+    let req = sys::pipe_cloexec()?;
+    let resp = match sys::pipe_cloexec() {
+        Ok(fds) => fds,
+        Err(e) => {
+            sys::close(req[0]);
+            sys::close(req[1]);
+            return Err(e);
         }
-        if libc::pipe2(resp.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            libc::close(req[0]);
-            libc::close(req[1]);
-            return Err(crate::error::Error::last_os("pipe2"));
-        }
-    }
-    // SAFETY: fork; the child only runs `child_main` and exits with _exit.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(crate::error::Error::last_os("fork"));
-    }
+    };
+    // SAFETY: the child only runs `child_main` (the allocator, addr2line and write(2), as the
+    // module docs say) and leaves with _exit.
+    let pid = unsafe { sys::fork() }?;
     if pid == 0 {
-        // SAFETY: closing the parent's ends in the child.
-        unsafe {
-            libc::close(req[1]);
-            libc::close(resp[0]);
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            for sig in super::DEFAULT_SIGNALS {
-                libc::signal(sig, libc::SIG_DFL);
-            }
+        // The parent's ends closed in the child.
+        sys::close(req[1]);
+        sys::close(resp[0]);
+        sys::set_parent_death_signal(libc::SIGKILL);
+        for sig in super::DEFAULT_SIGNALS {
+            sys::set_default_action(sig);
         }
         name_this_process();
         child_main(req[0], resp[1]);
-        // SAFETY: leave without running the parent's atexit handlers or destructors.
-        unsafe { libc::_exit(0) };
+        // Leave without running the parent's atexit handlers or destructors.
+        sys::exit_now(0);
     }
-    // SAFETY: closing the child's ends in the parent.
-    unsafe {
-        libc::close(req[0]);
-        libc::close(resp[1]);
-    }
+    // The child's ends closed in the parent.
+    sys::close(req[0]);
+    sys::close(resp[1]);
     REQ_FD.store(req[1], Ordering::Relaxed);
     RESP_FD.store(resp[0], Ordering::Relaxed);
     FORKED_AWAY.store(false, Ordering::Relaxed);
@@ -121,8 +111,7 @@ const CMDLINE: &[u8] = b"selftrace-symbolizer";
 /// rewritten in place (the memory `/proc/PID/cmdline` reads, between `arg_start` and `arg_end`
 /// of `/proc/self/stat`; this process's own copy after the fork).
 fn name_this_process() {
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe { libc::prctl(libc::PR_SET_NAME, COMM.as_ptr()) };
+    sys::set_thread_name(COMM);
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return;
     };
@@ -153,15 +142,11 @@ fn name_this_process() {
 
 fn read_exact(fd: i32, mut buf: &mut [u8]) -> bool {
     while !buf.is_empty() {
-        // SAFETY: buf is valid for writes of its length.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 && sys::errno() == libc::EINTR {
-            continue;
+        // sys::read retries on EINTR; an error or the end of the pipe ends the exchange.
+        match sys::read(fd, buf) {
+            Ok(n) if n > 0 => buf = &mut buf[n..],
+            _ => return false,
         }
-        if n <= 0 {
-            return false;
-        }
-        buf = &mut buf[n as usize..];
     }
     true
 }
@@ -266,25 +251,7 @@ pub(crate) fn ask(
 /// Writes `msg` to the pipe `fd` with SIGPIPE blocked, so that a dead symbolizer gives
 /// `EPIPE` instead of killing the process by SIGPIPE; a SIGPIPE left pending is consumed.
 fn send(fd: i32, msg: &[u8]) -> bool {
-    // SAFETY: sigset manipulation and pthread_sigmask/sigtimedwait are async-signal-safe; all
-    // sets are valid.
-    unsafe {
-        let mut pipe: libc::sigset_t = core::mem::zeroed();
-        let mut old: libc::sigset_t = core::mem::zeroed();
-        libc::sigemptyset(&mut pipe);
-        libc::sigaddset(&mut pipe, libc::SIGPIPE);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old);
-        let ok = sys::write_all(fd, msg).is_ok();
-        if !ok {
-            let zero = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            libc::sigtimedwait(&pipe, core::ptr::null_mut(), &zero);
-        }
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
-        ok
-    }
+    sys::write_all_without_sigpipe(fd, msg).is_ok()
 }
 
 /// Waits until `fd` is readable, within what is left of [`TIMEOUT_MS`].
@@ -294,34 +261,15 @@ fn wait_readable(fd: i32, waited: &mut i32) -> bool {
         if left <= 0 {
             return false;
         }
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut t0: libc::timespec = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime and poll are async-signal-safe; arguments valid.
-        let r = unsafe {
-            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t0);
-            libc::poll(&mut p, 1, left)
-        };
-        let mut t1: libc::timespec = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: as above.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t1) };
-        let ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1_000_000;
-        *waited += ms.max(1) as i32;
-        if r > 0 {
-            return p.revents & libc::POLLIN != 0;
+        let t0 = sys::monotonic_ns();
+        let r = sys::poll_one(fd, libc::POLLIN, left);
+        let ms = (sys::monotonic_ns().saturating_sub(t0) / 1_000_000).min(i32::MAX as u64) as i32;
+        *waited += ms.max(1);
+        match r {
+            // No events: the time ran out.
+            Ok(revents) => return revents & libc::POLLIN != 0,
+            Err(e) if e.errno() == Some(libc::EINTR) => continue,
+            Err(_) => return false,
         }
-        if r < 0 && sys::errno() == libc::EINTR {
-            continue;
-        }
-        return false;
     }
 }

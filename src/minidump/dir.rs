@@ -2,7 +2,6 @@
 //! (at install time), each dump created exclusively as `<uuid>.dmp.tmp`, then renamed to
 //! `<uuid>.dmp` when it was written (or removed when not), so that a reader never takes a dump
 //! being written for a finished one.
-#![allow(unsafe_code)]
 
 use super::SUPPORTED;
 use super::{Fault, Options, Summary};
@@ -37,10 +36,15 @@ pub(crate) fn open_dir(dir: &std::path::Path) -> Result<i32, Error> {
 /// never taken for a finished one, by `minidump::upload::send_pending` for one). Returns the fd and
 /// writes the final name (NUL-free) into `name`, returning its length too.
 ///
+/// # Errors
+/// [`Error::Sys`] `openat` (`EEXIST` when eight random names were all taken).
+///
 /// # Async-signal safety
 /// Async-signal-safe.
-pub(crate) fn create_in(dir_fd: i32, name: &mut [u8; 48]) -> Result<(i32, usize), i32> {
-    for _ in 0..8 {
+pub(crate) fn create_in(dir_fd: i32, name: &mut [u8; 48]) -> Result<(i32, usize), Error> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
         let mut id = [0u8; 16];
         random(&mut id);
         // A version 4 UUID, as Breakpad names its dumps.
@@ -57,24 +61,18 @@ pub(crate) fn create_in(dir_fd: i32, name: &mut [u8; 48]) -> Result<(i32, usize)
         w.push_bytes(b".dmp");
         let len = w.len();
         let tmp = temporary_name(&name[..len]);
-        // SAFETY: tmp is NUL-terminated.
-        let fd = unsafe {
-            libc::openat(
-                dir_fd,
-                tmp.as_ptr().cast(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600,
-            )
-        };
-        if fd >= 0 {
-            return Ok((fd, len));
-        }
-        let e = sys::errno();
-        if e != libc::EEXIST {
-            return Err(e);
+        match sys::openat(
+            dir_fd,
+            nul_terminated(&tmp),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+            0o600,
+        ) {
+            Ok(fd) => return Ok((fd, len)),
+            // Taken: another name, eight times at most.
+            Err(e) if e.errno() == Some(libc::EEXIST) && attempt < 8 => {}
+            Err(e) => return Err(e),
         }
     }
-    Err(libc::EEXIST)
 }
 
 /// `NAME.tmp` and a NUL, for a name from [`create_in`].
@@ -90,43 +88,33 @@ fn temporary_name(name: &[u8]) -> [u8; 56] {
 /// (`ok`), removes it otherwise.
 ///
 /// # Errors
-/// The `errno` of `renameat` or `unlinkat`.
+/// [`Error::Sys`] `renameat` or `unlinkat`.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
-pub(crate) fn finish_in(dir_fd: i32, name: &[u8], ok: bool) -> Result<(), i32> {
+pub(crate) fn finish_in(dir_fd: i32, name: &[u8], ok: bool) -> Result<(), Error> {
     let tmp = temporary_name(name);
     let mut done = [0u8; 49];
     let n = name.len().min(48);
     done[..n].copy_from_slice(&name[..n]);
-    // SAFETY: both names are NUL-terminated; the calls have no other memory effects.
-    let r = unsafe {
-        if ok {
-            libc::renameat(dir_fd, tmp.as_ptr().cast(), dir_fd, done.as_ptr().cast())
-        } else {
-            libc::unlinkat(dir_fd, tmp.as_ptr().cast(), 0)
-        }
-    };
-    if r == 0 {
-        Ok(())
+    let tmp = nul_terminated(&tmp);
+    if ok {
+        sys::renameat(dir_fd, tmp, nul_terminated(&done))
     } else {
-        Err(sys::errno())
+        sys::unlinkat(dir_fd, tmp)
     }
+}
+
+/// `buf` up to its first NUL as a C string. The names above always have one; without, the
+/// empty name makes the call fail (`ENOENT`) rather than anything panic.
+fn nul_terminated(buf: &[u8]) -> &core::ffi::CStr {
+    core::ffi::CStr::from_bytes_until_nul(buf).unwrap_or(c"")
 }
 
 /// Random bytes from `getrandom` (not blocking), or, should that fail, from the clock, pid
 /// and tid.
 fn random(out: &mut [u8; 16]) {
-    // SAFETY: out is writable for its length; GRND_NONBLOCK never waits.
-    let got = unsafe {
-        libc::syscall(
-            libc::SYS_getrandom,
-            out.as_mut_ptr(),
-            out.len(),
-            libc::GRND_NONBLOCK,
-        )
-    };
-    if got == out.len() as libc::c_long {
+    if sys::getrandom_nonblock(out) == Ok(out.len()) {
         return;
     }
     let (s, ns) = sys::realtime();
@@ -150,21 +138,18 @@ pub(crate) fn write_in(
     options: &Options,
     timeout_ns: u64,
 ) -> Result<(usize, Result<Summary, Error>), i32> {
-    let (fd, len) = create_in(dir, name)?;
+    let (fd, len) = create_in(dir, name).map_err(|e| e.errno().unwrap_or(libc::EIO))?;
     let mut result = {
         // Held already by a crash report (then this takes nothing).
         let _lock = OutputLock::acquire();
         super::write(fd, fault, options, timeout_ns)
     };
-    // SAFETY: fsync has no memory effects; the dump should survive a power cut.
-    unsafe { libc::fsync(fd) };
+    // The dump should survive a power cut; a failed fsync leaves it as good as it was.
+    let _ = sys::fsync(fd);
     sys::close(fd);
-    if let Err(errno) = finish_in(dir, &name[..len], result.is_ok()) {
+    if let Err(e) = finish_in(dir, &name[..len], result.is_ok()) {
         if result.is_ok() {
-            result = Err(Error::Sys {
-                call: "renameat",
-                errno,
-            });
+            result = Err(e);
         }
     }
     Ok((len, result))

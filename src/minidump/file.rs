@@ -1,7 +1,6 @@
 //! The dump file: positioned writes (`pwrite`) relative to where the dump starts, appends at
 //! 8-byte aligned offsets, `MINIDUMP_STRING`s, copies of memory and of files; and
 //! `MINIDUMP_LOCATION_DESCRIPTOR` ([`Loc`]), where a written piece lies.
-#![allow(unsafe_code)]
 
 use crate::context::{le16, le32};
 use crate::sys;
@@ -43,17 +42,14 @@ impl File {
         while self.err == 0 && done < bytes.len() {
             let rest = &bytes[done..];
             let at = self.base.saturating_add((rva + done as u64) as i64);
-            // SAFETY: `rest` is readable for its length; pwrite has no other memory effects.
-            let r = unsafe { libc::pwrite64(self.fd, rest.as_ptr().cast(), rest.len(), at) };
-            if r < 0 {
-                let e = sys::errno();
-                if e != libc::EINTR {
-                    self.err = e;
+            match sys::pwrite(self.fd, rest, at) {
+                Ok(0) => self.err = libc::EIO,
+                Ok(n) => done += n,
+                Err(e) => {
+                    if e.errno() != Some(libc::EINTR) {
+                        self.err = e.errno().unwrap_or(libc::EIO);
+                    }
                 }
-            } else if r == 0 {
-                self.err = libc::EIO;
-            } else {
-                done += r as usize;
             }
         }
         if self.err == 0 {

@@ -423,19 +423,15 @@ fn write_locked(
     timeout_ns: u64,
     me: i32,
 ) -> Result<Summary, Error> {
-    // SAFETY: lseek has no memory effects.
-    let base = unsafe { libc::lseek64(fd, 0, libc::SEEK_CUR) };
-    if base < 0 {
-        let errno = sys::errno();
-        return Err(if errno == libc::ESPIPE {
-            Error::InvalidInput("a minidump needs a seekable file, not a pipe or socket")
-        } else {
-            Error::Sys {
-                call: "lseek",
-                errno,
-            }
-        });
-    }
+    let base = match sys::lseek(fd, 0, libc::SEEK_CUR) {
+        Ok(base) => base,
+        Err(e) if e.errno() == Some(libc::ESPIPE) => {
+            return Err(Error::InvalidInput(
+                "a minidump needs a seekable file, not a pipe or socket",
+            ))
+        }
+        Err(e) => return Err(e),
+    };
     if appends(fd) {
         return Err(Error::InvalidInput(
             "a minidump cannot be written to an O_APPEND file (pwrite would append)",
@@ -650,15 +646,13 @@ fn write_locked(
         });
     }
     summary.bytes = f.end;
-    // Leave the file's position after the dump, as a write would.
-    // SAFETY: lseek has no memory effects.
-    unsafe { libc::lseek64(fd, base.saturating_add(f.end as i64), libc::SEEK_SET) };
+    // Leave the file's position after the dump, as a write would (the dump is written either
+    // way).
+    let _ = sys::lseek(fd, base.saturating_add(f.end as i64), libc::SEEK_SET);
     Ok(summary)
 }
 
 /// Whether `fd` was opened with `O_APPEND` (where Linux's `pwrite` ignores the offset).
 pub(crate) fn appends(fd: i32) -> bool {
-    // SAFETY: F_GETFL reads the descriptor's flags; no memory effects.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    flags >= 0 && flags & libc::O_APPEND != 0
+    sys::status_flags(fd).is_ok_and(|flags| flags & libc::O_APPEND != 0)
 }

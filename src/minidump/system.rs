@@ -12,10 +12,9 @@ use crate::sys;
 /// `MINIDUMP_SYSTEM_INFO` and its CSD version string (`uname`: system, release, version,
 /// machine, as Breakpad writes it).
 pub(super) fn system_info(f: &mut File, chunk: &mut [u8]) -> Stream {
-    // SAFETY: all-zero is a valid utsname; uname fills it.
-    let mut uts: libc::utsname = unsafe { core::mem::zeroed() };
-    // SAFETY: uts is valid for writing.
-    unsafe { libc::uname(&mut uts) };
+    // An empty name where uname fails (it does not, on Linux), as before.
+    // SAFETY: all-zero is a valid utsname.
+    let uts = sys::uname().unwrap_or_else(|_| unsafe { core::mem::zeroed() });
     let field = |a: &[libc::c_char]| {
         // SAFETY: c_char and u8 have the same size and alignment.
         let b = unsafe { core::slice::from_raw_parts(a.as_ptr().cast::<u8>(), a.len()) };
@@ -105,10 +104,7 @@ pub(super) fn misc_info(f: &mut File) -> Stream {
     le32(&mut m, 0, 24);
     let mut flags = 1u32; // MINIDUMP_MISC1_PROCESS_ID
     le32(&mut m, 8, sys::getpid() as u32);
-    // SAFETY: all-zero is a valid rusage; getrusage fills it.
-    let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
-    // SAFETY: ru is valid for writing.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
+    if let Ok(ru) = sys::getrusage_self() {
         if let Some(start) = crate::procfs::start_time() {
             flags |= 2; // MINIDUMP_MISC1_PROCESS_TIMES
             le32(&mut m, 12, start as u32);

@@ -10,11 +10,15 @@
 use crate::error::Error;
 
 mod arch;
+mod file;
 mod memory;
+mod process;
 pub(crate) mod signal;
 pub(crate) mod stack;
 pub(crate) use arch::call_on_stack;
+pub(crate) use file::*;
 pub(crate) use memory::*;
+pub(crate) use process::*;
 
 /// The calling thread's `errno`.
 pub(crate) fn errno() -> i32 {
@@ -610,6 +614,8 @@ pub(crate) fn getenv(name: &core::ffi::CStr) -> Option<&'static [u8]> {
 mod task;
 pub(crate) use task::*;
 
-// POSIX timers signalling one thread (the profiler's).
+// POSIX timers signalling one thread (the profiler's: compiled with it).
+#[cfg(feature = "profile")]
 mod timer;
+#[cfg(feature = "profile")]
 pub(crate) use timer::*;

@@ -1,7 +1,10 @@
 //! aarch64: pc, lr, sp, pstate and x0-x29 of `uc_mcontext`, the fault address, and the
-//! exception syndrome (ESR) when the kernel saved one, as the arm64 kernel's oops prints them.
+//! exception syndrome (ESR) when the kernel saved one, as the arm64 kernel's oops prints them,
+//! read through the `ucontext_t` layout and record walker of [`crate::context::aarch64`].
+//! Compiled on every host.
 #![allow(unsafe_code)]
 
+use crate::context::aarch64::{find_record, reserved, Registers};
 use crate::report::{pc_frame, push_hex16, Out, FRAME_OPTS};
 use crate::symbolize::{self, FixedBuf, FrameKind};
 
@@ -9,13 +12,13 @@ use crate::symbolize::{self, FixedBuf, FrameKind};
 /// (innermost), if any, for the pc line.
 ///
 /// # Safety
-/// `uc` is the kernel's `ucontext_t` for the signal being handled.
+/// `uc` is the kernel's aarch64 `ucontext_t` for the signal being handled.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
 pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t, innermost: &[u8]) {
     // SAFETY: uc is the kernel's ucontext for the signal being handled.
-    let m = unsafe { &(*uc).uc_mcontext };
+    let m = unsafe { Registers::read(uc) };
     let sym = |w: &mut FixedBuf<'_>, addr: usize, kind: FrameKind| {
         let mut buf = [0u8; 900];
         let n = symbolize::write_kernel_frame(&mut buf, addr, kind, FRAME_OPTS);
@@ -29,7 +32,7 @@ pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t, innermost:
         w.push_bytes(b"lr : ");
         // x30 holds a return address only where the function has not saved and reused it:
         // named as one, and the bits of a pointer authentication code kept as they are.
-        sym(w, m.regs[30] as usize, FrameKind::Return);
+        sym(w, m.x[30] as usize, FrameKind::Return);
     });
     out.line(|w| {
         w.push_bytes(b"sp : ");
@@ -53,7 +56,7 @@ pub(crate) unsafe fn registers(out: Out, uc: *const libc::ucontext_t, innermost:
                 }
                 w.push_dec(i as u64);
                 w.push_bytes(b": ");
-                push_hex16(w, m.regs[i] as usize);
+                push_hex16(w, m.x[i] as usize);
             }
         });
     }
@@ -77,14 +80,14 @@ const ESR_MAGIC: u32 = 0x4553_5201;
 /// The ESR the kernel saved for a fault, from the records of `__reserved`.
 ///
 /// # Safety
-/// `uc` is a readable `ucontext_t`.
+/// `uc` is a readable aarch64 `ucontext_t`.
 ///
 /// # Async-signal safety
 /// Async-signal-safe.
 unsafe fn esr(uc: *const libc::ucontext_t) -> Option<u64> {
     // SAFETY: the caller vouches for the ucontext_t, which holds the reserved area.
-    let area = unsafe { crate::context::aarch64::reserved(uc) };
-    crate::context::aarch64::find_record(area, ESR_MAGIC).and_then(|r| word(r, 8))
+    let area = unsafe { reserved(uc) };
+    find_record(area, ESR_MAGIC).and_then(|r| word(r, 8))
 }
 
 /// The u64 at byte `at` of `rec`.

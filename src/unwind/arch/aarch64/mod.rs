@@ -12,6 +12,7 @@ pub(crate) use entry::entry_asm;
 use gimli::AArch64;
 
 use super::{Arch, BadPcReturn};
+use crate::context::aarch64 as uc;
 
 /// aarch64, as the unwinder sees it.
 pub(crate) struct ArchAArch64;
@@ -41,49 +42,28 @@ pub(crate) const X19_X28: [u16; 10] = [
     AArch64::X27.0,
     AArch64::X28.0,
 ];
-/// Where `uc_mcontext` starts in `ucontext_t`: after `uc_flags`, `uc_link`, the 24-byte
-/// `uc_stack` and the 128 bytes that glibc's `sigset_t` takes (the kernel's `uc_sigmask` and
-/// `__unused`), aligned to 16 (the kernel's `struct ucontext`, asm/ucontext.h).
-const MCONTEXT: usize = 176;
-/// Offsets in `uc_mcontext` (the kernel's `struct sigcontext`, asm/sigcontext.h): `regs[31]`
-/// after the 8-byte `fault_address`, then `sp`, then `pc`.
-const MC_REGS: usize = 8;
-/// `uc_mcontext.sp`.
-const MC_SP: usize = MC_REGS + 31 * 8;
-/// `uc_mcontext.pc`.
-const MC_PC: usize = MC_SP + 8;
-
-/// Offset of each register slot in `ucontext_t`: `uc_mcontext.regs[0..31]`, `.sp`, `.pc`.
+/// Offset of each register slot in `ucontext_t`: `uc_mcontext.regs[0..31]`, `.sp`, `.pc`,
+/// computed at build time from context's layout (which is checked against this machine's libc
+/// there).
 const UC_OFFSETS: [usize; COUNT] = {
     let mut out = [0; COUNT];
     let mut i = 0;
     while i < 31 {
-        out[i] = MCONTEXT + MC_REGS + 8 * i;
+        out[i] = uc::uc_x(i);
         i += 1;
     }
-    out[SP as usize] = MCONTEXT + MC_SP;
-    out[PC as usize] = MCONTEXT + MC_PC;
+    out[SP as usize] = uc::UC_SP;
+    out[PC as usize] = uc::UC_PC;
     out
 };
 
 /// The size of `siginfo_t` (`SI_MAX_SIZE`, asm-generic/siginfo.h).
 const SIGINFO_SIZE: usize = 128;
 
-/// [`UC_OFFSETS`] and [`SIGINFO_SIZE`] are what this machine's libc says (`libc`'s aarch64
-/// definitions exist only on aarch64).
+/// [`SIGINFO_SIZE`] is what this machine's libc says (`libc`'s aarch64 definitions exist only
+/// on aarch64; the `ucontext_t` layout is checked in [`crate::context::aarch64`]).
 #[cfg(target_arch = "aarch64")]
-const _: () = {
-    use core::mem::offset_of;
-    let mc = offset_of!(libc::ucontext_t, uc_mcontext);
-    let mut i = 0;
-    while i < 31 {
-        assert!(UC_OFFSETS[i] == mc + offset_of!(libc::mcontext_t, regs) + 8 * i);
-        i += 1;
-    }
-    assert!(UC_OFFSETS[SP as usize] == mc + offset_of!(libc::mcontext_t, sp));
-    assert!(UC_OFFSETS[PC as usize] == mc + offset_of!(libc::mcontext_t, pc));
-    assert!(SIGINFO_SIZE == core::mem::size_of::<libc::siginfo_t>());
-};
+const _: () = assert!(SIGINFO_SIZE == core::mem::size_of::<libc::siginfo_t>());
 
 impl Arch for ArchAArch64 {
     const COUNT: usize = COUNT;

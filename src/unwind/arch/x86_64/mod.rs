@@ -10,6 +10,7 @@ pub(crate) use entry::entry_asm;
 use gimli::X86_64;
 
 use super::{Arch, BadPcReturn};
+use crate::context::x86_64 as uc;
 
 /// x86-64, as the unwinder sees it.
 pub(crate) struct ArchX86_64;
@@ -36,73 +37,39 @@ pub(crate) const PC: u16 = RA;
 /// Register slots: `rax`..`r15` and `rip`, by DWARF number.
 const COUNT: usize = 17;
 
-/// Where `uc_mcontext.gregs` starts in `ucontext_t`: after `uc_flags`, `uc_link` and the
-/// 24-byte `uc_stack` (the kernel's `struct ucontext`, asm/ucontext.h, whose `uc_mcontext` is
-/// `struct sigcontext`, asm/sigcontext.h, starting with the general registers).
-const GREGS: usize = 40;
-
-/// The index in `gregs` (glibc's `REG_*`, the order of the kernel's `struct sigcontext`: r8-r15,
-/// rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip) of each register slot.
+/// The index in `gregs` (glibc's `REG_*`, the order of the kernel's `struct sigcontext`) of
+/// each register slot, in DWARF order (rax, rdx, rcx, rbx, rsi, rdi, rbp, rsp, r8-r15, rip),
+/// from the `ucontext_t` layout of [`crate::context::x86_64`].
 const GREG: [usize; COUNT] = [
-    13, // rax
-    12, // rdx
-    14, // rcx
-    11, // rbx
-    9,  // rsi
-    8,  // rdi
-    10, // rbp
-    15, // rsp
-    0,  // r8
-    1,  // r9
-    2,  // r10
-    3,  // r11
-    4,  // r12
-    5,  // r13
-    6,  // r14
-    7,  // r15
-    16, // rip
+    uc::REG_RAX,
+    uc::REG_RDX,
+    uc::REG_RCX,
+    uc::REG_RBX,
+    uc::REG_RSI,
+    uc::REG_RDI,
+    uc::REG_RBP,
+    uc::REG_RSP,
+    uc::REG_R8,
+    uc::REG_R9,
+    uc::REG_R10,
+    uc::REG_R11,
+    uc::REG_R12,
+    uc::REG_R13,
+    uc::REG_R14,
+    uc::REG_R15,
+    uc::REG_RIP,
 ];
 
-/// Offset of each register slot in `ucontext_t` (`uc_mcontext.gregs[REG_*]`).
+/// Offset of each register slot in `ucontext_t` (`uc_mcontext.gregs[REG_*]`), computed at
+/// build time from context's layout (which is checked against this machine's libc there).
 const UC_OFFSETS: [usize; COUNT] = {
     let mut out = [0; COUNT];
     let mut i = 0;
     while i < COUNT {
-        out[i] = GREGS + 8 * GREG[i];
+        out[i] = uc::uc_greg(GREG[i]);
         i += 1;
     }
     out
-};
-
-/// [`UC_OFFSETS`] is what this machine's libc says (the same computation from `libc`'s
-/// definitions, which exist only on x86-64).
-#[cfg(target_arch = "x86_64")]
-const _: () = {
-    let greg = [
-        libc::REG_RAX,
-        libc::REG_RDX,
-        libc::REG_RCX,
-        libc::REG_RBX,
-        libc::REG_RSI,
-        libc::REG_RDI,
-        libc::REG_RBP,
-        libc::REG_RSP,
-        libc::REG_R8,
-        libc::REG_R9,
-        libc::REG_R10,
-        libc::REG_R11,
-        libc::REG_R12,
-        libc::REG_R13,
-        libc::REG_R14,
-        libc::REG_R15,
-        libc::REG_RIP,
-    ];
-    let mc = core::mem::offset_of!(libc::ucontext_t, uc_mcontext);
-    let mut i = 0;
-    while i < COUNT {
-        assert!(UC_OFFSETS[i] == mc + 8 * greg[i] as usize);
-        i += 1;
-    }
 };
 
 impl Arch for ArchX86_64 {
