@@ -49,6 +49,15 @@ impl Error {
         }
     }
 
+    /// An [`Error::Sys`] from a failed std call (`std::fs`, `std::thread`) that made system call
+    /// `call`: its `errno`, or `EIO` when std's error carries none.
+    pub(crate) fn from_io(call: &'static str, e: &std::io::Error) -> Error {
+        Error::Sys {
+            call,
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+
     /// The `errno` of an [`Error::Sys`], `None` for every other kind: what a caller compares
     /// (`e.errno() == Some(libc::ESRCH)`) where a failure's cause decides what it does.
     pub(crate) fn errno(&self) -> Option<i32> {

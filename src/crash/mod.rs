@@ -302,10 +302,7 @@ impl Builder {
                 .create(true)
                 .append(true)
                 .open(path)
-                .map_err(|e| Error::Sys {
-                    call: "open",
-                    errno: e.raw_os_error().unwrap_or(libc::EIO),
-                })?
+                .map_err(|e| Error::from_io("open", &e))?
                 .into_raw_fd(),
             // Never closed: a handler may write to it at any time from now on.
             (None, Some(fd)) => sys::keep_open(fd),

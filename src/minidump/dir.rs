@@ -24,10 +24,7 @@ pub(crate) fn open_dir(dir: &std::path::Path) -> Result<i32, Error> {
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
         .open(dir)
-        .map_err(|e| Error::Sys {
-            call: "open",
-            errno: e.raw_os_error().unwrap_or(libc::EIO),
-        })?;
+        .map_err(|e| Error::from_io("open", &e))?;
     Ok(sys::keep_open(std::os::fd::OwnedFd::from(file)))
 }
 

@@ -201,10 +201,7 @@ fn start_locked(b: Builder) -> Result<Running, Error> {
         Ok(t) => t,
         Err(e) => {
             unpublish(shared);
-            return Err(Error::Sys {
-                call: "pthread_create",
-                errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
-            });
+            return Err(Error::from_io("pthread_create", &e));
         }
     };
     match ready_rx.recv() {
@@ -249,10 +246,7 @@ fn profiler_thread(
     let timers = match spawned {
         Ok(t) => t,
         Err(e) => {
-            let _ = ready.send(Err(Error::Sys {
-                call: "pthread_create",
-                errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
-            }));
+            let _ = ready.send(Err(Error::from_io("pthread_create", &e)));
             return;
         }
     };
