@@ -93,19 +93,21 @@
 //! Measured (tests/dump_stack.rs: each entry point in a real handler on a painted alternate
 //! stack of the signal frame plus [`SIGNAL_STACK_BUDGET`]; bytes used, the signal frame
 //! included, which the kernel does not always write whole: 3,376 bytes on x86-64 with AVX-512,
-//! at most 5,120 under qemu-user for aarch64; the first three columns are x86-64's):
+//! at most 5,120 under qemu-user for aarch64; the first three columns are x86-64's; the debug
+//! column is the latest measurement, after the walk began to carry its frame kinds, the other
+//! columns are from when the budget was set):
 //!
 //! | entry point | debug build | before this budget (debug) | optimized build | aarch64 debug build (qemu-user) |
 //! |---|---|---|---|---|
-//! | [`capture`] (64 frames) | 8,672 | 8,672 | 4,744 | 12,568 |
-//! | [`Capture::walk_ucontext`] | 7,824 | 7,824 | 4,680 | 11,904 |
-//! | [`symbolize()`] and a name | 6,832 | 7,272 | 5,080 | 8,904 |
-//! | [`symbolize::write_kernel_frame`] | 7,000 | 7,368 | 5,448 | 9,056 |
-//! | [`backtrace_symbols_fd`] | 8,352 | 8,352 | 4,986 | 10,520 |
-//! | [`symbolize::demangle_into`] (1 KiB v0 name) | 6,928 | 149,560 | 5,416 | 8,920 |
-//! | [`crash::dump_stack_to`] | 9,136 | 19,304 | 4,856 | 13,048 |
-//! | [`threads::dump_all`] | 8,896 | 40,264 | 5,496 | 12,760 |
-//! | [`threads::capture`] (the requester) | 5,448 | 5,448 | 3,968 | 7,408 |
+//! | [`capture`] (64 frames) | 8,864 | 8,672 | 4,744 | 12,568 |
+//! | [`Capture::walk_ucontext`] | 8,112 | 7,824 | 4,680 | 11,904 |
+//! | [`symbolize()`] and a name | 7,352 | 7,272 | 5,080 | 8,904 |
+//! | [`symbolize::write_kernel_frame`] | 8,280 | 7,368 | 5,448 | 9,056 |
+//! | [`backtrace_symbols_fd`] | 8,680 | 8,352 | 4,986 | 10,520 |
+//! | [`symbolize::demangle_into`] (1 KiB v0 name) | 6,996 | 149,560 | 5,416 | 8,920 |
+//! | [`crash::dump_stack_to`] | 9,568 | 19,304 | 4,856 | 13,048 |
+//! | [`threads::dump_all`] | 9,264 | 40,264 | 5,496 | 12,760 |
+//! | [`threads::capture`] (the requester) | 6,472 | 5,448 | 3,968 | 7,408 |
 //! | the crash handler, until it moves to its own stack | 4,472 | (code unchanged) | 3,368 | 6,312 |
 //!
 //! # Signals
