@@ -41,7 +41,8 @@
 //! | [`backtrace_symbols_fd`] | glibc's `backtrace_symbols_fd` lines, also naming local functions |
 //! | [`symbolize::write_kernel_frame`] | one `0x... : name+0x1d/0x80 [obj]` line into a buffer |
 //! | [`symbolize::demangle_into`] | a Rust name demangled into a buffer |
-//! | [`symbolize::is_signal_trampoline`], [`symbolize::frame_kind`] | exact pc or return address |
+//! | [`Walk::frame_kind`], [`unwind::FrameKinds`] | exact pc or return address, as the walk recorded it |
+//! | [`symbolize::is_signal_trampoline`], [`symbolize::frame_kind`] | the same for addresses without their walk (reads the code before them) |
 //! | [`trace::begin_section()`], [`trace::end_section`], [`trace::section()`] (and its guard's drop) | a `B`/`E` marker |
 //! | [`trace::begin_async_section()`], [`trace::end_async_section()`], `..._for_track` | `S`/`F`, `G`/`H` markers |
 //! | [`trace::instant()`], [`trace::instant_for_track`], [`trace::set_counter`] | `I`, `N`, `C` markers |
