@@ -215,16 +215,20 @@ impl FrameKinds {
 
     /// The record of the first `n` frames only (for a stack cut to `n` frames).
     pub fn truncated(mut self, n: usize) -> FrameKinds {
-        let keep = self
-            .exact()
-            .iter()
-            .take_while(|&&e| (e as usize) < n)
-            .count();
+        let keep = self.count_before(n);
         if keep < self.len as usize {
             self.len = keep as u8;
             self.partial = false;
         }
         self
+    }
+
+    /// How many of the recorded exact frames come before frame `n`.
+    fn count_before(&self, n: usize) -> usize {
+        self.exact()
+            .iter()
+            .take_while(|&&e| (e as usize) < n)
+            .count()
     }
 }
 
@@ -232,11 +236,7 @@ impl FrameKinds {
     /// The record of the frames from `n` on, renumbered from 0 (for a stack whose first `n`
     /// frames are dropped: `frames[n..]`).
     pub fn after(mut self, n: usize) -> FrameKinds {
-        let drop = self
-            .exact()
-            .iter()
-            .take_while(|&&e| (e as usize) < n)
-            .count();
+        let drop = self.count_before(n);
         let len = self.len as usize;
         self.at.copy_within(drop..len, 0);
         self.len = (len - drop) as u8;
