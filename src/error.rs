@@ -40,8 +40,8 @@ pub enum Error {
 }
 
 impl Error {
-    /// An [`Error::Sys`] from the current `errno` (read without allocating: async-signal-safe).
-    #[allow(dead_code)]
+    /// An [`Error::Sys`] from the current `errno` (read without allocating: async-signal-safe):
+    /// what a `sys` wrapper returns when its call failed.
     pub(crate) fn last_os(call: &'static str) -> Error {
         Error::Sys {
             call,

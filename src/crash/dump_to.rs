@@ -57,8 +57,7 @@ pub(super) fn install_minidump(
             MINIDUMP_FD.store(-1, Ordering::Release);
         }
         MinidumpTo::Fd(fd) => {
-            // SAFETY: lseek has no memory effects.
-            if unsafe { libc::lseek64(fd.as_raw_fd(), 0, libc::SEEK_CUR) } < 0 {
+            if sys::lseek(fd.as_raw_fd(), 0, libc::SEEK_CUR).is_err() {
                 return Err(Error::InvalidInput(
                     "a minidump needs a seekable file, not a pipe or socket",
                 ));

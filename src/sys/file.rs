@@ -7,16 +7,7 @@
 
 use core::ffi::CStr;
 
-use super::errno;
 use crate::error::Error;
-
-/// The [`Error::Sys`] of the failed `call`, from `errno`.
-fn failed(call: &'static str) -> Error {
-    Error::Sys {
-        call,
-        errno: errno(),
-    }
-}
 
 /// `openat(2)` of `path` relative to the directory `dir`. Returns the fd or [`Error::Sys`]
 /// `openat`.
@@ -29,7 +20,7 @@ pub(crate) fn openat(dir: i32, path: &CStr, flags: i32, mode: libc::mode_t) -> R
     if fd >= 0 {
         Ok(fd)
     } else {
-        Err(failed("openat"))
+        Err(Error::last_os("openat"))
     }
 }
 
@@ -43,7 +34,7 @@ pub(crate) fn renameat(dir: i32, from: &CStr, to: &CStr) -> Result<(), Error> {
     if unsafe { libc::renameat(dir, from.as_ptr(), dir, to.as_ptr()) } == 0 {
         Ok(())
     } else {
-        Err(failed("renameat"))
+        Err(Error::last_os("renameat"))
     }
 }
 
@@ -57,7 +48,7 @@ pub(crate) fn unlinkat(dir: i32, path: &CStr) -> Result<(), Error> {
     if unsafe { libc::unlinkat(dir, path.as_ptr(), 0) } == 0 {
         Ok(())
     } else {
-        Err(failed("unlinkat"))
+        Err(Error::last_os("unlinkat"))
     }
 }
 
@@ -71,7 +62,7 @@ pub(crate) fn fsync(fd: i32) -> Result<(), Error> {
     if unsafe { libc::fsync(fd) } == 0 {
         Ok(())
     } else {
-        Err(failed("fsync"))
+        Err(Error::last_os("fsync"))
     }
 }
 
@@ -86,7 +77,7 @@ pub(crate) fn pwrite(fd: i32, buf: &[u8], offset: i64) -> Result<usize, Error> {
     if n >= 0 {
         Ok(n as usize)
     } else {
-        Err(failed("pwrite"))
+        Err(Error::last_os("pwrite"))
     }
 }
 
@@ -101,7 +92,7 @@ pub(crate) fn lseek(fd: i32, offset: i64, whence: i32) -> Result<i64, Error> {
     if at >= 0 {
         Ok(at)
     } else {
-        Err(failed("lseek"))
+        Err(Error::last_os("lseek"))
     }
 }
 
@@ -115,7 +106,7 @@ pub(crate) fn status_flags(fd: i32) -> Result<i32, Error> {
     if flags >= 0 {
         Ok(flags)
     } else {
-        Err(failed("fcntl"))
+        Err(Error::last_os("fcntl"))
     }
 }
 
@@ -130,7 +121,7 @@ pub(crate) fn pipe_cloexec() -> Result<[i32; 2], Error> {
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
         Ok(fds)
     } else {
-        Err(failed("pipe2"))
+        Err(Error::last_os("pipe2"))
     }
 }
 
@@ -151,7 +142,7 @@ pub(crate) fn poll_one(fd: i32, events: i16, timeout_ms: i32) -> Result<i16, Err
     match r {
         r if r > 0 => Ok(p.revents),
         0 => Ok(0),
-        _ => Err(failed("poll")),
+        _ => Err(Error::last_os("poll")),
     }
 }
 

@@ -340,10 +340,7 @@ pub(crate) fn map_stack(size: usize) -> Result<usize, Error> {
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(Error::Sys {
-            call: "mmap",
-            errno: errno(),
-        });
+        return Err(Error::last_os("mmap"));
     }
     // SAFETY: the lowest page of the mapping we just made becomes the guard page.
     unsafe { libc::mprotect(p, ps, libc::PROT_NONE) };
@@ -529,10 +526,7 @@ pub(crate) fn statfs_type(path: &core::ffi::CStr) -> Result<i64, Error> {
     if r == 0 {
         Ok(st.f_type as i64)
     } else {
-        Err(Error::Sys {
-            call: "statfs",
-            errno: errno(),
-        })
+        Err(Error::last_os("statfs"))
     }
 }
 
@@ -551,10 +545,7 @@ pub(crate) fn fstatfs_type(fd: i32) -> Result<i64, Error> {
     if r == 0 {
         Ok(st.f_type as i64)
     } else {
-        Err(Error::Sys {
-            call: "fstatfs",
-            errno: errno(),
-        })
+        Err(Error::last_os("fstatfs"))
     }
 }
 

@@ -10,7 +10,6 @@
 
 use core::ffi::CStr;
 
-use super::errno;
 use crate::error::Error;
 
 /// `uname(2)`: the kernel's name, release, version and machine, or [`Error::Sys`] `uname`.
@@ -24,10 +23,7 @@ pub(crate) fn uname() -> Result<libc::utsname, Error> {
     if unsafe { libc::uname(&mut uts) } == 0 {
         Ok(uts)
     } else {
-        Err(Error::Sys {
-            call: "uname",
-            errno: errno(),
-        })
+        Err(Error::last_os("uname"))
     }
 }
 
@@ -42,10 +38,7 @@ pub(crate) fn getrusage_self() -> Result<libc::rusage, Error> {
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0 {
         Ok(ru)
     } else {
-        Err(Error::Sys {
-            call: "getrusage",
-            errno: errno(),
-        })
+        Err(Error::last_os("getrusage"))
     }
 }
 
@@ -68,10 +61,7 @@ pub(crate) fn getrandom_nonblock(out: &mut [u8]) -> Result<usize, Error> {
     if got >= 0 {
         Ok(got as usize)
     } else {
-        Err(Error::Sys {
-            call: "getrandom",
-            errno: errno(),
-        })
+        Err(Error::last_os("getrandom"))
     }
 }
 
@@ -90,10 +80,7 @@ pub(crate) unsafe fn fork() -> Result<i32, Error> {
     if pid >= 0 {
         Ok(pid)
     } else {
-        Err(Error::Sys {
-            call: "fork",
-            errno: errno(),
-        })
+        Err(Error::last_os("fork"))
     }
 }
 

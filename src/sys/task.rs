@@ -18,10 +18,7 @@ pub(crate) fn tgkill(tid: i32, sig: i32) -> Result<(), Error> {
     if r == 0 {
         Ok(())
     } else {
-        Err(Error::Sys {
-            call: "tgkill",
-            errno: super::errno(),
-        })
+        Err(Error::last_os("tgkill"))
     }
 }
 
@@ -62,10 +59,7 @@ pub(crate) fn for_each_task(f: impl FnMut(i32)) -> Result<(), Error> {
 pub(crate) fn for_each_task_in(fd: i32, f: impl FnMut(i32)) -> Result<(), Error> {
     // SAFETY: lseek on a descriptor has no memory effects.
     if unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } < 0 {
-        return Err(Error::Sys {
-            call: "lseek",
-            errno: super::errno(),
-        });
+        return Err(Error::last_os("lseek"));
     }
     tasks_of(fd, f)
 }
@@ -234,10 +228,7 @@ pub(crate) fn current_handler(sig: i32) -> Result<usize, Error> {
     let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
     // SAFETY: a null new action only queries.
     if unsafe { libc::sigaction(sig, core::ptr::null(), &mut old) } != 0 {
-        return Err(Error::Sys {
-            call: "sigaction",
-            errno: super::errno(),
-        });
+        return Err(Error::last_os("sigaction"));
     }
     Ok(old.sa_sigaction)
 }

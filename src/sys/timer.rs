@@ -37,10 +37,7 @@ impl ThreadTimer {
         let mut id: libc::timer_t = core::ptr::null_mut();
         // SAFETY: sev and id are valid; SIGEV_THREAD_ID names a thread of this process.
         if unsafe { libc::timer_create(clock, &mut sev, &mut id) } != 0 {
-            return Err(Error::Sys {
-                call: "timer_create",
-                errno: super::errno(),
-            });
+            return Err(Error::last_os("timer_create"));
         }
         Ok(ThreadTimer { id })
     }
@@ -58,10 +55,7 @@ impl ThreadTimer {
         // SAFETY: id is the timer created in `create` and not deleted (Drop does that);
         // spec is valid.
         if unsafe { libc::timer_settime(self.id, 0, &spec, core::ptr::null_mut()) } != 0 {
-            return Err(Error::Sys {
-                call: "timer_settime",
-                errno: super::errno(),
-            });
+            return Err(Error::last_os("timer_settime"));
         }
         Ok(())
     }
