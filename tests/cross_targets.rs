@@ -2,8 +2,9 @@
 //!
 //! - aarch64: the tests in [`AARCH64_TESTS`] and the library's unit tests, built for
 //!   `aarch64-unknown-linux-gnu` with Debian's `rustc-web` (`/usr/bin/rustc`, which has the arm64
-//!   std) and run under qemu-user (`qemu-aarch64` as cargo's runner; binfmt_misc registered for
-//!   the tests that run themselves again as a child). Tests that need a kernel facility
+//!   std) and run under qemu-user (`qemu-aarch64`; binfmt_misc registered for the tests that
+//!   run themselves again as a child), as many test binaries at once as the machine has cores,
+//!   each one's output printed whole when it ends. Tests that need a kernel facility
 //!   qemu-user lacks (tracefs, uprobes, perf, ptrace) are not in the list, or say in their
 //!   output which part they leave out there. The benches and examples are checked to build for
 //!   aarch64 (they run natively only).
@@ -20,27 +21,35 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// The integration test binaries (tests/NAME.rs, tests/NAME/main.rs) run for aarch64 under
-/// qemu-user.
+/// qemu-user, with the library's unit tests ([`LIB`]), heaviest first: the lanes of
+/// [`run_in_lanes`] take them in this order, so that the long ones start first and the lanes end
+/// together. (Seconds of one run on the 2-core CI machine, the aarch64 fixture builds the
+/// tests start included: crash ~110 with its release build, unwind_diff ~50, threads ~40,
+/// minidump ~35, profile_stress ~35, symbolize ~30, unwind ~30; the rest under 15 each.)
 const AARCH64_TESTS: &[&str] = &[
-    "before_init",
     "crash",
-    "dlopen",
-    "dump_stack",
-    "hostile",
-    "minidump",
-    "symbolize",
-    "symbolize_background",
-    "threads",
-    "unwind",
     "unwind_diff",
-    "unwind_gdb",
-    "unwind_no_vm_readv",
-    "unwind_reuse",
-    "unwind_stress",
-    "usdt",
-    "watchdog",
+    "threads",
+    "minidump",
     "profile_stress",
+    "symbolize",
+    "unwind",
+    LIB,
+    "unwind_gdb",
+    "watchdog",
+    "unwind_stress",
+    "unwind_reuse",
+    "dump_stack",
+    "dlopen",
+    "hostile",
+    "symbolize_background",
+    "usdt",
+    "before_init",
+    "unwind_no_vm_readv",
 ];
+
+/// The library's unit tests in [`AARCH64_TESTS`] (cargo's `--lib`).
+const LIB: &str = "lib";
 
 /// The integration test binaries that do not run under qemu-user, and why (printed by the aarch64 run).
 const NOT_UNDER_QEMU: &[(&str, &str)] = &[
@@ -120,12 +129,16 @@ fn has_std(triple: &str) -> bool {
         })
 }
 
-/// A target directory of its own for each toolchain, next to the outer build's.
-fn target_dir(name: &str) -> PathBuf {
+/// The target directory of the test run itself (that `CARGO_TARGET_TMPDIR` is in).
+fn outer_target_dir() -> &'static Path {
     Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .expect("target/tmp has a parent")
-        .join(name)
+}
+
+/// A target directory of its own for another toolchain, in the outer build's.
+fn target_dir(name: &str) -> PathBuf {
+    outer_target_dir().join(name)
 }
 
 /// Debian's cargo, with its rustc, in this package's directory, its output going straight to
@@ -175,37 +188,49 @@ fn aarch64_tests_pass_under_qemu_user() {
     for (t, why) in NOT_UNDER_QEMU {
         eprintln!("{TEST}: test binary {t} is not run under qemu-user: {why}");
     }
-    let mut c = debian_cargo(&target_dir("aarch64-qemu"));
-    // Every test binary runs even after one failed, so a CI log shows all failures at once.
+    let target_dir = target_dir(DEBIAN_TARGET_DIR);
+    // Built once, every test binary, then run in lanes (below) directly: `cargo test` runs
+    // them one at a time, and one test binary under qemu keeps about 1.2 of the cores busy.
+    let mut c = debian_cargo(&target_dir);
     c.args([
         "test",
-        "--no-fail-fast",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
         "--target",
         TRIPLE,
         "--all-features",
-        "--lib",
     ]);
     for t in AARCH64_TESTS {
-        c.args(["--test", t]);
+        match *t {
+            LIB => c.arg("--lib"),
+            t => c.args(["--test", t]),
+        };
     }
-    // No parallel test binaries: each runs its own threads under qemu, on two cores.
-    c.env(
-        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
-        "aarch64-linux-gnu-gcc",
-    )
-    .env(
-        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER",
-        "qemu-aarch64",
-    )
-    .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc");
+    cross_env(&mut c);
     eprintln!("{TEST}: {c:?}");
-    let status = c.status().expect("run Debian's cargo");
+    let out = c
+        .stdout(Stdio::piped())
+        .output()
+        .expect("run Debian's cargo");
     assert!(
-        status.success(),
-        "the aarch64 tests failed under qemu-user: {status}"
+        out.status.success(),
+        "the aarch64 tests do not build: {}",
+        out.status
     );
-    // The benches and examples build for aarch64 too (checked only: they are run natively).
-    let mut c = debian_cargo(&target_dir("aarch64-qemu"));
+    let binaries = test_binaries(&out.stdout);
+    let jobs: Vec<(&str, PathBuf)> = AARCH64_TESTS
+        .iter()
+        .map(|t| {
+            let exe = binaries
+                .iter()
+                .find(|(name, _)| name == t)
+                .unwrap_or_else(|| panic!("cargo built no test binary {t}: {binaries:?}"));
+            (*t, exe.1.clone())
+        })
+        .collect();
+    // The benches and examples build for aarch64 too (checked only: they are run natively),
+    // while the tests run: a test binary under qemu leaves part of the machine idle.
+    let mut c = debian_cargo(&target_dir);
     c.args([
         "check",
         "--target",
@@ -215,11 +240,119 @@ fn aarch64_tests_pass_under_qemu_user() {
         "--examples",
     ]);
     eprintln!("{TEST}: {c:?}");
-    let status = c.status().expect("run Debian's cargo");
+    let mut check = c.spawn().expect("run Debian's cargo");
+    let failed = run_in_lanes(&jobs, |exe| {
+        let mut c = Command::new("qemu-aarch64");
+        c.arg(exe)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            // What cargo gives the tests it runs: the fixture programs some of them build
+            // (tests/example_build) are built by this cargo, for aarch64.
+            .env("CARGO", DEBIAN_CARGO)
+            .env("RUSTC", DEBIAN_RUSTC)
+            .env("CARGO_INCREMENTAL", "0")
+            .env_remove("RUSTC_WRAPPER")
+            .env_remove("RUSTFLAGS");
+        cross_env(&mut c);
+        c
+    });
+    let status = check.wait().expect("wait for Debian's cargo");
+    assert!(
+        failed.is_empty(),
+        "aarch64 test binaries failed under qemu-user: {failed:?} (their output is above)"
+    );
     assert!(
         status.success(),
         "the benches or examples do not build for aarch64: {status}"
     );
+}
+
+/// The target directory of every build with Debian's cargo (the aarch64 tests and the other
+/// targets' checks): the build scripts and proc-macros they need for the host are built once.
+const DEBIAN_TARGET_DIR: &str = "debian";
+
+/// The linker, C compiler and runner for aarch64 (Debian's cross gcc, qemu-user).
+#[cfg(target_arch = "x86_64")]
+fn cross_env(c: &mut Command) {
+    c.env(
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+        "aarch64-linux-gnu-gcc",
+    )
+    .env(
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER",
+        "qemu-aarch64",
+    )
+    .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc");
+}
+
+/// The test binaries in the JSON messages of `cargo test --no-run --message-format=json`: the
+/// name [`AARCH64_TESTS`] gives each ([`LIB`] for the library's unit tests) and its path.
+#[cfg(target_arch = "x86_64")]
+fn test_binaries(json: &[u8]) -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(json).lines() {
+        let Ok(m) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(exe), true) = (m["executable"].as_str(), m["profile"]["test"] == true) else {
+            continue;
+        };
+        let name = if m["target"]["kind"][0] == "lib" {
+            LIB.to_string()
+        } else {
+            m["target"]["name"].as_str().unwrap_or_default().to_string()
+        };
+        found.push((name, PathBuf::from(exe)));
+    }
+    found
+}
+
+/// Runs each job's command (`command(path)`) to its end, as many at once as the machine has
+/// cores (at least two), taking the
+/// jobs in their order; prints each one's output, whole, when it ends (as cargo does, the
+/// lines of two binaries never mixed). Returns the names of the jobs that failed.
+#[cfg(target_arch = "x86_64")]
+fn run_in_lanes(
+    jobs: &[(&str, PathBuf)],
+    command: impl Fn(&Path) -> Command + Sync,
+) -> Vec<String> {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let lanes = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+    let next = AtomicUsize::new(0);
+    let failed = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..lanes {
+            s.spawn(|| loop {
+                let Some((name, exe)) = jobs.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                    return;
+                };
+                let start = std::time::Instant::now();
+                let out = command(exe)
+                    .stdin(Stdio::null())
+                    .output()
+                    .unwrap_or_else(|e| panic!("run {}: {e}", exe.display()));
+                let verdict = if out.status.success() {
+                    "ok".to_string()
+                } else {
+                    failed.lock().unwrap().push(name.to_string());
+                    format!("FAILED ({})", out.status)
+                };
+                // Straight to the file descriptor, past the test harness's capture: a CI log
+                // shows each binary as it ends.
+                let mut err = std::io::stderr().lock();
+                let _ = writeln!(
+                    err,
+                    "\n     Ran aarch64 {name} under qemu-user ({}): {verdict}, {:.1} s",
+                    exe.display(),
+                    start.elapsed().as_secs_f64()
+                );
+                let _ = err.write_all(&out.stdout);
+                let _ = err.write_all(&out.stderr);
+            });
+        }
+    });
+    failed.into_inner().unwrap()
 }
 
 #[test]
@@ -237,7 +370,7 @@ fn other_targets_build() {
     // same source as the packages'.
     let src = Path::new("/usr/lib/rustlib/src/rust/library/std").is_dir();
     let from_source = |triple: &str| {
-        let mut cargo = debian_cargo(&target_dir("cross-check"));
+        let mut cargo = debian_cargo(&target_dir(DEBIAN_TARGET_DIR));
         cargo.env("RUSTC_BOOTSTRAP", "1");
         check(cargo, &["-Zbuild-std=std,panic_abort"], triple)
     };
@@ -247,7 +380,7 @@ fn other_targets_build() {
         "powerpc64le-unknown-linux-gnu",
     ] {
         let ok = if has_std(triple) {
-            check(debian_cargo(&target_dir("cross-check")), &[], triple)
+            check(debian_cargo(&target_dir(DEBIAN_TARGET_DIR)), &[], triple)
         } else if src {
             eprintln!("{TEST}: no std package for {triple}: its std is built from rust-web-src");
             from_source(triple)
@@ -300,7 +433,9 @@ fn every_feature_builds_alone() {
     for f in features {
         let mut c = Command::new(&cargo);
         c.current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("CARGO_TARGET_DIR", target_dir("features"))
+            // The test run's own: its build scripts and proc-macros are this toolchain's, and
+            // serve these checks too (a cargo that runs tests holds no lock on it).
+            .env("CARGO_TARGET_DIR", outer_target_dir())
             .env("CARGO_INCREMENTAL", "0")
             .env_remove("RUSTFLAGS")
             .args([
@@ -366,6 +501,7 @@ fn every_test_file_runs_under_qemu_or_says_why() {
     }
     for t in AARCH64_TESTS
         .iter()
+        .filter(|t| **t != LIB)
         .chain(NOT_UNDER_QEMU.iter().map(|(t, _)| t))
     {
         assert!(

@@ -109,13 +109,8 @@ fn child_report() {
     println!("== end");
 }
 
-fn work_dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("selftrace-files")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn work_dir(name: &str) -> crate::WorkDir {
+    crate::WorkDir::new("selftrace-files", name)
 }
 
 fn run(cmd: &str, dir: &Path, args: &[&str]) {

@@ -3,7 +3,7 @@
 //! into a separate file (found by build-id or by `.gnu_debuglink`), names and lines come back.
 
 use crate::target;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 const CHILD_ENV: &str = "SELFTRACE_STRIPPED_CHILD";
@@ -41,13 +41,8 @@ fn child_report() {
     child_leaf();
 }
 
-fn work_dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("selftrace-stripped")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn work_dir(name: &str) -> crate::WorkDir {
+    crate::WorkDir::new("selftrace-stripped", name)
 }
 
 fn run(cmd: &str, args: &[&std::ffi::OsStr]) {
