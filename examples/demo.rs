@@ -1,7 +1,7 @@
 //! selftrace in one run: a program traces itself.
 //!
 //! ```sh
-//! cargo run --release --all-features --example demo
+//! cargo run --release --features pprof,flamegraph --example demo
 //! ```
 //!
 //! 1. Stacks: the current stack captured async-signal-safely, printed the kernel's way and

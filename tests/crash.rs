@@ -351,7 +351,13 @@ fn inlined_frames_are_listed_innermost_first() {
 fn release_crash_example() -> std::path::PathBuf {
     example_build::build(
         example_build::FIXTURES,
-        &["--release", "--example", "crash"],
+        &[
+            "--release",
+            "--features",
+            example_build::RELEASE_FEATURES,
+            "--example",
+            "crash",
+        ],
     )
     .join("release")
     .join("examples")

@@ -18,7 +18,7 @@ fn server_binary() -> PathBuf {
         &[
             "--release",
             "--features",
-            "http,flamegraph",
+            example_build::RELEASE_FEATURES,
             "--example",
             "pprof_server",
         ],

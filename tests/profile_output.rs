@@ -890,13 +890,13 @@ fn copy_sources(from: &Path, to: &Path) {
     }
 }
 
-/// The README's demo command, `cargo run --release --all-features --example demo`, run from a
-/// checkout whose `target/` does not exist because `CARGO_TARGET_DIR` points elsewhere: the
-/// demo writes its pprof file and its flame graph where it says it does, and both read back.
-/// The checkout is a copy of this one under `target/tmp` (removed afterwards), built in the
-/// fixtures' target directory, where tests/profile_http.rs builds --release too: only this
-/// crate and the features' few dependencies are compiled. The demo's temporary directory is
-/// one of the test's own, removed afterwards.
+/// The README's demo command, `cargo run --release --features pprof,flamegraph --example
+/// demo`, run from a checkout whose `target/` does not exist because `CARGO_TARGET_DIR` points
+/// elsewhere: the demo writes its pprof file and its flame graph where it says it does, and
+/// both read back. The checkout is a copy of this one under `target/tmp` (removed afterwards),
+/// built in the fixtures' target directory, whose release programs have the same dependencies
+/// ([`example_build::RELEASE_FEATURES`]): only the copy's own packages are compiled again. The
+/// demo's temporary directory is one of the test's own, removed afterwards.
 #[test]
 fn demo_writes_its_profile_and_flame_graph_whatever_the_target_dir() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -908,7 +908,13 @@ fn demo_writes_its_profile_and_flame_graph_whatever_the_target_dir() {
         &checkout,
         example_build::FIXTURES,
         "run",
-        &["--release", "--all-features", "--example", "demo"],
+        &[
+            "--release",
+            "--features",
+            "pprof,flamegraph",
+            "--example",
+            "demo",
+        ],
         &[("TMPDIR", tmp.0.as_os_str())],
     );
     let no_target = !checkout.join("target").exists();

@@ -57,7 +57,7 @@
 //!
 //! # What a dump shows
 //!
-//! The demo (`cargo run --release --all-features --example demo`, part 6) holds a `Mutex` in one
+//! The demo (`cargo run --release --features pprof,flamegraph --example demo`, part 6) holds a `Mutex` in one
 //! thread and waits for it in another; both stacks show it (an excerpt):
 //!
 //! ```text

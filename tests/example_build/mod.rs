@@ -12,6 +12,11 @@ static BUILD: Mutex<()> = Mutex::new(());
 /// The target directory (under `target/`) that the fixture programs are built in.
 pub const FIXTURES: &str = "fixtures";
 
+/// The features of every release build of the examples (the crash, probe and pprof-server
+/// programs): one build of selftrace and its dependencies in release serves them all, and the
+/// demo's (`pprof,flamegraph`: the same dependencies).
+pub const RELEASE_FEATURES: &str = "http,flamegraph";
+
 /// The package of the examples (examples/Cargo.toml).
 pub const EXAMPLES: &str = "selftrace-examples";
 

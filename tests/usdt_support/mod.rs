@@ -16,19 +16,21 @@ pub const TEXT: &str = "hello usdt";
 
 /// Builds `examples/usdt_target.rs` and `examples/usdt_cdylib.rs` with cargo `profile` (`dev`,
 /// `release` or `release-lto`) in the fixtures' target directory, and returns the directory
-/// holding them.
+/// holding them. In `release`, with the features of the other release programs
+/// ([`example_build::RELEASE_FEATURES`]: one build of selftrace serves them all).
 pub fn build_fixtures(profile: &str) -> PathBuf {
-    let target = example_build::build(
-        example_build::FIXTURES,
-        &[
-            "--example",
-            "usdt_target",
-            "--example",
-            "usdt_cdylib",
-            "--profile",
-            profile,
-        ],
-    );
+    let mut args = vec![
+        "--example",
+        "usdt_target",
+        "--example",
+        "usdt_cdylib",
+        "--profile",
+        profile,
+    ];
+    if profile == "release" {
+        args.extend(["--features", example_build::RELEASE_FEATURES]);
+    }
+    let target = example_build::build(example_build::FIXTURES, &args);
     let dir = if profile == "dev" { "debug" } else { profile };
     target.join(dir).join("examples")
 }
