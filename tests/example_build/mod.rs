@@ -14,8 +14,13 @@ pub const FIXTURES: &str = "fixtures";
 
 /// The features of every release build of the examples (the crash, probe and pprof-server
 /// programs): one build of selftrace and its dependencies in release serves them all, and the
-/// demo's (`pprof,flamegraph`: the same dependencies).
-pub const RELEASE_FEATURES: &str = "http,flamegraph";
+/// demo's (`pprof,flamegraph`: the same dependencies). On aarch64, where only the crash
+/// program is built in release, selftrace's defaults.
+pub const RELEASE_FEATURES: &str = if cfg!(target_arch = "x86_64") {
+    "http,flamegraph"
+} else {
+    "default"
+};
 
 /// The package of the examples (examples/Cargo.toml).
 pub const EXAMPLES: &str = "selftrace-examples";
