@@ -23,9 +23,10 @@ use std::process::{Command, Stdio};
 /// The integration test binaries (tests/NAME.rs, tests/NAME/main.rs) run for aarch64 under
 /// qemu-user, with the library's unit tests ([`LIB`]), heaviest first: the lanes of
 /// [`run_in_lanes`] take them in this order, so that the long ones start first and the lanes end
-/// together. (Seconds of one run on the 2-core CI machine, the aarch64 fixture builds the
-/// tests start included: crash ~110 with its release build, unwind_diff ~50, threads ~40,
-/// minidump ~35, profile_stress ~35, symbolize ~30, unwind ~30; the rest under 15 each.)
+/// together. (Seconds of each alone on the 2-core CI machine, the aarch64 fixture builds the
+/// tests start included: crash ~110 with its release build, unwind_diff ~50, minidump ~35,
+/// profile_stress ~35, symbolize ~20, threads ~20; the rest under 15 each. Two at once
+/// take longer each, and about half the time together.)
 const AARCH64_TESTS: &[&str] = &[
     "crash",
     "unwind_diff",
