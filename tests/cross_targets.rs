@@ -146,16 +146,22 @@ fn target_dir(name: &str) -> PathBuf {
 /// the test run's (so that a CI log shows it as it happens).
 fn debian_cargo(target_dir: &Path) -> Command {
     let mut c = Command::new(DEBIAN_CARGO);
-    c.current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("RUSTC", DEBIAN_RUSTC)
+    debian_env(&mut c)
         .env("CARGO_TARGET_DIR", target_dir)
-        .env("CARGO_INCREMENTAL", "0")
-        .env_remove("RUSTC_WRAPPER")
-        .env_remove("RUSTFLAGS")
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit());
     c
+}
+
+/// What a command of Debian's toolchain runs with: this package's directory, Debian's rustc,
+/// no incremental state, none of the outer build's wrappers or flags.
+fn debian_env(c: &mut Command) -> &mut Command {
+    c.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUSTC", DEBIAN_RUSTC)
+        .env("CARGO_INCREMENTAL", "0")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTFLAGS")
 }
 
 #[test]
@@ -249,15 +255,9 @@ fn aarch64_tests_pass_under_qemu_user() {
     let mut check = c.spawn().expect("run Debian's cargo");
     let failed = run_in_lanes(&jobs, |exe| {
         let mut c = Command::new("qemu-aarch64");
-        c.arg(exe)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            // What cargo gives the tests it runs: the fixture programs some of them build
-            // (tests/example_build) are built by this cargo, for aarch64.
-            .env("CARGO", DEBIAN_CARGO)
-            .env("RUSTC", DEBIAN_RUSTC)
-            .env("CARGO_INCREMENTAL", "0")
-            .env_remove("RUSTC_WRAPPER")
-            .env_remove("RUSTFLAGS");
+        // What cargo gives the tests it runs: the fixture programs some of them build
+        // (tests/example_build) are built by Debian's cargo, for aarch64.
+        debian_env(c.arg(exe)).env("CARGO", DEBIAN_CARGO);
         cross_env(&mut c);
         c
     });
