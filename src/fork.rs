@@ -178,6 +178,29 @@ fn next_generation() {
     );
 }
 
+/// The calling thread's id, from a per-thread cache: a relaxed load and a thread-local read
+/// after the first call (`gettid` is a system call). The cache is keyed by the fork generation,
+/// so the thread of a forked child asks the kernel again. Async-signal-safe.
+#[cfg(feature = "threads")]
+pub(crate) fn cached_tid() -> i32 {
+    use core::cell::Cell;
+    thread_local! {
+        /// (fork generation + 1, tid); 0 before the first call.
+        static TID: Cell<(u32, i32)> = const { Cell::new((0, 0)) };
+    }
+    let gen = GENERATION.load(Ordering::Relaxed) + 1;
+    TID.try_with(|c| {
+        let (g, tid) = c.get();
+        if g == gen {
+            return tid;
+        }
+        let tid = sys::gettid();
+        c.set((gen, tid));
+        tid
+    })
+    .unwrap_or_else(|_| sys::gettid())
+}
+
 /// A value set once and never freed, read lock-free: unlike `OnceLock`, whose initialisation
 /// under way in a thread of the parent blocks a forked child for ever, nobody waits (two
 /// threads that set it at once both build a value; the first wins).

@@ -11,7 +11,8 @@
 //!   ([`usdt`]).
 //! * **Markers**: Android's `Trace` API over ftrace's `trace_marker` ([`trace`]).
 //! * **Other threads**: any thread's stack, all-thread dumps (on demand, on `SIGQUIT`, in crash
-//!   reports) ([`threads`]), and a stall watchdog ([`watchdog`]).
+//!   reports) ([`threads`]), and a stall watchdog ([`watchdog`]) that also watches an async
+//!   runtime's workers and tasks ([`tasks`]).
 //! * **Profiles**: a sampling CPU and wall-clock profiler whose signal handler is the
 //!   async-signal-safe unwinder, with pprof, folded-stack and flame-graph outputs ([`profile`]).
 //!
@@ -53,6 +54,7 @@
 //! | [`threads::list`], [`threads::info`], [`threads::current_tid`] | thread ids from `/proc/self/task`; one thread's name, state and CPU time |
 //! | [`threads::install`] | installs the stack-request handler (`sigaction` only) |
 //! | [`watchdog::pet`], [`watchdog::Watch::pet`] | a watched thread checks in: one relaxed load and store |
+//! | [`watchdog::TaskWatch::pet`] | a watched task checks in, from any thread: one relaxed load and store |
 //!
 //! The name lookups among them ([`symbolize()`], [`backtrace_symbols_fd`],
 //! [`symbolize::write_kernel_frame`], ...) check that a `dlopen`ed object is still the one the
@@ -190,6 +192,9 @@ mod report;
 mod setup;
 pub mod symbolize;
 mod sys;
+#[cfg(feature = "threads")]
+#[cfg_attr(docsrs, doc(cfg(feature = "threads")))]
+pub mod tasks;
 #[cfg(feature = "threads")]
 #[cfg_attr(docsrs, doc(cfg(feature = "threads")))]
 pub mod threads;

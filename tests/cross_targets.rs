@@ -38,6 +38,7 @@ const AARCH64_TESTS: &[&str] = &[
     LIB,
     "unwind_gdb",
     "watchdog",
+    "tasks",
     "unwind_stress",
     "unwind_reuse",
     "dump_stack",
@@ -427,6 +428,7 @@ fn every_feature_builds_alone() {
         "flamegraph",
         "http",
         "tracing",
+        "tokio",
     ];
     for f in features {
         let mut c = Command::new(&cargo);

@@ -63,6 +63,10 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+mod task;
+pub(crate) use task::{prepare_workers, worker_parked, worker_stopped, worker_unparked};
+pub use task::{watch_task, TaskWatch, Watched};
+
 /// What the watchdog does on a stall, after writing its report.
 #[derive(Clone, Default)]
 #[non_exhaustive]
@@ -89,13 +93,31 @@ impl fmt::Debug for Action {
     }
 }
 
+/// What a watch watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kind {
+    /// A thread that pets ([`watch`]): stalled when it does not pet within its timeout.
+    Thread,
+    /// An executor's worker thread ([`crate::tasks`]): busy from unpark to park, idle while
+    /// parked; stalled when busy for longer than its timeout without parking (or petting).
+    Worker,
+    /// A task or any unit of work that moves between threads ([`watch_task`]): stalled when it
+    /// does not pet within its timeout, whichever thread polls it, or none.
+    Task,
+}
+
 /// A stall as the monitor saw it.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Stall {
-    /// The name given to [`watch`].
+    /// The name given to [`watch`] or [`watch_task`] (a worker's: its thread name).
     pub name: String,
-    /// The stalled thread's id.
+    /// What stalled: a watched thread, an executor's worker or a task.
+    pub kind: Kind,
+    /// The stalled thread's id; for a [`Kind::Task`], the thread polling the task when the
+    /// stall was found (through [`TaskWatch::run`]), or 0 when no thread was polling it (it
+    /// waits at an `.await`; there is no stack then).
     pub tid: i32,
     /// How long the thread has not petted when the stall was reported.
     pub stalled_for: Duration,
@@ -122,11 +144,13 @@ pub struct Stall {
     pub thread: Option<threads::ThreadInfo>,
 }
 
-/// One watched thread.
+/// One watched thread, worker or task.
 struct Slot {
-    /// The monitor tick (ms) of the last pet.
+    /// The monitor tick (ms) of the last pet, or of a worker's last park with [`PARKED`] set.
     last: AtomicU64,
-    tid: i32,
+    /// The thread; for a task, the thread polling it now (0: none).
+    tid: AtomicI32,
+    kind: Kind,
     name: String,
     timeout_ms: u64,
     state: ForkMutex<MonitorState>,
@@ -138,9 +162,15 @@ struct MonitorState {
     seen: u64,
     seen_at: u64,
     cpu_at_seen: u64,
+    /// The thread whose CPU time `cpu_at_seen` is (a task moves between threads; 0: none).
+    cpu_tid: i32,
     /// Reported as stalled, not yet recovered.
     stalled: bool,
 }
+
+/// Set in [`Slot::last`] while a worker is parked: idle, never a stall. The other bits are the
+/// tick it parked at.
+const PARKED: u64 = 1 << 63;
 
 /// The monitor's clock: milliseconds since the watchdog started, advanced every tick.
 static TICK: AtomicU64 = AtomicU64::new(0);
@@ -174,7 +204,7 @@ impl fmt::Debug for Watch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Watch")
             .field("name", &self.slot.name)
-            .field("tid", &self.slot.tid)
+            .field("tid", &self.slot.tid.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -193,7 +223,7 @@ impl Watch {
 
     /// The watched thread's id.
     pub fn tid(&self) -> i32 {
-        self.slot.tid
+        self.slot.tid.load(Ordering::Relaxed)
     }
 }
 
@@ -205,9 +235,20 @@ impl Drop for Watch {
                 c.set(core::ptr::null());
             }
         });
-        REGISTRY
-            .lock_or_reset(Vec::new)
-            .retain(|s| !Arc::ptr_eq(s, &self.slot));
+        unregister(&self.slot);
+    }
+}
+
+/// Stops watching `slot`; if it is reported stalled, says that it recovered (a task that
+/// finished, a thread that stopped watching), with how long it had not petted.
+fn unregister(slot: &Arc<Slot>) {
+    REGISTRY
+        .lock_or_reset(Vec::new)
+        .retain(|s| !Arc::ptr_eq(s, slot));
+    let st = slot.state.lock_or_reset(MonitorState::default);
+    if st.stalled {
+        let now = TICK.load(Ordering::Relaxed);
+        recovered(slot, now.saturating_sub(st.seen & !PARKED));
     }
 }
 
@@ -251,11 +292,27 @@ pub fn watch_with_timeout(name: &str, timeout: Duration) -> Result<Watch, Error>
     check_timeout(timeout)?;
     threads::install()?;
     start_monitor();
+    Ok(watch_thread(name, Kind::Thread, timeout))
+}
+
+/// Registers the calling thread (the monitor runs): a [`Kind::Thread`] or [`Kind::Worker`]
+/// whose [`pet`] this becomes.
+fn watch_thread(name: &str, kind: Kind, timeout: Duration) -> Watch {
+    let slot = register(name, kind, sys::gettid(), timeout);
+    let _ = CURRENT.try_with(|c| c.set(Arc::as_ptr(&slot)));
+    Watch {
+        slot,
+        _not_send: PhantomData,
+    }
+}
+
+/// A new slot in the registry, petted now.
+fn register(name: &str, kind: Kind, tid: i32, timeout: Duration) -> Arc<Slot> {
     let now = TICK.load(Ordering::Relaxed);
-    let tid = sys::gettid();
     let slot = Arc::new(Slot {
         last: AtomicU64::new(now),
-        tid,
+        tid: AtomicI32::new(tid),
+        kind,
         name: name.to_string(),
         timeout_ms: u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
@@ -263,16 +320,17 @@ pub fn watch_with_timeout(name: &str, timeout: Duration) -> Result<Watch, Error>
         state: ForkMutex::new(MonitorState {
             seen: now,
             seen_at: now,
-            cpu_at_seen: sys::thread_cpu_ns(tid).unwrap_or(0),
+            cpu_at_seen: if tid > 0 {
+                sys::thread_cpu_ns(tid).unwrap_or(0)
+            } else {
+                0
+            },
+            cpu_tid: tid,
             stalled: false,
         }),
     });
     REGISTRY.lock_or_reset(Vec::new).push(slot.clone());
-    let _ = CURRENT.try_with(|c| c.set(Arc::as_ptr(&slot)));
-    Ok(Watch {
-        slot,
-        _not_send: PhantomData,
-    })
+    slot
 }
 
 /// Settings of the watchdog; [`builder`] gives the defaults. [`Builder::install`] applies them
@@ -420,9 +478,10 @@ fn start_monitor() {
     } else {
         // A forked child: the parent's threads are not here (a report of their stall would
         // be about threads this process does not have).
-        REGISTRY
-            .lock_or_reset(Vec::new)
-            .retain(|s| !crate::fork::holder_gone(s.tid));
+        REGISTRY.lock_or_reset(Vec::new).retain(|s| {
+            let tid = s.tid.load(Ordering::Relaxed);
+            s.kind == Kind::Task || !crate::fork::holder_gone(tid)
+        });
     }
     let _ = crate::setup::init();
     let spawned = std::thread::Builder::new()
@@ -448,26 +507,42 @@ fn monitor() {
     }
 }
 
+/// Thread `tid`'s CPU time (ns); `None` for no thread (0) or one gone.
+fn cpu_ns(tid: i32) -> Option<u64> {
+    if tid > 0 {
+        sys::thread_cpu_ns(tid)
+    } else {
+        None
+    }
+}
+
 fn check(slot: &Slot, now: u64) {
     let mut st = slot.state.lock_or_reset(MonitorState::default);
     let last = slot.last.load(Ordering::Relaxed);
+    let tid = slot.tid.load(Ordering::Relaxed);
     if last != st.seen {
         if st.stalled {
             st.stalled = false;
-            recovered(slot, last.saturating_sub(st.seen));
+            recovered(slot, (last & !PARKED).saturating_sub(st.seen & !PARKED));
         }
         st.seen = last;
         st.seen_at = now;
-        st.cpu_at_seen = sys::thread_cpu_ns(slot.tid).unwrap_or(st.cpu_at_seen);
+        st.cpu_at_seen = cpu_ns(tid).unwrap_or(0);
+        st.cpu_tid = tid;
         return;
     }
     let silent = now.saturating_sub(last);
-    if st.stalled || silent <= slot.timeout_ms {
+    // A parked worker is idle, however long.
+    if st.stalled || last & PARKED != 0 || silent <= slot.timeout_ms {
         return;
     }
     st.stalled = true;
-    let cpu_now = sys::thread_cpu_ns(slot.tid).unwrap_or(st.cpu_at_seen);
-    let cpu = cpu_now.saturating_sub(st.cpu_at_seen);
+    // A task polled by another thread than the one measured at its last pet: its CPU time
+    // over the window is not known (0; the thread's state still says busy or not).
+    let cpu = match cpu_ns(tid) {
+        Some(c) if tid == st.cpu_tid => c.saturating_sub(st.cpu_at_seen),
+        _ => 0,
+    };
     // The window over which CPU time was measured: from the tick that first saw this pet (the
     // registration, for a thread that never petted).
     let observed_ms = now.saturating_sub(st.seen_at).max(1);
@@ -476,12 +551,17 @@ fn check(slot: &Slot, now: u64) {
     // runnable state, counts as busy.
     // Read before the stack request wakes the thread: the state printed is the one the verdict
     // was made on.
-    let thread = threads::info(slot.tid);
+    let thread = if tid > 0 { threads::info(tid) } else { None };
     let running = thread.is_some_and(|i| i.state == b'R');
     let busy = running || cpu.saturating_mul(10) >= observed_ms * 1_000_000;
     drop(st);
     let mut frames = vec![0usize; 256];
-    let walk = threads::capture(slot.tid, &mut frames, Duration::from_secs(1));
+    let walk = if tid > 0 {
+        threads::capture(tid, &mut frames, Duration::from_secs(1))
+    } else {
+        // A task no thread polls: it waits; no thread's stack is its.
+        Err(Error::NotFound("a thread polling the task"))
+    };
     let stack_end = walk.as_ref().ok().map(|w| w.end);
     let stack_kinds = walk
         .as_ref()
@@ -492,7 +572,8 @@ fn check(slot: &Slot, now: u64) {
     });
     let stall = Stall {
         name: slot.name.clone(),
-        tid: slot.tid,
+        kind: slot.kind,
+        tid,
         stalled_for: Duration::from_millis(silent),
         timeout: Duration::from_millis(slot.timeout_ms),
         cpu: Duration::from_nanos(cpu),
@@ -599,24 +680,36 @@ impl Stall {
     /// The report's first line, in the kernel's words: `BUG: soft lockup - thread
     /// worker:4243 stuck for 1.200s! (timeout 1.000s)` or `INFO: task worker:4243 blocked for
     /// more than 1.000s (1.200s)`.
+    ///
+    /// A worker reads `worker tokio-rt-worker:4243`; a task `async task ticker` (`async task
+    /// ticker on 4243` while a thread polls it).
     pub fn headline(&self) -> String {
         let secs = |d: Duration| format!("{}.{:03}s", d.as_secs(), d.subsec_millis());
+        let who = self.who();
         if self.busy {
             format!(
-                "watchdog: BUG: soft lockup - thread {}:{} stuck for {}! (timeout {})",
-                self.name,
-                self.tid,
+                "watchdog: BUG: soft lockup - {who} stuck for {}! (timeout {})",
                 secs(self.stalled_for),
                 secs(self.timeout)
             )
         } else {
             format!(
-                "watchdog: INFO: task {}:{} blocked for more than {} ({})",
-                self.name,
-                self.tid,
+                "watchdog: INFO: {who} blocked for more than {} ({})",
                 secs(self.timeout),
                 secs(self.stalled_for)
             )
+        }
+    }
+
+    /// `thread NAME:TID` (`task NAME:TID` when blocked, the kernel's words), `worker
+    /// NAME:TID`, `async task NAME` or `async task NAME on TID`.
+    fn who(&self) -> String {
+        match self.kind {
+            Kind::Thread if self.busy => format!("thread {}:{}", self.name, self.tid),
+            Kind::Thread => format!("task {}:{}", self.name, self.tid),
+            Kind::Worker => format!("worker {}:{}", self.name, self.tid),
+            Kind::Task if self.tid > 0 => format!("async task {} on {}", self.name, self.tid),
+            Kind::Task => format!("async task {}", self.name),
         }
     }
 }
@@ -626,24 +719,45 @@ fn report(s: &Stall) {
     let secs = |d: Duration| format!("{}.{:03}s", d.as_secs(), d.subsec_millis());
     #[cfg(feature = "trace")]
     crate::trace::instant(&format!(
-        "watchdog: {} {}:{} stalled {}",
+        "watchdog: {} {} stalled {}",
         if s.busy { "busy" } else { "blocked" },
-        s.name,
-        s.tid,
+        match s.kind {
+            Kind::Thread => format!("{}:{}", s.name, s.tid),
+            _ => s.who(),
+        },
         secs(s.stalled_for)
     ));
     let mut text = String::new();
     text.push_str("------------[ selftrace: watchdog ]------------\n");
     text.push_str(&s.headline());
     text.push('\n');
-    text.push_str(&format!(
-        "{}: the thread used {} of cpu in the last {}\n",
-        if s.busy { "busy" } else { "blocked" },
-        secs(s.cpu),
-        secs(s.observed)
-    ));
+    match s.kind {
+        Kind::Task if s.tid == 0 => text.push_str(
+            "waiting: no thread is polling the task: it waits at an .await (or its \
+             future is not wrapped in TaskWatch::run)\n",
+        ),
+        kind => {
+            text.push_str(&format!(
+                "{}: the thread used {} of cpu in the last {}\n",
+                if s.busy { "busy" } else { "blocked" },
+                secs(s.cpu),
+                secs(s.observed)
+            ));
+            if kind == Kind::Worker {
+                text.push_str(&format!(
+                    "the worker has not parked for {}: one task's poll does not return, or \
+                     the worker never runs out of work\n",
+                    secs(s.stalled_for)
+                ));
+            }
+        }
+    }
     let _lock = crate::report::lock::OutputLock::acquire();
     let _ = sys::write_all(fd, text.as_bytes());
+    if s.kind == Kind::Task && s.tid == 0 {
+        let _ = sys::write_all(fd, b"---[ end of watchdog report ]---\n");
+        return;
+    }
     let stack = match &s.stack {
         Ok(f) => Ok((
             &f[..],
@@ -657,15 +771,21 @@ fn report(s: &Stall) {
 }
 
 fn recovered(slot: &Slot, after_ms: u64) {
+    let who = match slot.kind {
+        Kind::Thread => format!("thread {}:{}", slot.name, slot.tid.load(Ordering::Relaxed)),
+        Kind::Worker => format!("worker {}:{}", slot.name, slot.tid.load(Ordering::Relaxed)),
+        Kind::Task => format!("async task {}", slot.name),
+    };
     let line = format!(
-        "watchdog: thread {}:{} recovered after {}.{:03}s\n",
-        slot.name,
-        slot.tid,
+        "watchdog: {who} recovered after {}.{:03}s\n",
         after_ms / 1000,
         after_ms % 1000
     );
     #[cfg(feature = "trace")]
-    crate::trace::instant(&format!("watchdog: {}:{} recovered", slot.name, slot.tid));
+    crate::trace::instant(&format!(
+        "watchdog: {} recovered",
+        who.strip_prefix("thread ").unwrap_or(&who)
+    ));
     let _lock = crate::report::lock::OutputLock::acquire();
     let _ = sys::write_all(FD.load(Ordering::Relaxed), line.as_bytes());
 }

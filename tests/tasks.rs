@@ -1,0 +1,300 @@
+//! A two-worker tokio service watched through `tasks::configure` (the runtime's stable hooks,
+//! no `tokio_unstable`), in a child process that goes through phases: idle workers and a
+//! sleeping `spawn_blocking` thread are never reported; a task that blocks its worker in
+//! `std::thread::sleep`, or spins, gets one report with the worker's stack; a worker kept busy
+//! by a task that calls `watchdog::pet()` is not reported; a `TaskWatch` (moved into spawned
+//! tasks: `Send`) reports a task that waits past its deadline (no thread polls it) and one
+//! that blocks (the thread polling it, with its stack).
+// Needs the cargo features of what it tests (`cargo test --all-features` runs it).
+#![cfg(all(feature = "tokio", feature = "trace"))]
+
+mod child_support;
+#[path = "support/target.rs"]
+mod target;
+
+use selftrace::watchdog::{self, Action};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+// ---- the child's side -----------------------------------------------------------------------
+
+/// Stall reports so far (the callback runs after each report is written).
+static REPORTS: AtomicUsize = AtomicUsize::new(0);
+
+/// The monitor's period and the workers' and tasks' timeout.
+const PERIOD: Duration = Duration::from_millis(20);
+const TIMEOUT: Duration = Duration::from_millis(400);
+/// How long each stall lasts.
+const STALL: Duration = Duration::from_millis(1500);
+
+/// A handler that blocks its worker (the mistake the watchdog is there to find).
+#[inline(never)]
+async fn blocking_in_async() {
+    std::thread::sleep(STALL);
+    black_box(());
+}
+
+/// A handler that spins without yielding.
+#[inline(never)]
+async fn spinning_in_async() {
+    let start = Instant::now();
+    while start.elapsed() < STALL {
+        black_box(());
+    }
+}
+
+/// A long computation that never yields but says it is alive.
+#[inline(never)]
+async fn petting_in_async() {
+    let start = Instant::now();
+    while start.elapsed() < STALL {
+        watchdog::pet();
+        for _ in 0..1000 {
+            black_box(());
+        }
+    }
+}
+
+/// A task of the hog phase: blocks while wrapped in its `TaskWatch::run`.
+#[inline(never)]
+fn hog_blocks() {
+    std::thread::sleep(Duration::from_millis(1200));
+    black_box(());
+}
+
+/// Waits until `n` reports were written (at most 300 s: under qemu-user the first report
+/// parses this binary's DWARF), then a few periods more (a recovery line, no second report).
+fn await_reports(n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while REPORTS.load(Ordering::SeqCst) < n && Instant::now() < deadline {
+        std::thread::sleep(PERIOD);
+    }
+    std::thread::sleep(PERIOD * 10);
+}
+
+/// Starts phase `name`: a line the parent splits the output at.
+fn phase(name: &str) {
+    eprintln!("=== phase {name}");
+}
+
+fn service() {
+    selftrace::init().expect("init");
+    watchdog::builder()
+        .period(PERIOD)
+        .action(Action::Callback(Arc::new(|_| {
+            REPORTS.fetch_add(1, Ordering::SeqCst);
+        })))
+        .install()
+        .expect("watchdog");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(2).enable_time();
+    selftrace::tasks::configure_with_timeout(&mut builder, TIMEOUT).expect("configure");
+    let rt = builder.build().expect("runtime");
+
+    // Idle: parked workers, a blocking-pool thread that sleeps past the timeout, and a
+    // current-thread runtime's block_on thread (not a worker) that goes on after block_on.
+    phase("idle");
+    let blocking = rt.spawn_blocking(|| std::thread::sleep(Duration::from_millis(1200)));
+    let mut current = tokio::runtime::Builder::new_current_thread();
+    current.enable_time();
+    selftrace::tasks::configure_with_timeout(&mut current, TIMEOUT).expect("configure");
+    let current = current.build().expect("current-thread runtime");
+    current.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+    std::thread::sleep(Duration::from_millis(1500));
+    rt.block_on(blocking).unwrap();
+    await_reports(0);
+
+    // One worker blocked in std::thread::sleep; the other keeps a ticker going.
+    phase("blocked");
+    rt.block_on(async {
+        let ticker = tokio::spawn(async {
+            let end = Instant::now() + STALL + Duration::from_millis(300);
+            while Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        tokio::spawn(blocking_in_async()).await.unwrap();
+        ticker.await.unwrap();
+    });
+    await_reports(1);
+
+    phase("spin");
+    rt.block_on(async { tokio::spawn(spinning_in_async()).await.unwrap() });
+    await_reports(2);
+
+    phase("petting");
+    rt.block_on(async { tokio::spawn(petting_in_async()).await.unwrap() });
+    await_reports(2);
+
+    // Task deadlines: `waiter` waits at an .await past its timeout (no thread polls it);
+    // `hog` blocks the thread that polls it (that thread's worker is reported too).
+    phase("tasks");
+    rt.block_on(async {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let waiter = watchdog::watch_task("waiter", TIMEOUT).expect("watch_task");
+        let w = waiter.clone();
+        let waiting = tokio::spawn(waiter.run(async move {
+            w.pet();
+            rx.await.unwrap();
+            w.pet();
+        }));
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // Reported by now (under qemu-user the report may still be resolving names).
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while REPORTS.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+            tokio::time::sleep(PERIOD).await;
+        }
+        tx.send(()).unwrap();
+        waiting.await.unwrap();
+        let hog = watchdog::watch_task("hog", TIMEOUT).expect("watch_task");
+        tokio::spawn(hog.run(async { hog_blocks() })).await.unwrap();
+    });
+    // The hog's report and its worker's.
+    await_reports(5);
+    phase("end");
+    drop(rt);
+}
+
+/// In a child (TASKS_SCENARIO set): run the service. In the parent: nothing.
+#[test]
+fn child_entry() {
+    if std::env::var_os("TASKS_SCENARIO").is_none() {
+        return;
+    }
+    service();
+    std::process::exit(0);
+}
+
+// ---- the parent's side ----------------------------------------------------------------------
+
+/// The child's stderr cut at its `=== phase NAME` lines: (name, text) in order.
+fn phases(stderr: &str) -> Vec<(&str, &str)> {
+    let mut out = Vec::new();
+    let mut rest = stderr;
+    while let Some(at) = rest.find("=== phase ") {
+        let after = &rest[at + 10..];
+        let name_end = after.find('\n').unwrap_or(after.len());
+        let body = &after[name_end..];
+        let end = body.find("=== phase ").unwrap_or(body.len());
+        out.push((&after[..name_end], &body[..end]));
+        rest = &body[end..];
+    }
+    out
+}
+
+/// The function names in the frames of the reports in `text`.
+fn report_frames(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.starts_with(" #"))
+        .map(|l| {
+            let n = l.split(" : ").nth(1).unwrap_or("");
+            n.split('+').next().unwrap_or("")
+        })
+        .collect()
+}
+
+#[test]
+fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_deadline() {
+    let mut cmd = child_support::test_child();
+    cmd.env("TASKS_SCENARIO", "service")
+        .env("RUST_BACKTRACE", "0");
+    let done =
+        child_support::run_test_child(&mut cmd, child_support::deadline(120), "the tokio service");
+    let e = &done.stderr;
+    assert!(done.status.success(), "{}\n{e}", done.stdout);
+    let phases = phases(e);
+    let names: Vec<&str> = phases.iter().map(|p| p.0).collect();
+    assert_eq!(
+        names,
+        ["idle", "blocked", "spin", "petting", "tasks", "end"],
+        "{e}"
+    );
+    let text = |name: &str| phases.iter().find(|p| p.0 == name).unwrap().1;
+    let reports = |t: &str| t.matches("------------[ selftrace: watchdog ]").count();
+
+    // Parked workers, a sleeping blocking-pool thread, a finished block_on: nothing.
+    assert_eq!(reports(text("idle")), 0, "{e}");
+    assert!(!text("idle").contains("watchdog:"), "{e}");
+
+    // The blocked worker: once, a hung task, its stack down to the handler.
+    let blocked = text("blocked");
+    assert_eq!(reports(blocked), 1, "{e}");
+    assert_eq!(
+        blocked
+            .matches("watchdog: INFO: worker tokio-rt-worker:")
+            .count(),
+        1,
+        "{e}"
+    );
+    assert!(blocked.contains("the worker has not parked for "), "{e}");
+    let frames = report_frames(blocked);
+    assert!(frames[0].contains("nanosleep"), "{e}");
+    // std::thread::sleep (std::thread::functions::sleep in newer std).
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.starts_with("std::thread::") && f.ends_with("::sleep")),
+        "{e}"
+    );
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.starts_with("tasks::blocking_in_async")),
+        "{e}"
+    );
+    assert_eq!(blocked.matches(" recovered after ").count(), 1, "{e}");
+
+    // The spinning worker: a soft lockup, its stack in the spinning handler.
+    let spin = text("spin");
+    assert_eq!(reports(spin), 1, "{e}");
+    assert_eq!(
+        spin.matches("watchdog: BUG: soft lockup - worker tokio-rt-worker:")
+            .count(),
+        1,
+        "{e}"
+    );
+    assert!(
+        report_frames(spin)
+            .iter()
+            .any(|f| f.starts_with("tasks::spinning_in_async")),
+        "{e}"
+    );
+
+    // Busy for as long, but petting: no report.
+    assert_eq!(reports(text("petting")), 0, "{e}");
+
+    // The deadlines.
+    let tasks = text("tasks");
+    assert_eq!(
+        tasks
+            .matches("watchdog: INFO: async task waiter blocked for more than 0.400s")
+            .count(),
+        1,
+        "{e}"
+    );
+    assert!(
+        tasks.contains("waiting: no thread is polling the task: it waits at an .await"),
+        "{e}"
+    );
+    assert!(
+        tasks.contains("watchdog: async task waiter recovered after "),
+        "{e}"
+    );
+    let hog = tasks
+        .split("------------[ selftrace: watchdog ]")
+        .find(|r| r.contains("async task hog on "))
+        .unwrap_or_else(|| panic!("no report of the hog task:\n{e}"));
+    assert!(
+        report_frames(hog)
+            .iter()
+            .any(|f| f.starts_with("tasks::hog_blocks")),
+        "{e}"
+    );
+    // Its worker, blocked by the same poll, is reported too.
+    assert!(
+        tasks.contains("watchdog: INFO: worker tokio-rt-worker:"),
+        "{e}"
+    );
+}
