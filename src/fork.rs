@@ -181,7 +181,6 @@ fn next_generation() {
 /// The calling thread's id, from a per-thread cache: a relaxed load and a thread-local read
 /// after the first call (`gettid` is a system call). The cache is keyed by the fork generation,
 /// so the thread of a forked child asks the kernel again. Async-signal-safe.
-#[cfg(feature = "threads")]
 pub(crate) fn cached_tid() -> i32 {
     use core::cell::Cell;
     thread_local! {

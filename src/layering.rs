@@ -18,7 +18,7 @@ const FLOORS: &[&[&str]] = &[
     &["threads"],
     &["minidump"],
     &["crash"],
-    &["watchdog", "profile"],
+    &["watchdog", "profile", "tasks"],
 ];
 
 fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -4,9 +4,11 @@
 //! `std::thread::sleep`, or spins, gets one report with the worker's stack; a worker kept busy
 //! by a task that calls `watchdog::pet()` is not reported; a `TaskWatch` (moved into spawned
 //! tasks: `Send`) reports a task that waits past its deadline (no thread polls it) and one
-//! that blocks (the thread polling it, with its stack).
+//! that blocks (the thread polling it, with its stack). With `tasks::SpanLayer`, the worker's
+//! line in the report names the task's spans and tokio's id of the task; a crash inside a
+//! span says the same under its thread line.
 // Needs the cargo features of what it tests (`cargo test --all-features` runs it).
-#![cfg(all(feature = "tokio", feature = "trace"))]
+#![cfg(all(feature = "tokio", feature = "trace", feature = "tracing"))]
 
 mod child_support;
 #[path = "support/target.rs"]
@@ -17,6 +19,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 // ---- the child's side -----------------------------------------------------------------------
 
@@ -81,6 +84,11 @@ fn phase(name: &str) {
 
 fn service() {
     selftrace::init().expect("init");
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(selftrace::tasks::SpanLayer::new()),
+    )
+    .unwrap();
     watchdog::builder()
         .period(PERIOD)
         .action(Action::Callback(Arc::new(|_| {
@@ -115,7 +123,17 @@ fn service() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         });
-        tokio::spawn(blocking_in_async()).await.unwrap();
+        // In two spans, entered at each poll (as #[instrument] does); the task says its id.
+        tokio::spawn(
+            async {
+                eprintln!("blocking task id {}", tokio::task::id());
+                blocking_in_async().await
+            }
+            .instrument(tracing::info_span!("handler"))
+            .instrument(tracing::info_span!("request")),
+        )
+        .await
+        .unwrap();
         ticker.await.unwrap();
     });
     await_reports(1);
@@ -157,17 +175,56 @@ fn service() {
     drop(rt);
 }
 
-/// In a child (TASKS_SCENARIO set): run the service. In the parent: nothing.
+/// Crashes (a null dereference) in a task, inside two spans.
+fn crash_in_span() {
+    selftrace::init().expect("init");
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(selftrace::tasks::SpanLayer::new()),
+    )
+    .unwrap();
+    selftrace::crash::builder()
+        .all_threads(true)
+        .install()
+        .expect("crash handler");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::spawn(
+            async {
+                eprintln!("crashing task id {}", tokio::task::id());
+                let p: *const u8 = black_box(std::ptr::null());
+                // SAFETY: not safe at all: the crash this scenario is about.
+                black_box(unsafe { p.read_volatile() });
+            }
+            .instrument(tracing::info_span!("parse"))
+            .instrument(tracing::info_span!("upload")),
+        )
+        .await
+        .unwrap();
+    });
+}
+
+/// In a child (TASKS_SCENARIO set): run the service or the crash. In the parent: nothing.
 #[test]
 fn child_entry() {
-    if std::env::var_os("TASKS_SCENARIO").is_none() {
-        return;
+    match std::env::var("TASKS_SCENARIO").as_deref() {
+        Ok("service") => service(),
+        Ok("crash") => crash_in_span(),
+        _ => return,
     }
-    service();
     std::process::exit(0);
 }
 
 // ---- the parent's side ----------------------------------------------------------------------
+
+/// The task id printed after `prefix`.
+fn task_id<'a>(text: &'a str, prefix: &str) -> &'a str {
+    let at = text.find(prefix).expect(prefix) + prefix.len();
+    text[at..].split_whitespace().next().unwrap()
+}
 
 /// The child's stderr cut at its `=== phase NAME` lines: (name, text) in order.
 fn phases(stderr: &str) -> Vec<(&str, &str)> {
@@ -245,6 +302,17 @@ fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_dea
         "{e}"
     );
     assert_eq!(blocked.matches(" recovered after ").count(), 1, "{e}");
+    // Under the worker's line: the task's spans, outer first, and its id as tokio prints it.
+    let id = task_id(blocked, "blocking task id ");
+    let thread_line = blocked
+        .lines()
+        .position(|l| l.starts_with("thread \"tokio-rt-worker\""))
+        .unwrap_or_else(|| panic!("no thread line:\n{e}"));
+    assert_eq!(
+        blocked.lines().nth(thread_line + 1),
+        Some(format!(" in span: request > handler (task {id})").as_str()),
+        "{e}"
+    );
 
     // The spinning worker: a soft lockup, its stack in the spinning handler.
     let spin = text("spin");
@@ -297,4 +365,28 @@ fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_dea
         tasks.contains("watchdog: INFO: worker tokio-rt-worker:"),
         "{e}"
     );
+}
+
+#[test]
+fn a_crash_in_a_task_names_its_spans_and_task() {
+    let mut cmd = child_support::test_child();
+    cmd.env("TASKS_SCENARIO", "crash")
+        .env("RUST_BACKTRACE", "0");
+    let done =
+        child_support::run_test_child(&mut cmd, child_support::deadline(120), "the crashing task");
+    let e = &done.stderr;
+    assert!(!done.status.success(), "{}\n{e}", done.stdout);
+    let id = task_id(e, "crashing task id ");
+    // The faulting thread's line, then its spans.
+    let who = e
+        .lines()
+        .position(|l| l.starts_with("pid ") && l.contains(", thread \"tokio-rt-worker\""))
+        .unwrap_or_else(|| panic!("no faulting thread line:\n{e}"));
+    assert_eq!(
+        e.lines().nth(who + 1),
+        Some(format!(" in span: upload > parse (task {id})").as_str()),
+        "{e}"
+    );
+    // The other worker, idle, is in no span: no such line under it.
+    assert_eq!(e.matches(" in span: ").count(), 1, "{e}");
 }

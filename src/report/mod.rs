@@ -31,6 +31,7 @@ use crate::unwind::{FrameKind, FrameKinds, WalkEnd};
 pub(crate) mod arch;
 pub(crate) mod lines;
 pub(crate) mod lock;
+pub(crate) mod spans;
 
 pub(crate) use arch::registers;
 pub(crate) use lines::{Lines, OwnedLines};
@@ -328,6 +329,7 @@ pub(crate) fn who(out: Out) {
         w.push_str(name);
         w.push_bytes(b"\"");
     });
+    spans_line(out, sys::gettid());
 }
 
 /// `thread "worker" tid 4243, state S (sleeping), cpu 0.001s`: `state` is the thread's state
@@ -357,6 +359,15 @@ pub(crate) fn thread_header(
             }
         }
     });
+    spans_line(out, tid);
+}
+
+/// ` in span: request > handler (task 17)`: the tracing spans thread `tid` is in (see
+/// [`spans`]); no line when it is in none.
+pub(crate) fn spans_line(out: Out, tid: i32) {
+    if spans::in_span(tid) {
+        out.line(|w| spans::write_spans(w, tid));
+    }
 }
 
 /// `ns` as seconds with three decimals: `1.234s`.

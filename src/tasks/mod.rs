@@ -52,6 +52,12 @@
 use crate::error::Error;
 use core::time::Duration;
 
+#[cfg(feature = "tracing")]
+mod spans;
+#[cfg(feature = "tracing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+pub use spans::SpanLayer;
+
 /// Sets `builder`'s `on_thread_park`, `on_thread_unpark` and `on_thread_stop` hooks (replacing
 /// any set before: a program with hooks of its own calls [`on_thread_park`],
 /// [`on_thread_unpark`] and [`on_thread_stop`] from them instead) so that the watchdog watches

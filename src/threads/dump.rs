@@ -354,6 +354,12 @@ fn dump_all_here(out: Out, timeout_ns: u64, own: Option<Mine<'_>>) -> DumpSummar
         w.push_bytes(b" \"");
         w.push_str(mine.as_ref().map_or("?", |i| i.name()));
         w.push_bytes(b"\"");
+        let unrecorded = crate::report::spans::threads_without_record();
+        if unrecorded > 0 {
+            w.push_bytes(b" (spans of ");
+            w.push_dec(unrecorded as u64);
+            w.push_bytes(b" threads not recorded: every record was taken)");
+        }
     });
     let mut objects = Objects::new();
     let summary = threads_section(out, 0, timeout_ns, &mut objects, own);

@@ -1,0 +1,284 @@
+//! Each thread's current tracing spans, as the thread lines of dumps, crash reports and
+//! watchdog reports print them:
+//!
+//! ```text
+//! thread "tokio-rt-worker" tid 4245, state S (sleeping), cpu 0.012s
+//!  in span: request > handle_upload > parse (task 17)
+//! ```
+//!
+//! A thread's record is written by the thread itself (the span layer of [`crate::tasks`], at
+//! each enter and exit) and read by any thread, signal handlers included: a sequence lock, no
+//! lock and no allocation on either side. The names are the spans' `&'static str` names (their
+//! callsite's metadata), so a record never points at memory that goes away. A record holds
+//! the innermost [`DEPTH`] spans and counts the outer ones it dropped (printed as `…`); a thread
+//! that finds every record taken keeps none and is counted ([`threads_without_record`]).
+//!
+//! # Async-signal safety
+//! Reading ([`write_spans`]) is async-signal-safe; so are [`enter`] and [`exit`] (they may
+//! run in a handler that interrupted the same thread's [`enter`]: the reader then sees the
+//! record being written and says so).
+#![allow(unsafe_code)]
+// Written only by `tasks::SpanLayer` (the `tracing` and `threads` features); read always.
+#![cfg_attr(not(all(feature = "tracing", feature = "threads")), allow(dead_code))]
+
+use crate::fmt::FixedBuf;
+use core::sync::atomic::{
+    fence, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+
+/// Records: one per thread that entered a span, given back when it exits.
+const THREADS: usize = 1024;
+/// Spans a record names (the innermost ones).
+pub(crate) const DEPTH: usize = 8;
+/// The name of an outer span a record dropped and an exit uncovered.
+const UNKNOWN: &str = "?";
+
+struct Record {
+    /// The owner thread, 0 when free.
+    tid: AtomicI32,
+    /// Odd while the owner writes.
+    seq: AtomicU32,
+    /// Spans entered and not exited (may exceed [`DEPTH`]: the entries are a ring of the
+    /// innermost).
+    depth: AtomicUsize,
+    names: [AtomicPtr<u8>; DEPTH],
+    lens: [AtomicUsize; DEPTH],
+    ids: [AtomicU64; DEPTH],
+    /// The async task of the innermost enter (its id + 1), 0: none or unknown.
+    task: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // Only as the array's initializer.
+const FREE: Record = Record {
+    tid: AtomicI32::new(0),
+    seq: AtomicU32::new(0),
+    depth: AtomicUsize::new(0),
+    names: [const { AtomicPtr::new(core::ptr::null_mut()) }; DEPTH],
+    lens: [const { AtomicUsize::new(0) }; DEPTH],
+    ids: [const { AtomicU64::new(0) }; DEPTH],
+    task: AtomicU64::new(0),
+};
+
+static RECORDS: [Record; THREADS] = [FREE; THREADS];
+/// Threads that found no free record (their spans are not in reports).
+static WITHOUT_RECORD: AtomicUsize = AtomicUsize::new(0);
+
+/// The calling thread's record (index + 1), or 0 when it has none yet, or `usize::MAX` when
+/// it found none free; given back at thread exit.
+struct Mine(core::cell::Cell<usize>);
+
+impl Drop for Mine {
+    fn drop(&mut self) {
+        let i = self.0.get();
+        if let Some(r) = i.checked_sub(1).and_then(|i| RECORDS.get(i)) {
+            r.depth.store(0, Ordering::Relaxed);
+            r.task.store(0, Ordering::Relaxed);
+            r.tid.store(0, Ordering::Release);
+        }
+    }
+}
+
+thread_local! {
+    static MINE: Mine = const { Mine(core::cell::Cell::new(0)) };
+}
+
+/// The calling thread's record, claimed at its first call.
+fn mine() -> Option<&'static Record> {
+    MINE.try_with(|m| {
+        let i = m.0.get();
+        if i == 0 {
+            let tid = crate::fork::cached_tid();
+            let claimed = RECORDS.iter().position(|r| {
+                r.tid
+                    .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            });
+            match claimed {
+                Some(i) => {
+                    m.0.set(i + 1);
+                    RECORDS.get(i)
+                }
+                None => {
+                    m.0.set(usize::MAX);
+                    WITHOUT_RECORD.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            }
+        } else {
+            i.checked_sub(1).and_then(|i| RECORDS.get(i))
+        }
+    })
+    .ok()
+    .flatten()
+}
+
+/// Threads whose spans are not recorded because every record was taken.
+pub(crate) fn threads_without_record() -> usize {
+    WITHOUT_RECORD.load(Ordering::Relaxed)
+}
+
+/// Runs `write` between the two bumps of the record's sequence.
+fn writing(r: &Record, write: impl FnOnce()) {
+    let s = r.seq.load(Ordering::Relaxed);
+    r.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+    fence(Ordering::Release);
+    write();
+    r.seq.store(s.wrapping_add(2), Ordering::Release);
+}
+
+/// The calling thread entered span `id` named `name`, in async task `task` (its id) if known.
+pub(crate) fn enter(id: u64, name: &'static str, task: Option<u64>) {
+    let Some(r) = mine() else { return };
+    writing(r, || {
+        let depth = r.depth.load(Ordering::Relaxed);
+        let at = depth % DEPTH;
+        r.names[at].store(name.as_ptr().cast_mut(), Ordering::Relaxed);
+        r.lens[at].store(name.len(), Ordering::Relaxed);
+        r.ids[at].store(id, Ordering::Relaxed);
+        r.depth.store(depth + 1, Ordering::Relaxed);
+        r.task
+            .store(task.map_or(0, |t| t.wrapping_add(1)), Ordering::Relaxed);
+    });
+}
+
+/// The calling thread exited span `id`: the innermost, or (exits out of order) the one below
+/// it with that id, whose inner entries move down. A span not in the record (entered before
+/// it existed, or among the outer ones dropped) leaves the named ones as they are.
+pub(crate) fn exit(id: u64) {
+    let Some(r) = mine() else { return };
+    writing(r, || {
+        let depth = r.depth.load(Ordering::Relaxed);
+        let kept = depth.min(DEPTH);
+        // k = 0: the innermost.
+        let found =
+            (0..kept).find(|&k| r.ids[(depth - 1 - k) % DEPTH].load(Ordering::Relaxed) == id);
+        match found {
+            Some(k) => {
+                // Move the k entries inside it down by one.
+                for j in (0..k).rev() {
+                    let from = (depth - 1 - j) % DEPTH;
+                    let to = (depth - 2 - j) % DEPTH;
+                    r.names[to].store(r.names[from].load(Ordering::Relaxed), Ordering::Relaxed);
+                    r.lens[to].store(r.lens[from].load(Ordering::Relaxed), Ordering::Relaxed);
+                    r.ids[to].store(r.ids[from].load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                r.depth.store(depth - 1, Ordering::Relaxed);
+            }
+            None if depth > DEPTH => r.depth.store(depth - 1, Ordering::Relaxed),
+            None => {}
+        }
+        // Once more spans were entered than a record names, an exit uncovers an outer one it
+        // dropped: named `?`, not the stale entry the ring holds there.
+        let now = r.depth.load(Ordering::Relaxed);
+        if now >= DEPTH && now < depth {
+            let at = now % DEPTH;
+            r.names[at].store(UNKNOWN.as_ptr().cast_mut(), Ordering::Relaxed);
+            r.lens[at].store(UNKNOWN.len(), Ordering::Relaxed);
+            r.ids[at].store(0, Ordering::Relaxed);
+        }
+        if r.depth.load(Ordering::Relaxed) == 0 {
+            r.task.store(0, Ordering::Relaxed);
+        }
+    });
+}
+
+/// A consistent copy of a record.
+struct Snapshot {
+    depth: usize,
+    names: [(usize, usize); DEPTH],
+    task: u64,
+}
+
+/// Reads thread `tid`'s record: `None` if it has none; `Some(None)` if it was being written
+/// at each of a few tries (the thread was interrupted inside an enter or exit).
+fn snapshot(tid: i32) -> Option<Option<Snapshot>> {
+    if tid <= 0 {
+        return None;
+    }
+    let r = RECORDS
+        .iter()
+        .find(|r| r.tid.load(Ordering::Acquire) == tid)?;
+    for _ in 0..4 {
+        let s1 = r.seq.load(Ordering::Acquire);
+        let depth = r.depth.load(Ordering::Relaxed);
+        let mut names = [(0usize, 0usize); DEPTH];
+        for (i, n) in names.iter_mut().enumerate() {
+            *n = (
+                r.names[i].load(Ordering::Relaxed) as usize,
+                r.lens[i].load(Ordering::Relaxed),
+            );
+        }
+        let task = r.task.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        let s2 = r.seq.load(Ordering::Relaxed);
+        if s1 == s2 && s1 % 2 == 0 && r.tid.load(Ordering::Relaxed) == tid {
+            return Some(Some(Snapshot { depth, names, task }));
+        }
+        core::hint::spin_loop();
+    }
+    Some(None)
+}
+
+/// Whether thread `tid` has a record and is in a span (or is changing it). Async-signal-safe.
+pub(crate) fn in_span(tid: i32) -> bool {
+    tid > 0
+        && RECORDS
+            .iter()
+            .find(|r| r.tid.load(Ordering::Acquire) == tid)
+            .is_some_and(|r| {
+                r.depth.load(Ordering::Relaxed) > 0 || r.seq.load(Ordering::Relaxed) % 2 == 1
+            })
+}
+
+/// Appends ` in span: outer > inner (task 17)` for thread `tid`, nothing if it is in no span
+/// (or has no record). Async-signal-safe.
+pub(crate) fn write_spans(w: &mut FixedBuf<'_>, tid: i32) {
+    let Some(snap) = snapshot(tid) else { return };
+    let Some(s) = snap else {
+        w.push_bytes(b" in span: (being entered or exited)");
+        return;
+    };
+    if s.depth == 0 {
+        return;
+    }
+    w.push_bytes(b" in span: ");
+    let kept = s.depth.min(DEPTH);
+    if s.depth > DEPTH {
+        w.push_bytes("… > ".as_bytes());
+    }
+    for k in (0..kept).rev() {
+        let (ptr, len) = s.names[(s.depth - 1 - k) % DEPTH];
+        // SAFETY: a consistent snapshot (sequence even and unchanged) of a pointer and length
+        // stored together from one `&'static str`: valid for the whole process.
+        let name = unsafe { core::slice::from_raw_parts(ptr as *const u8, len) };
+        w.push_bytes(name);
+        if k > 0 {
+            w.push_bytes(b" > ");
+        }
+    }
+    if s.task > 0 {
+        w.push_bytes(b" (task ");
+        w.push_dec(s.task - 1);
+        w.push_bytes(b")");
+    }
+}
+
+/// In a forked child: the forking thread keeps its record (under its new id), every other
+/// thread's is freed (they are not in the child). Async-signal-safe.
+fn after_fork() {
+    let mine = MINE.try_with(|m| m.0.get()).unwrap_or(0);
+    for (i, r) in RECORDS.iter().enumerate() {
+        if i + 1 == mine {
+            r.tid.store(crate::sys::gettid(), Ordering::Release);
+        } else {
+            r.depth.store(0, Ordering::Relaxed);
+            r.tid.store(0, Ordering::Release);
+        }
+    }
+}
+
+// SAFETY: a `link_section` entry of linkme's slice, which only this crate reads.
+#[allow(unsafe_code)]
+#[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
+static FORK_HOOK: crate::fork::ForkHook =
+    crate::fork::ForkHook::child(crate::fork::rank::CRASH, after_fork);
