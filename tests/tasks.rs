@@ -11,8 +11,13 @@
 #![cfg(all(feature = "tokio", feature = "trace", feature = "tracing"))]
 
 mod child_support;
+#[path = "support/counting.rs"]
+mod counting;
 #[path = "support/target.rs"]
 mod target;
+
+#[global_allocator]
+static GLOBAL: counting::Counting = counting::Counting;
 
 use selftrace::watchdog::{self, Action};
 use std::hint::black_box;
@@ -185,6 +190,7 @@ fn crash_in_span() {
     .unwrap();
     selftrace::crash::builder()
         .all_threads(true)
+        .minidump(std::env::var("TASKS_DUMP_DIR").expect("dump dir"))
         .install()
         .expect("crash handler");
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -369,8 +375,13 @@ fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_dea
 
 #[test]
 fn a_crash_in_a_task_names_its_spans_and_task() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tasks-dumps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
     let mut cmd = child_support::test_child();
     cmd.env("TASKS_SCENARIO", "crash")
+        .env("TASKS_DUMP_DIR", &dir)
         .env("RUST_BACKTRACE", "0");
     let done =
         child_support::run_test_child(&mut cmd, child_support::deadline(120), "the crashing task");
@@ -389,4 +400,126 @@ fn a_crash_in_a_task_names_its_spans_and_task() {
     );
     // The other worker, idle, is in no span: no such line under it.
     assert_eq!(e.matches(" in span: ").count(), 1, "{e}");
+
+    // The minidump: the same, as a Crashpad simple annotation keyed by the thread's id.
+    let dumps: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "dmp"))
+        .collect();
+    assert_eq!(dumps.len(), 1, "{e}");
+    let dump = minidump::Minidump::read_path(&dumps[0]).expect("rust-minidump reads the dump");
+    let info = dump
+        .get_stream::<minidump::MinidumpCrashpadInfo>()
+        .expect("a Crashpad info stream");
+    let tid: &str = e.lines().nth(who).unwrap().split(", tid ").nth(1).unwrap();
+    let tid = tid.split(',').next().unwrap();
+    let want = format!("upload > parse (task {id})");
+    assert_eq!(
+        info.simple_annotations
+            .get(&format!("selftrace.span.{tid}")),
+        Some(&want),
+        "{:?}",
+        info.simple_annotations
+    );
+    assert_eq!(
+        info.simple_annotations.len(),
+        1,
+        "{:?}",
+        info.simple_annotations
+    );
+    // What `minidump-stackwalk --dump` prints of the stream.
+    let mut printed = Vec::new();
+    info.print(&mut printed).unwrap();
+    let printed = String::from_utf8(printed).unwrap();
+    assert!(
+        printed.contains(&format!(
+            "simple_annotations[\"selftrace.span.{tid}\"] = {want}"
+        )),
+        "{printed}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The dump fd and the allocations of the dump in [`dump_in_handler`].
+static DUMP_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static HANDLER_ALLOCS: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+extern "C" fn dump_in_handler(_: i32) {
+    use std::os::fd::BorrowedFd;
+    let fd = DUMP_FD.load(Ordering::SeqCst);
+    // SAFETY: the test keeps the file open until the handler has run.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let (_, calls) = counting::counting(|| selftrace::threads::dump_all(fd));
+    HANDLER_ALLOCS.store(calls, Ordering::SeqCst);
+}
+
+/// An all-thread dump inside a real signal handler reads another thread's spans without
+/// allocating.
+#[test]
+fn a_dump_in_a_signal_handler_reads_the_spans_without_allocating() {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsRawFd;
+    use tracing_subscriber::layer::SubscriberExt;
+    selftrace::init().unwrap();
+    selftrace::threads::install().unwrap();
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let spanning = std::thread::Builder::new()
+        .name("spanning".into())
+        .spawn(move || {
+            let subscriber =
+                tracing_subscriber::registry().with(selftrace::tasks::SpanLayer::new());
+            tracing::subscriber::with_default(subscriber, || {
+                let _outer = tracing::info_span!("connection").entered();
+                let _inner = tracing::info_span!("query").entered();
+                entered_tx.send(selftrace::threads::current_tid()).unwrap();
+                let _ = done_rx.recv();
+            });
+        })
+        .unwrap();
+    let tid = entered_rx.recv().unwrap();
+    let mut out = tempfile_in_target("tasks-dump-in-handler");
+    DUMP_FD.store(out.as_raw_fd(), Ordering::SeqCst);
+    // SAFETY: a handler that only does AS-safe work; SIGUSR2 is not used otherwise here.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = dump_in_handler as extern "C" fn(i32) as usize;
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        assert_eq!(libc::raise(libc::SIGUSR2), 0);
+    }
+    drop(done_tx);
+    spanning.join().unwrap();
+    assert_eq!(
+        HANDLER_ALLOCS.load(Ordering::SeqCst),
+        0,
+        "allocations in the handler"
+    );
+    let mut text = String::new();
+    out.rewind().unwrap();
+    out.read_to_string(&mut text).unwrap();
+    let line = text
+        .lines()
+        .position(|l| l.starts_with(&format!("thread \"spanning\" tid {tid},")))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(
+        text.lines().nth(line + 1),
+        Some(" in span: connection > query"),
+        "{text}"
+    );
+}
+
+/// A new, empty file under the test target's tmp dir (removed when the test ends).
+fn tempfile_in_target(name: &str) -> std::fs::File {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-{}", std::process::id()));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f
 }

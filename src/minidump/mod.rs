@@ -95,14 +95,15 @@ pub mod upload;
 pub(crate) use dir::{open_dir, write_in};
 use file::{File, Loc};
 use streams::{
-    Directory, LINUX_AUXV, LINUX_CMD_LINE, LINUX_CPU_INFO, LINUX_ENVIRON, LINUX_LSB_RELEASE,
-    LINUX_MAPS, LINUX_PROC_STATUS,
+    Annotations, Directory, LINUX_AUXV, LINUX_CMD_LINE, LINUX_CPU_INFO, LINUX_ENVIRON,
+    LINUX_LSB_RELEASE, LINUX_MAPS, LINUX_PROC_STATUS,
 };
 use system::{misc_info, system_info};
 use thread::{cannot_answer, copy_stack, thread_context, Got};
 
 use crate::context::{self as arch, context_from_ucontext, CONTEXT_SIZE};
 use crate::error::Error;
+use crate::fmt::FixedBuf;
 use crate::sys;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicI32, Ordering};
@@ -287,6 +288,8 @@ struct State {
     extra: [(u64, Loc); MAX_EXTRA_REGIONS],
     context: [u8; CONTEXT_SIZE],
     chunk: [u8; CHUNK],
+    /// The dump's Crashpad simple annotations.
+    annotations: Annotations,
     /// The mappings of `/proc/self/maps` when the dump began: (start, end, readable), sorted.
     maps: [(usize, usize, bool); MAX_MAPS],
     map_count: usize,
@@ -308,6 +311,7 @@ static STATE: Shared = Shared(UnsafeCell::new(State {
     extra: [(0, Loc { size: 0, rva: 0 }); MAX_EXTRA_REGIONS],
     context: [0; CONTEXT_SIZE],
     chunk: [0; CHUNK],
+    annotations: Annotations::new(),
     maps: [(0, 0, false); MAX_MAPS],
     map_count: 0,
 }));
@@ -445,6 +449,7 @@ fn write_locked(
     };
     let mut dir = Directory::new();
     let mut summary = Summary::default();
+    st.annotations = Annotations::new();
 
     // Threads: the list first (threads come and go while the dump is written).
     let mut count = 0usize;
@@ -541,19 +546,48 @@ fn write_locked(
         rec.name = f.append_string(&name[..len], &mut st.chunk);
         st.threads[listed] = rec;
         listed += 1;
+        // The tracing spans it is in: `selftrace.span.TID` = `request > handler (task 17)`
+        // (three entries stay for the counts below).
+        if crate::report::spans::in_span(tid) {
+            let mut key = [0u8; 32];
+            let mut k = FixedBuf::new(&mut key);
+            k.push_bytes(b"selftrace.span.");
+            k.push_dec(tid as u64);
+            let klen = k.len();
+            let mut value = [0u8; 256];
+            let mut v = FixedBuf::new(&mut value);
+            crate::report::spans::write_span_names(&mut v, tid);
+            let vlen = v.len();
+            if st.annotations.has_room(4) {
+                st.annotations.add(&mut f, &key[..klen], &value[..vlen]);
+            } else {
+                st.annotations.left_out += 1;
+            }
+        }
     }
     summary.threads = listed;
     // Threads beyond MAX_THREADS: the dump says so itself, in Crashpad's simple annotations,
     // which minidump readers show (`minidump-stackwalk --dump`, Sentry, Socorro).
     if summary.left_out > 0 {
-        dir.add(streams::crashpad_info(
+        st.annotations.add_dec(
             &mut f,
-            &[
-                (b"selftrace.threads_left_out", summary.left_out as u64),
-                (b"selftrace.threads_in_process", seen as u64),
-                (b"selftrace.max_threads", MAX_THREADS as u64),
-            ],
-        ));
+            b"selftrace.threads_left_out",
+            summary.left_out as u64,
+        );
+        st.annotations
+            .add_dec(&mut f, b"selftrace.threads_in_process", seen as u64);
+        st.annotations
+            .add_dec(&mut f, b"selftrace.max_threads", MAX_THREADS as u64);
+    }
+    if st.annotations.left_out > 0 {
+        // Threads in spans past the dictionary's room: counted, not named.
+        let spans_left_out = st.annotations.left_out as u64;
+        st.annotations.left_out = 0;
+        st.annotations
+            .add_dec(&mut f, b"selftrace.spans_left_out", spans_left_out);
+    }
+    if let Some(stream) = st.annotations.stream(&mut f, &mut st.chunk) {
+        dir.add(stream);
     }
 
     let threads = &st.threads[..listed];

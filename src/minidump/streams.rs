@@ -378,43 +378,96 @@ pub(super) fn linux_file(
     Some(Stream { kind, loc })
 }
 
-/// A Crashpad info stream (`MinidumpCrashpadInfo` version 1, no report or client id, no module
-/// list) whose simple annotations are `pairs` (at most 4; keys up to 63 bytes), each value in
-/// decimal.
+/// The most Crashpad simple annotations a dump carries.
+pub(super) const MAX_ANNOTATIONS: usize = 64;
+
+/// Crashpad simple annotations (key and value strings), appended to the file as they are added;
+/// [`Annotations::stream`] writes their dictionary and the `MinidumpCrashpadInfo` stream
+/// (version 1, no report or client id, no module list). minidump readers show them
+/// (`minidump-stackwalk --dump`, Sentry, Socorro).
 ///
 /// # Async-signal safety
 /// Async-signal-safe (stack buffers, `pwrite`).
-pub(super) fn crashpad_info(f: &mut File, pairs: &[(&[u8], u64)]) -> Stream {
-    /// A `MinidumpUTF8String`: its byte length, the bytes and a NUL.
-    fn utf8(f: &mut File, text: &[u8]) -> Loc {
-        let mut b = [0u8; 4 + 64];
-        let len = text.len().min(63);
-        Le::new(&mut b).u32(len as u32).bytes(&text[..len]);
-        f.append(&b[..4 + len + 1])
+pub(super) struct Annotations {
+    /// RVAs of each entry's key and value (`MinidumpUTF8String`s).
+    entries: [(u32, u32); MAX_ANNOTATIONS],
+    n: usize,
+    /// Annotations that found the dictionary full.
+    pub(super) left_out: usize,
+}
+
+impl Annotations {
+    /// None yet.
+    pub(super) const fn new() -> Annotations {
+        Annotations {
+            entries: [(0, 0); MAX_ANNOTATIONS],
+            n: 0,
+            left_out: 0,
+        }
     }
-    let n = pairs.len().min(4);
-    let mut dict = [0u8; 4 + 8 * 4];
-    le32(&mut dict, 0, n as u32);
-    for (k, &(key, value)) in pairs.iter().take(n).enumerate() {
+
+    /// Room for `n` more.
+    pub(super) fn has_room(&self, n: usize) -> bool {
+        self.n + n <= MAX_ANNOTATIONS
+    }
+
+    /// `key` = `value` (each cut at 255 bytes, on a UTF-8 boundary); counted in `left_out`
+    /// when the dictionary is full.
+    pub(super) fn add(&mut self, f: &mut File, key: &[u8], value: &[u8]) {
+        /// A `MinidumpUTF8String`: its byte length, the bytes and a NUL.
+        fn utf8(f: &mut File, text: &[u8]) -> Loc {
+            let mut b = [0u8; 4 + 256];
+            let mut len = text.len().min(255);
+            // Not inside a UTF-8 sequence: back to the start of the character cut.
+            while len < text.len() && len > 0 && text[len] & 0xc0 == 0x80 {
+                len -= 1;
+            }
+            Le::new(&mut b).u32(len as u32).bytes(&text[..len]);
+            f.append(&b[..4 + len + 1])
+        }
+        if self.n == MAX_ANNOTATIONS {
+            self.left_out += 1;
+            return;
+        }
         let key = utf8(f, key);
+        let value = utf8(f, value);
+        self.entries[self.n] = (key.rva, value.rva);
+        self.n += 1;
+    }
+
+    /// `key` = `value` in decimal.
+    pub(super) fn add_dec(&mut self, f: &mut File, key: &[u8], value: u64) {
         let mut digits = [0u8; 24];
         let mut w = FixedBuf::new(&mut digits);
         w.push_dec(value);
         let len = w.len();
-        let value = utf8(f, &digits[..len]);
-        // MinidumpSimpleStringDictionaryEntry: key, value (RVAs of MinidumpUTF8Strings).
-        Le::new(&mut dict[4 + 8 * k..]).u32(key.rva).u32(value.rva);
+        self.add(f, key, &digits[..len]);
     }
-    let dict = f.append(&dict[..4 + 8 * n]);
-    let mut info = [0u8; 52];
-    Le::new(&mut info)
-        .u32(1) // version
-        .skip(16) // report_id
-        .skip(16) // client_id
-        .loc(dict); // simple_annotations; module_list stays empty
-    Stream {
-        kind: CRASHPAD_INFO,
-        loc: f.append(&info),
+
+    /// The info stream, or `None` when there is no annotation; `scratch` (at least 516 bytes)
+    /// holds the dictionary.
+    pub(super) fn stream(&self, f: &mut File, scratch: &mut [u8]) -> Option<Stream> {
+        let size = 4 + 8 * self.n;
+        if self.n == 0 || scratch.len() < size {
+            return None;
+        }
+        // The dictionary: its count, then MinidumpSimpleStringDictionaryEntry (key, value).
+        let dict = &mut scratch[..size];
+        le32(dict, 0, self.n as u32);
+        for (k, &(key, value)) in self.entries[..self.n].iter().enumerate() {
+            Le::new(&mut dict[4 + 8 * k..]).u32(key).u32(value);
+        }
+        let dict = f.append(dict);
+        let mut info = [0u8; 52];
+        Le::new(&mut info)
+            .u32(1) // version
+            .skip(16) // report_id
+            .skip(16) // client_id
+            .loc(dict); // simple_annotations; module_list stays empty
+        Some(Stream {
+            kind: CRASHPAD_INFO,
+            loc: f.append(&info),
+        })
     }
 }
 

@@ -44,8 +44,8 @@ struct Record {
     names: [AtomicPtr<u8>; DEPTH],
     lens: [AtomicUsize; DEPTH],
     ids: [AtomicU64; DEPTH],
-    /// The async task of the innermost enter (its id + 1), 0: none or unknown.
-    task: AtomicU64,
+    /// The async task each span was entered in (its id + 1), 0: none or unknown.
+    tasks: [AtomicU64; DEPTH],
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // Only as the array's initializer.
@@ -56,7 +56,7 @@ const FREE: Record = Record {
     names: [const { AtomicPtr::new(core::ptr::null_mut()) }; DEPTH],
     lens: [const { AtomicUsize::new(0) }; DEPTH],
     ids: [const { AtomicU64::new(0) }; DEPTH],
-    task: AtomicU64::new(0),
+    tasks: [const { AtomicU64::new(0) }; DEPTH],
 };
 
 static RECORDS: [Record; THREADS] = [FREE; THREADS];
@@ -72,7 +72,6 @@ impl Drop for Mine {
         let i = self.0.get();
         if let Some(r) = i.checked_sub(1).and_then(|i| RECORDS.get(i)) {
             r.depth.store(0, Ordering::Relaxed);
-            r.task.store(0, Ordering::Relaxed);
             r.tid.store(0, Ordering::Release);
         }
     }
@@ -135,9 +134,8 @@ pub(crate) fn enter(id: u64, name: &'static str, task: Option<u64>) {
         r.names[at].store(name.as_ptr().cast_mut(), Ordering::Relaxed);
         r.lens[at].store(name.len(), Ordering::Relaxed);
         r.ids[at].store(id, Ordering::Relaxed);
+        r.tasks[at].store(task.map_or(0, |t| t.wrapping_add(1)), Ordering::Relaxed);
         r.depth.store(depth + 1, Ordering::Relaxed);
-        r.task
-            .store(task.map_or(0, |t| t.wrapping_add(1)), Ordering::Relaxed);
     });
 }
 
@@ -161,6 +159,7 @@ pub(crate) fn exit(id: u64) {
                     r.names[to].store(r.names[from].load(Ordering::Relaxed), Ordering::Relaxed);
                     r.lens[to].store(r.lens[from].load(Ordering::Relaxed), Ordering::Relaxed);
                     r.ids[to].store(r.ids[from].load(Ordering::Relaxed), Ordering::Relaxed);
+                    r.tasks[to].store(r.tasks[from].load(Ordering::Relaxed), Ordering::Relaxed);
                 }
                 r.depth.store(depth - 1, Ordering::Relaxed);
             }
@@ -175,9 +174,7 @@ pub(crate) fn exit(id: u64) {
             r.names[at].store(UNKNOWN.as_ptr().cast_mut(), Ordering::Relaxed);
             r.lens[at].store(UNKNOWN.len(), Ordering::Relaxed);
             r.ids[at].store(0, Ordering::Relaxed);
-        }
-        if r.depth.load(Ordering::Relaxed) == 0 {
-            r.task.store(0, Ordering::Relaxed);
+            r.tasks[at].store(0, Ordering::Relaxed);
         }
     });
 }
@@ -208,7 +205,11 @@ fn snapshot(tid: i32) -> Option<Option<Snapshot>> {
                 r.lens[i].load(Ordering::Relaxed),
             );
         }
-        let task = r.task.load(Ordering::Relaxed);
+        // The innermost span's task.
+        let task = match depth {
+            0 => 0,
+            d => r.tasks[(d - 1) % DEPTH].load(Ordering::Relaxed),
+        };
         fence(Ordering::Acquire);
         let s2 = r.seq.load(Ordering::Relaxed);
         if s1 == s2 && s1 % 2 == 0 && r.tid.load(Ordering::Relaxed) == tid {
@@ -233,15 +234,23 @@ pub(crate) fn in_span(tid: i32) -> bool {
 /// Appends ` in span: outer > inner (task 17)` for thread `tid`, nothing if it is in no span
 /// (or has no record). Async-signal-safe.
 pub(crate) fn write_spans(w: &mut FixedBuf<'_>, tid: i32) {
+    if in_span(tid) {
+        w.push_bytes(b" in span: ");
+        write_span_names(w, tid);
+    }
+}
+
+/// Appends `outer > inner (task 17)` for thread `tid` (`(being entered or exited)` when its
+/// record is being written), nothing if it is in no span. Async-signal-safe.
+pub(crate) fn write_span_names(w: &mut FixedBuf<'_>, tid: i32) {
     let Some(snap) = snapshot(tid) else { return };
     let Some(s) = snap else {
-        w.push_bytes(b" in span: (being entered or exited)");
+        w.push_bytes(b"(being entered or exited)");
         return;
     };
     if s.depth == 0 {
         return;
     }
-    w.push_bytes(b" in span: ");
     let kept = s.depth.min(DEPTH);
     if s.depth > DEPTH {
         w.push_bytes("… > ".as_bytes());
@@ -282,3 +291,89 @@ fn after_fork() {
 #[linkme::distributed_slice(crate::fork::FORK_HOOKS)]
 static FORK_HOOK: crate::fork::ForkHook =
     crate::fork::ForkHook::child(crate::fork::rank::CRASH, after_fork);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAMES: [&str; 10] = ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9"];
+
+    /// What a thread line says of the calling thread's spans.
+    fn printed() -> String {
+        let mut buf = [0u8; 512];
+        let mut w = FixedBuf::new(&mut buf);
+        write_spans(&mut w, crate::sys::gettid());
+        String::from_utf8(w.as_bytes().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn nested_spans_in_order_with_the_task() {
+        std::thread::spawn(|| {
+            assert_eq!(printed(), "");
+            enter(1, NAMES[0], None);
+            enter(2, NAMES[1], Some(17));
+            assert_eq!(printed(), " in span: s0 > s1 (task 17)");
+            exit(2);
+            assert_eq!(printed(), " in span: s0");
+            exit(1);
+            assert_eq!(printed(), "");
+            // An exit of a span never entered here changes nothing.
+            enter(1, NAMES[0], None);
+            exit(99);
+            assert_eq!(printed(), " in span: s0");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn an_exit_out_of_order_removes_that_span() {
+        std::thread::spawn(|| {
+            for (i, n) in NAMES[..4].iter().enumerate() {
+                enter(i as u64 + 1, n, None);
+            }
+            exit(2);
+            assert_eq!(printed(), " in span: s0 > s2 > s3");
+            exit(4);
+            assert_eq!(printed(), " in span: s0 > s2");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn deeper_than_a_record_names_the_innermost_and_marks_the_rest() {
+        std::thread::spawn(|| {
+            for (i, n) in NAMES.iter().enumerate() {
+                enter(i as u64 + 1, n, None);
+            }
+            assert_eq!(
+                printed(),
+                " in span: … > s2 > s3 > s4 > s5 > s6 > s7 > s8 > s9"
+            );
+            // The exit uncovers s1, which the record dropped: `?`, never a stale name.
+            exit(10);
+            assert_eq!(
+                printed(),
+                " in span: … > ? > s2 > s3 > s4 > s5 > s6 > s7 > s8"
+            );
+            exit(9);
+            exit(8);
+            assert_eq!(printed(), " in span: ? > ? > s2 > s3 > s4 > s5 > s6");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_thread_gives_its_record_back_when_it_exits() {
+        let tid = std::thread::spawn(|| {
+            enter(1, NAMES[0], None);
+            crate::sys::gettid()
+        })
+        .join()
+        .unwrap();
+        assert!(!in_span(tid));
+        assert!(RECORDS.iter().all(|r| r.tid.load(Ordering::Relaxed) != tid));
+    }
+}
