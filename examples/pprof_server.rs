@@ -58,6 +58,9 @@ fn main() {
                 p.dropped
             );
             let _ = std::io::stdout().flush();
+        } else if r.status == 499 {
+            println!("client went away: profile stopped");
+            let _ = std::io::stdout().flush();
         }
     });
     if let Err(e) = served {

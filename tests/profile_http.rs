@@ -1,6 +1,7 @@
 //! `examples/pprof_server.rs` against real clients: `go tool pprof` fetches a CPU profile over
 //! HTTP the way it does from Go services and lists the workload's hot functions; the flame
-//! graph route returns SVG; a second profile meanwhile and a bad query get clear answers.
+//! graph route returns SVG; a second profile meanwhile and a bad query get clear answers; a
+//! client that goes away stops its profile (the std server and the async handler).
 #![cfg(all(feature = "http", feature = "flamegraph"))]
 
 mod example_build;
@@ -200,4 +201,58 @@ fn flame_graph_route_and_errors() {
     let (status, body) = get(&server.addr, "/debug/pprof/profile?seconds=1");
     assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
     assert_eq!(first.join().unwrap(), 200);
+}
+
+/// A client that hangs up during a 20 s profile stops it: the next request is served, not
+/// refused with 409.
+#[test]
+fn a_client_that_goes_away_stops_its_profile() {
+    let mut server = start_server();
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(
+        s,
+        "GET /debug/pprof/profile?seconds=20 HTTP/1.1\r\nHost: {}\r\n\r\n",
+        server.addr
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    drop(s);
+    // The server says it stopped, then serves the next profile.
+    let mut line = String::new();
+    while !line.starts_with("client went away") {
+        line.clear();
+        assert!(
+            server.stdout.read_line(&mut line).unwrap() > 0,
+            "the server ended"
+        );
+    }
+    let (status, body) = get(&server.addr, "/debug/pprof/profile?seconds=1");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+}
+
+/// The async handler: dropped (its client gone, as an async server drops the handler), its
+/// profile stops and the next request gets a profile; a 409 while one is running.
+#[test]
+fn the_async_handler_stops_its_profile_when_dropped() {
+    use selftrace::profile::http::handle_async;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let long = handle_async("GET", "/debug/pprof/profile?seconds=20");
+        let dropped = tokio::time::timeout(Duration::from_millis(500), long).await;
+        assert!(dropped.is_err(), "a 20 s profile answered in 0.5 s");
+        // Spawned (the future is Send + 'static), with a second request while it runs.
+        let next = tokio::spawn(handle_async("GET", "/debug/pprof/profile?seconds=1&hz=199"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let busy = handle_async("GET", "/debug/pprof/profile?seconds=1").await;
+        assert_eq!(busy.status, 409);
+        let r = next.await.unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        // A real profile.proto: gzip, decoded by the same reader the other tests use.
+        assert_eq!(&r.body[..2], &[0x1f, 0x8b]);
+        assert!(r.profile.is_some());
+    });
 }

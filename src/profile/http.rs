@@ -9,24 +9,37 @@
 //! * `GET /debug/pprof/`: a short index.
 //!
 //! One profile at a time (the profiler is per process): a request while one is being taken
-//! gets `409 Conflict`; a bad query `400` with what is wrong.
+//! gets `409 Conflict`; a bad query `400` with what is wrong. A profile stops as soon as its
+//! client goes away: [`serve`] watches the connection, and the future of [`handle_async`]
+//! stops the profiler when it is dropped (an async server drops a handler whose client
+//! disconnected), so the next request does not find the profiler taken.
 //!
 //! ```no_run
 //! # fn main() -> std::io::Result<()> {
 //! // With any server: route /debug/pprof/* to `handle` (it blocks for the profile's seconds).
 //! let r = selftrace::profile::http::handle("GET", "/debug/pprof/profile?seconds=5");
 //! assert_eq!(r.status, 200);
+//! // In an async handler (axum, hyper, ...): it blocks no thread.
+//! # async fn f() {
+//! let r = selftrace::profile::http::handle_async("GET", "/debug/pprof/profile?seconds=5").await;
+//! # }
 //! # Ok(()) }
 //! ```
 
-use super::{Mode, Profile, Stats};
-use std::time::Duration;
+use super::{Mode, Profile, Profiler, Stats};
+use core::future::Future;
+use core::pin::Pin;
+use core::sync::atomic::{AtomicBool, Ordering};
+use core::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// An answer to a request.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Response {
-    /// The HTTP status: 200, or 400, 404, 405, 409, 500, 501.
+    /// The HTTP status: 200, or 400, 404, 405, 409, 500, 501; 499 (nginx's "client closed
+    /// request") when [`serve`]'s client went away before the profile was done.
     pub status: u16,
     /// The `Content-Type` of `body`.
     pub content_type: &'static str,
@@ -57,6 +70,7 @@ impl Response {
             404 => "Not Found",
             405 => "Method Not Allowed",
             409 => "Conflict",
+            499 => "Client Closed Request",
             501 => "Not Implemented",
             _ => "Internal Server Error",
         }
@@ -106,43 +120,57 @@ fn parse_query(query: &str) -> Result<Query, &'static str> {
     Ok(q)
 }
 
-/// Answers one request: `method` (`GET`) and `target` (the path and query of the request line,
-/// `/debug/pprof/profile?seconds=5`). Takes the profile the request asks for, so it blocks for
-/// that many seconds. Normal context.
-pub fn handle(method: &str, target: &str) -> Response {
+/// A profile request that passed the checks: what to take and how to answer.
+struct Taking {
+    profiler: Profiler,
+    seconds: u64,
+    svg: bool,
+}
+
+/// Checks the request and starts its profiler, or answers it at once (an index, an error, a
+/// profile being taken).
+fn begin(method: &str, target: &str) -> Result<Taking, Box<Response>> {
     if method != "GET" {
-        return Response::text(405, "only GET\n");
+        return Err(Box::new(Response::text(405, "only GET\n")));
     }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let svg =
         match path {
             "/debug/pprof/profile" => false,
             "/debug/pprof/flamegraph" => true,
-            "/debug/pprof" | "/debug/pprof/" => return Response::text(
+            "/debug/pprof" | "/debug/pprof/" => return Err(Box::new(Response::text(
                 200,
                 "/debug/pprof/profile?seconds=N[&hz=H][&mode=cpu|wall]: gzipped profile.proto\n\
                  /debug/pprof/flamegraph?seconds=N[&hz=H][&mode=cpu|wall]: SVG flame graph\n",
-            ),
-            _ => return Response::text(404, "not found\n"),
+            ))),
+            _ => return Err(Box::new(Response::text(404, "not found\n"))),
         };
     if svg && !cfg!(feature = "flamegraph") {
-        return Response::text(501, "built without the flamegraph feature\n");
+        return Err(Box::new(Response::text(
+            501,
+            "built without the flamegraph feature\n",
+        )));
     }
-    let q = match parse_query(query) {
-        Ok(q) => q,
-        Err(e) => return Response::text(400, &format!("{e}\n")),
-    };
+    let q = parse_query(query).map_err(|e| Box::new(Response::text(400, &format!("{e}\n"))))?;
     let profiler = match super::builder().frequency(q.hz).mode(q.mode).start() {
         Ok(p) => p,
         Err(crate::error::Error::AlreadyExists(_)) => {
-            return Response::text(409, "a profile is being taken\n")
+            return Err(Box::new(Response::text(409, "a profile is being taken\n")))
         }
-        Err(e) => return Response::text(500, &format!("{e}\n")),
+        Err(e) => return Err(Box::new(Response::text(500, &format!("{e}\n")))),
     };
-    std::thread::sleep(Duration::from_secs(q.seconds));
-    let stats = profiler.stats();
-    let profile = profiler.stop();
-    let (content_type, body) = if svg {
+    Ok(Taking {
+        profiler,
+        seconds: q.seconds,
+        svg,
+    })
+}
+
+/// Stops the profiler and encodes the answer.
+fn finish(t: Taking) -> Response {
+    let stats = t.profiler.stats();
+    let profile = t.profiler.stop();
+    let (content_type, body) = if t.svg {
         ("image/svg+xml", flame(&profile))
     } else {
         ("application/octet-stream", profile.to_pprof())
@@ -153,6 +181,122 @@ pub fn handle(method: &str, target: &str) -> Response {
         body,
         profile: Some(profile),
         stats: Some(stats),
+    }
+}
+
+/// Answers one request: `method` (`GET`) and `target` (the path and query of the request line,
+/// `/debug/pprof/profile?seconds=5`). Takes the profile the request asks for, so it blocks for
+/// that many seconds. Normal context.
+pub fn handle(method: &str, target: &str) -> Response {
+    match begin(method, target) {
+        Ok(t) => {
+            std::thread::sleep(Duration::from_secs(t.seconds));
+            finish(t)
+        }
+        Err(r) => *r,
+    }
+}
+
+/// [`handle`] for async servers: the profile is taken while the future waits (on a timer
+/// thread of its own, whatever the runtime), and stops when the future is dropped, so a client
+/// that goes away (its handler dropped) ends it and frees the profiler for the next request.
+/// The future is `Send` and `'static`.
+pub fn handle_async(method: &str, target: &str) -> impl Future<Output = Response> + Send + 'static {
+    let begun = begin(method, target);
+    async move {
+        match begun {
+            Ok(t) => {
+                Delay::new(Duration::from_secs(t.seconds)).await;
+                finish(t)
+            }
+            Err(r) => *r,
+        }
+    }
+}
+
+/// A timer future that needs no runtime: a thread waits out the time and wakes the task;
+/// dropping the future ends the thread at once.
+struct Delay {
+    deadline: Instant,
+    shared: Arc<DelayShared>,
+    thread: Option<std::thread::Thread>,
+}
+
+struct DelayShared {
+    waker: Mutex<Option<Waker>>,
+    done: AtomicBool,
+    dropped: AtomicBool,
+}
+
+impl Delay {
+    fn new(d: Duration) -> Delay {
+        Delay {
+            deadline: Instant::now() + d,
+            shared: Arc::new(DelayShared {
+                waker: Mutex::new(None),
+                done: AtomicBool::new(false),
+                dropped: AtomicBool::new(false),
+            }),
+            thread: None,
+        }
+    }
+}
+
+impl Future for Delay {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.shared.done.load(Ordering::Acquire) || Instant::now() >= self.deadline {
+            return Poll::Ready(());
+        }
+        *self.shared.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        if self.thread.is_none() {
+            let shared = self.shared.clone();
+            let deadline = self.deadline;
+            let spawned = std::thread::Builder::new()
+                .name("pprof-timer".into())
+                .spawn(move || loop {
+                    if shared.dropped.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        shared.done.store(true, Ordering::Release);
+                        let w = shared
+                            .waker
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .take();
+                        if let Some(w) = w {
+                            w.wake();
+                        }
+                        return;
+                    }
+                    std::thread::park_timeout(deadline - now);
+                });
+            match spawned {
+                Ok(h) => self.thread = Some(h.thread().clone()),
+                // No thread: wait here instead (blocks this poll, never loses the answer).
+                Err(_) => {
+                    std::thread::sleep(self.deadline.saturating_duration_since(Instant::now()));
+                    return Poll::Ready(());
+                }
+            }
+        }
+        // Done between the first check and the waker's store: not woken again.
+        if self.shared.done.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Delay {
+    fn drop(&mut self) {
+        self.shared.dropped.store(true, Ordering::Release);
+        if let Some(t) = &self.thread {
+            t.unpark();
+        }
     }
 }
 
@@ -196,6 +340,40 @@ pub fn serve(
     }
 }
 
+/// Waits `d` while the client stays connected: `false` as soon as it closes the connection
+/// (or it fails), `true` after `d`.
+#[cfg(feature = "http")]
+fn wait_for(conn: &std::net::TcpStream, d: Duration) -> bool {
+    let deadline = Instant::now() + d;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        // Wakes when the client sends or closes, or after `left` (at least 1 ms: 0 is refused).
+        if conn
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .is_err()
+        {
+            std::thread::sleep(left);
+            return true;
+        }
+        match conn.peek(&mut [0u8; 1]) {
+            Ok(0) => return false,
+            // The client sent more (a pipelined request): keep waiting, checking now and then.
+            Ok(_) => std::thread::sleep(left.min(Duration::from_millis(100))),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
 #[cfg(feature = "http")]
 fn answer(mut conn: std::net::TcpStream, log: &dyn Fn(&Response)) -> std::io::Result<()> {
     use std::io::{BufRead, Write};
@@ -212,8 +390,22 @@ fn answer(mut conn: std::net::TcpStream, log: &dyn Fn(&Response)) -> std::io::Re
     }
     let mut parts = request_line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let r = handle(method, target);
+    let r = match begin(method, target) {
+        Ok(t) => {
+            if wait_for(&conn, Duration::from_secs(t.seconds)) {
+                finish(t)
+            } else {
+                // Stopped now: the profiler is free for the next request.
+                drop(t);
+                Response::text(499, "the client went away before the profile was done\n")
+            }
+        }
+        Err(r) => *r,
+    };
     log(&r);
+    if r.status == 499 {
+        return Ok(());
+    }
     write!(
         conn,
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
