@@ -455,7 +455,7 @@ extern "C" fn dump_in_handler(_: i32) {
 }
 
 /// An all-thread dump inside a real signal handler reads another thread's spans without
-/// allocating.
+/// allocating; `dump_all_to` writes the same into a `Vec`.
 #[test]
 fn a_dump_in_a_signal_handler_reads_the_spans_without_allocating() {
     use std::io::{Read, Seek};
@@ -488,12 +488,23 @@ fn a_dump_in_a_signal_handler_reads_the_spans_without_allocating() {
         assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
         assert_eq!(libc::raise(libc::SIGUSR2), 0);
     }
+    // The same in normal context, into any writer.
+    let mut written = Vec::new();
+    let summary = selftrace::threads::dump_all_to(&mut written).unwrap();
     drop(done_tx);
     spanning.join().unwrap();
     assert_eq!(
         HANDLER_ALLOCS.load(Ordering::SeqCst),
         0,
         "allocations in the handler"
+    );
+    let written = String::from_utf8(written).unwrap();
+    assert!(summary.threads >= 2, "{summary:?}");
+    assert!(
+        written.contains(&format!(
+            "thread \"spanning\" tid {tid}, state S (sleeping), cpu "
+        )) && written.contains("\n in span: connection > query\nCall Trace:\n"),
+        "{written}"
     );
     let mut text = String::new();
     out.rewind().unwrap();

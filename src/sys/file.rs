@@ -96,6 +96,24 @@ pub(crate) fn lseek(fd: i32, offset: i64, whence: i32) -> Result<i64, Error> {
     }
 }
 
+/// `memfd_create(2)` with `MFD_CLOEXEC`: an anonymous in-memory file named `name` (shown in
+/// `/proc/self/fd`), or [`Error::Sys`] `memfd_create` (`ENOSYS` before Linux 3.17, `EPERM`
+/// under a seccomp filter).
+///
+/// # References
+/// memfd_create(2)
+#[cfg_attr(not(feature = "threads"), allow(dead_code))] // Used by threads::dump_all_to.
+pub(crate) fn memfd_create(name: &core::ffi::CStr) -> Result<std::os::fd::OwnedFd, Error> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated name and valid flags; no memory effects otherwise.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::last_os("memfd_create"));
+    }
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
 /// `fcntl(2)` `F_GETFL`: `fd`'s file status flags and access mode, or [`Error::Sys`] `fcntl`.
 ///
 /// # References

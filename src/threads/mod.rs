@@ -405,6 +405,34 @@ pub fn dump_all_with_timeout(fd: impl AsFd, timeout: Duration) -> DumpSummary {
     dump::dump_all(fd.as_fd().as_raw_fd(), duration_ns(timeout))
 }
 
+/// [`dump_all`] into any writer (a `String`'s bytes, an HTTP response body, a log): the dump
+/// is written into an anonymous in-memory file (`memfd_create`), then copied to `out`. Normal
+/// context (it allocates a buffer for the copy).
+///
+/// ```
+/// let mut text = Vec::new();
+/// let summary = selftrace::threads::dump_all_to(&mut text)?;
+/// assert!(String::from_utf8_lossy(&text).contains("---[ end of all threads ]---"));
+/// assert!(summary.threads >= 1);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+///
+/// # Errors
+/// Those of `memfd_create` (no anonymous file: a kernel before 3.17, a seccomp filter), of
+/// reading it back, and of `out`.
+pub fn dump_all_to(mut out: impl std::io::Write) -> std::io::Result<DumpSummary> {
+    use std::io::{Read, Seek};
+    let fd = sys::memfd_create(c"selftrace-dump")
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EIO)))?;
+    let mut file = std::fs::File::from(fd);
+    let summary = dump_all(&file);
+    file.rewind()?;
+    let mut text = Vec::new();
+    file.read_to_end(&mut text)?;
+    out.write_all(&text)?;
+    Ok(summary)
+}
+
 /// [`dump_all`] to a raw fd (the watchdog's and the crash handler's configured fds).
 pub(crate) fn dump_all_raw(fd: i32) -> DumpSummary {
     let _ = install();
