@@ -127,3 +127,50 @@ fn selftrace_floor(s: &str, max: usize) -> usize {
     }
     n
 }
+
+/// Issue 47: an `#[instrument]`ed future in a tokio task, polled several times on one thread
+/// (a current-thread runtime), is one async slice from its first poll to its drop, not a slice
+/// per poll.
+#[cfg(feature = "tokio")]
+#[test]
+fn an_instrumented_future_in_a_task_is_one_async_slice() {
+    use tracing::Instrument;
+    let Some(inst) = setup("an_instrumented_future_in_a_task_is_one_async_slice") else {
+        return;
+    };
+    let t = token("request");
+    let p = pid();
+    let d = dispatch(MarkerLayer::new());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let tt = t.clone();
+    let id = dispatcher::with_default(&d, || {
+        rt.block_on(async move {
+            tokio::spawn(async move {
+                let span = tracing::info_span!("request", t = %tt);
+                let id = span.id().unwrap().into_u64();
+                async {
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                .instrument(span)
+                .await;
+                id
+            })
+            .await
+            .unwrap()
+        })
+    });
+    assert_eq!(
+        texts_of(&inst, tid())
+            .into_iter()
+            .filter(|x| x.contains(&t))
+            .collect::<Vec<_>>(),
+        [
+            format!("S|{p}|request t={t}|{id}"),
+            format!("F|{p}|request t={t}|{id}")
+        ]
+    );
+}

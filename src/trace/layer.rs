@@ -17,7 +17,8 @@ use crate::sys;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SpanMode {
-    /// Thread spans when first entered on their creating thread, async spans otherwise.
+    /// Async spans when created inside an async task (tokio's, with the `tokio` feature) or
+    /// first entered on another thread than their creator; thread spans otherwise.
     #[default]
     Auto,
     /// Every span is a thread span (`B`/`E` per enter).
@@ -37,9 +38,13 @@ pub enum SpanMode {
 ///   - **async spans** (`S`/`F`): the first enter writes `S|pid|name|cookie` and the span's close
 ///     writes `F|pid|name|cookie`, with the span id as cookie. This is one slice from first poll to
 ///     drop for a task that hops between threads; individual enters are not written.
-///   - [`SpanMode::Auto`] (the default) decides at a span's first enter: a span first entered on
-///     the thread that created it is a thread span; one first entered on another thread (a task
-///     spawned onto a runtime's worker) is an async span.
+///   - [`SpanMode::Auto`] (the default): a span created inside a tokio task (with the `tokio`
+///     feature: `tokio::task::try_id` says so) is an async span, so an `#[instrument]`ed future
+///     or handler, entered at each of its polls, is one slice from its first poll to its drop,
+///     not one per poll; otherwise it decides at the span's first enter: a span first entered on
+///     the thread that created it is a thread span, one first entered on another thread (a
+///     future spawned onto a runtime's worker) an async span. Other runtimes, or spans created
+///     outside the task that polls them on its creating thread: [`SpanMode::Async`].
 /// * An event is an instant, `I|pid|message field=value ...` (the metadata name when there is no
 ///   message), on the thread that emits it.
 /// * A span's name is its metadata name followed by its fields (` key=value`, also those added
@@ -174,6 +179,18 @@ impl MarkerLayer {
     }
 }
 
+/// Whether the calling code runs inside an async task (tokio's, with the `tokio` feature).
+fn in_async_task() -> bool {
+    #[cfg(feature = "tokio")]
+    {
+        tokio::task::try_id().is_some()
+    }
+    #[cfg(not(feature = "tokio"))]
+    {
+        false
+    }
+}
+
 impl<S> Layer<S> for MarkerLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -190,6 +207,7 @@ where
             pick: Pick::All,
         });
         let state = match self.mode {
+            SpanMode::Auto if in_async_task() => ASYNC,
             SpanMode::Auto => UNDECIDED,
             SpanMode::Thread => THREAD,
             SpanMode::Async => ASYNC,
