@@ -33,6 +33,7 @@ pub(crate) const DEPTH: usize = 8;
 /// The name of an outer span a record dropped and an exit uncovered.
 const UNKNOWN: &str = "?";
 
+#[repr(align(64))] // A record on cache lines of its own (each entry on one line).
 struct Record {
     /// The owner thread, 0 when free.
     tid: AtomicI32,
@@ -41,11 +42,18 @@ struct Record {
     /// Spans entered and not exited (may exceed [`DEPTH`]: the entries are a ring of the
     /// innermost).
     depth: AtomicUsize,
-    names: [AtomicPtr<u8>; DEPTH],
-    lens: [AtomicUsize; DEPTH],
-    ids: [AtomicU64; DEPTH],
-    /// The async task each span was entered in (its id + 1), 0: none or unknown.
-    tasks: [AtomicU64; DEPTH],
+    /// The spans, a ring of the innermost.
+    entries: [Entry; DEPTH],
+}
+
+/// One span of a record (one cache line for the four fields an enter writes).
+#[repr(align(32))]
+struct Entry {
+    name: AtomicPtr<u8>,
+    len: AtomicUsize,
+    id: AtomicU64,
+    /// The async task the span was entered in (its id + 1), 0: none or unknown.
+    task: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // Only as the array's initializer.
@@ -53,62 +61,83 @@ const FREE: Record = Record {
     tid: AtomicI32::new(0),
     seq: AtomicU32::new(0),
     depth: AtomicUsize::new(0),
-    names: [const { AtomicPtr::new(core::ptr::null_mut()) }; DEPTH],
-    lens: [const { AtomicUsize::new(0) }; DEPTH],
-    ids: [const { AtomicU64::new(0) }; DEPTH],
-    tasks: [const { AtomicU64::new(0) }; DEPTH],
+    entries: [const {
+        Entry {
+            name: AtomicPtr::new(core::ptr::null_mut()),
+            len: AtomicUsize::new(0),
+            id: AtomicU64::new(0),
+            task: AtomicU64::new(0),
+        }
+    }; DEPTH],
 };
 
 static RECORDS: [Record; THREADS] = [FREE; THREADS];
 /// Threads that found no free record (their spans are not in reports).
 static WITHOUT_RECORD: AtomicUsize = AtomicUsize::new(0);
 
-/// The calling thread's record (index + 1), or 0 when it has none yet, or `usize::MAX` when
-/// it found none free; given back at thread exit.
-struct Mine(core::cell::Cell<usize>);
+/// Gives the calling thread's record back when the thread exits (set up when it claims one).
+struct GiveBack;
 
-impl Drop for Mine {
+impl Drop for GiveBack {
     fn drop(&mut self) {
-        let i = self.0.get();
-        if let Some(r) = i.checked_sub(1).and_then(|i| RECORDS.get(i)) {
+        let r = MINE.get();
+        if !r.is_null() && r != FULL {
+            MINE.set(core::ptr::null());
+            // SAFETY: a non-null MINE other than FULL points into RECORDS (a static).
+            let r = unsafe { &*r };
             r.depth.store(0, Ordering::Relaxed);
             r.tid.store(0, Ordering::Release);
         }
     }
 }
 
+/// MINE of a thread that found no record free.
+const FULL: *const Record = core::ptr::dangling();
+
 thread_local! {
-    static MINE: Mine = const { Mine(core::cell::Cell::new(0)) };
+    /// The calling thread's record: null before its first span, [`FULL`] when none was free.
+    /// No destructor, so the enter and exit paths read it with a plain thread-local access.
+    static MINE: core::cell::Cell<*const Record> =
+        const { core::cell::Cell::new(core::ptr::null()) };
+    static GIVE_BACK: GiveBack = const { GiveBack };
 }
 
 /// The calling thread's record, claimed at its first call.
+#[inline]
 fn mine() -> Option<&'static Record> {
-    MINE.try_with(|m| {
-        let i = m.0.get();
-        if i == 0 {
-            let tid = crate::fork::cached_tid();
-            let claimed = RECORDS.iter().position(|r| {
-                r.tid
-                    .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            });
-            match claimed {
-                Some(i) => {
-                    m.0.set(i + 1);
-                    RECORDS.get(i)
-                }
-                None => {
-                    m.0.set(usize::MAX);
-                    WITHOUT_RECORD.fetch_add(1, Ordering::Relaxed);
-                    None
-                }
-            }
-        } else {
-            i.checked_sub(1).and_then(|i| RECORDS.get(i))
+    let r = MINE.get();
+    if r.is_null() {
+        return claim();
+    }
+    if r == FULL {
+        return None;
+    }
+    // SAFETY: a non-null MINE other than FULL points into RECORDS (a static).
+    Some(unsafe { &*r })
+}
+
+#[cold]
+fn claim() -> Option<&'static Record> {
+    // The record is given back at thread exit; a thread already past its thread-local
+    // destructors claims none.
+    GIVE_BACK.try_with(|_| ()).ok()?;
+    let tid = crate::fork::cached_tid();
+    let claimed = RECORDS.iter().find(|r| {
+        r.tid
+            .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    });
+    match claimed {
+        Some(r) => {
+            MINE.set(r);
+            Some(r)
         }
-    })
-    .ok()
-    .flatten()
+        None => {
+            MINE.set(FULL);
+            WITHOUT_RECORD.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
 }
 
 /// Threads whose spans are not recorded because every record was taken.
@@ -131,10 +160,14 @@ pub(crate) fn enter(id: u64, name: &'static str, task: Option<u64>) {
     writing(r, || {
         let depth = r.depth.load(Ordering::Relaxed);
         let at = depth % DEPTH;
-        r.names[at].store(name.as_ptr().cast_mut(), Ordering::Relaxed);
-        r.lens[at].store(name.len(), Ordering::Relaxed);
-        r.ids[at].store(id, Ordering::Relaxed);
-        r.tasks[at].store(task.map_or(0, |t| t.wrapping_add(1)), Ordering::Relaxed);
+        r.entries[at]
+            .name
+            .store(name.as_ptr().cast_mut(), Ordering::Relaxed);
+        r.entries[at].len.store(name.len(), Ordering::Relaxed);
+        r.entries[at].id.store(id, Ordering::Relaxed);
+        r.entries[at]
+            .task
+            .store(task.map_or(0, |t| t.wrapping_add(1)), Ordering::Relaxed);
         r.depth.store(depth + 1, Ordering::Relaxed);
     });
 }
@@ -148,18 +181,34 @@ pub(crate) fn exit(id: u64) {
         let depth = r.depth.load(Ordering::Relaxed);
         let kept = depth.min(DEPTH);
         // k = 0: the innermost.
-        let found =
-            (0..kept).find(|&k| r.ids[(depth - 1 - k) % DEPTH].load(Ordering::Relaxed) == id);
+        let found = (0..kept).find(|&k| {
+            r.entries[(depth - 1 - k) % DEPTH]
+                .id
+                .load(Ordering::Relaxed)
+                == id
+        });
         match found {
             Some(k) => {
                 // Move the k entries inside it down by one.
                 for j in (0..k).rev() {
                     let from = (depth - 1 - j) % DEPTH;
                     let to = (depth - 2 - j) % DEPTH;
-                    r.names[to].store(r.names[from].load(Ordering::Relaxed), Ordering::Relaxed);
-                    r.lens[to].store(r.lens[from].load(Ordering::Relaxed), Ordering::Relaxed);
-                    r.ids[to].store(r.ids[from].load(Ordering::Relaxed), Ordering::Relaxed);
-                    r.tasks[to].store(r.tasks[from].load(Ordering::Relaxed), Ordering::Relaxed);
+                    r.entries[to].name.store(
+                        r.entries[from].name.load(Ordering::Relaxed),
+                        Ordering::Relaxed,
+                    );
+                    r.entries[to].len.store(
+                        r.entries[from].len.load(Ordering::Relaxed),
+                        Ordering::Relaxed,
+                    );
+                    r.entries[to].id.store(
+                        r.entries[from].id.load(Ordering::Relaxed),
+                        Ordering::Relaxed,
+                    );
+                    r.entries[to].task.store(
+                        r.entries[from].task.load(Ordering::Relaxed),
+                        Ordering::Relaxed,
+                    );
                 }
                 r.depth.store(depth - 1, Ordering::Relaxed);
             }
@@ -171,12 +220,73 @@ pub(crate) fn exit(id: u64) {
         let now = r.depth.load(Ordering::Relaxed);
         if now >= DEPTH && now < depth {
             let at = now % DEPTH;
-            r.names[at].store(UNKNOWN.as_ptr().cast_mut(), Ordering::Relaxed);
-            r.lens[at].store(UNKNOWN.len(), Ordering::Relaxed);
-            r.ids[at].store(0, Ordering::Relaxed);
-            r.tasks[at].store(0, Ordering::Relaxed);
+            r.entries[at]
+                .name
+                .store(UNKNOWN.as_ptr().cast_mut(), Ordering::Relaxed);
+            r.entries[at].len.store(UNKNOWN.len(), Ordering::Relaxed);
+            r.entries[at].id.store(0, Ordering::Relaxed);
+            r.entries[at].task.store(0, Ordering::Relaxed);
         }
     });
+}
+
+/// Live spans' names by id (for the span layer), so that an enter finds its span's name without the registry's
+/// lookup (which takes and drops a reference: most of an enter's cost). A slot holds one span
+/// at a time (`id % NAMES`); an enter whose span is not in its slot (two live spans share it)
+/// asks the registry.
+const NAMES: usize = 1024;
+
+struct NameSlot {
+    /// The span's id, 0 while the slot is empty or being written.
+    id: AtomicU64,
+    ptr: AtomicPtr<u8>,
+    len: AtomicUsize,
+}
+
+static BY_ID: [NameSlot; NAMES] = [const {
+    NameSlot {
+        id: AtomicU64::new(0),
+        ptr: AtomicPtr::new(core::ptr::null_mut()),
+        len: AtomicUsize::new(0),
+    }
+}; NAMES];
+
+fn name_slot(id: u64) -> &'static NameSlot {
+    &BY_ID[(id as usize) % NAMES]
+}
+
+/// Span `id` is named `name` (its slot taken over, whoever had it).
+pub(crate) fn publish_name(id: u64, name: &'static str) {
+    let s = name_slot(id);
+    s.id.store(0, Ordering::Relaxed);
+    fence(Ordering::Release);
+    s.ptr.store(name.as_ptr().cast_mut(), Ordering::Relaxed);
+    s.len.store(name.len(), Ordering::Relaxed);
+    s.id.store(id, Ordering::Release);
+}
+
+/// Span `id` closed: its slot, if it still holds it, is empty.
+pub(crate) fn retract_name(id: u64) {
+    let _ = name_slot(id)
+        .id
+        .compare_exchange(id, 0, Ordering::Relaxed, Ordering::Relaxed);
+}
+
+/// Span `id`'s name, if its slot holds it. (Ids of live spans are unique: the slot cannot hold
+/// another span with the same id, so a slot that reads `id` before and after holds its name.)
+pub(crate) fn published_name(id: u64) -> Option<&'static str> {
+    let s = name_slot(id);
+    if s.id.load(Ordering::Acquire) != id {
+        return None;
+    }
+    let (ptr, len) = (s.ptr.load(Ordering::Relaxed), s.len.load(Ordering::Relaxed));
+    fence(Ordering::Acquire);
+    if s.id.load(Ordering::Relaxed) != id {
+        return None;
+    }
+    // SAFETY: a pointer and length published together from one `&'static str`, read while the
+    // slot held this span before and after.
+    Some(unsafe { core::str::from_utf8_unchecked(core::slice::from_raw_parts(ptr, len)) })
 }
 
 /// A consistent copy of a record.
@@ -201,14 +311,14 @@ fn snapshot(tid: i32) -> Option<Option<Snapshot>> {
         let mut names = [(0usize, 0usize); DEPTH];
         for (i, n) in names.iter_mut().enumerate() {
             *n = (
-                r.names[i].load(Ordering::Relaxed) as usize,
-                r.lens[i].load(Ordering::Relaxed),
+                r.entries[i].name.load(Ordering::Relaxed) as usize,
+                r.entries[i].len.load(Ordering::Relaxed),
             );
         }
         // The innermost span's task.
         let task = match depth {
             0 => 0,
-            d => r.tasks[(d - 1) % DEPTH].load(Ordering::Relaxed),
+            d => r.entries[(d - 1) % DEPTH].task.load(Ordering::Relaxed),
         };
         fence(Ordering::Acquire);
         let s2 = r.seq.load(Ordering::Relaxed);
@@ -275,9 +385,9 @@ pub(crate) fn write_span_names(w: &mut FixedBuf<'_>, tid: i32) {
 /// In a forked child: the forking thread keeps its record (under its new id), every other
 /// thread's is freed (they are not in the child). Async-signal-safe.
 fn after_fork() {
-    let mine = MINE.try_with(|m| m.0.get()).unwrap_or(0);
-    for (i, r) in RECORDS.iter().enumerate() {
-        if i + 1 == mine {
+    let mine = MINE.get();
+    for r in RECORDS.iter() {
+        if core::ptr::eq(r, mine) {
             r.tid.store(crate::sys::gettid(), Ordering::Release);
         } else {
             r.depth.store(0, Ordering::Relaxed);

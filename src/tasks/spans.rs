@@ -1,6 +1,6 @@
 //! [`SpanLayer`]: each thread's current tracing spans, kept where every report reads them.
 
-use tracing::span::Id;
+use tracing::span::{Attributes, Id};
 use tracing::Subscriber;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
@@ -83,13 +83,28 @@ impl<S> Layer<S> for SpanLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _ctx: Context<'_, S>) {
+        crate::report::spans::publish_name(id.into_u64(), attrs.metadata().name());
+    }
+
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        let Some(meta) = ctx.metadata(id) else { return };
-        crate::report::spans::enter(id.into_u64(), meta.name(), task_id());
+        let id = id.into_u64();
+        let name = match crate::report::spans::published_name(id) {
+            Some(name) => name,
+            None => match ctx.metadata(&Id::from_u64(id)) {
+                Some(meta) => meta.name(),
+                None => return,
+            },
+        };
+        crate::report::spans::enter(id, name, task_id());
     }
 
     fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
         crate::report::spans::exit(id.into_u64());
+    }
+
+    fn on_close(&self, id: Id, _ctx: Context<'_, S>) {
+        crate::report::spans::retract_name(id.into_u64());
     }
 }
 
