@@ -534,3 +534,186 @@ fn tempfile_in_target(name: &str) -> std::fs::File {
     std::fs::remove_file(&path).unwrap();
     f
 }
+
+// ---- the task dump ---------------------------------------------------------------------------
+
+/// The line of each kind's `.await` (the ground truth the dump must match), set as the tasks
+/// reach it: the `line!()` is on the same line as the `.await`.
+static LINE_A: AtomicUsize = AtomicUsize::new(0);
+static LINE_B: AtomicUsize = AtomicUsize::new(0);
+static LINE_C: AtomicUsize = AtomicUsize::new(0);
+static LINE_RECV: AtomicUsize = AtomicUsize::new(0);
+static LINE_JOIN: AtomicUsize = AtomicUsize::new(0);
+static LINE_SELECT: AtomicUsize = AtomicUsize::new(0);
+static LINE_X: AtomicUsize = AtomicUsize::new(0);
+/// Set to let the blocking tasks end.
+static RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[rustfmt::skip]
+async fn chain_a() {
+    { LINE_A.store(line!() as usize, Ordering::SeqCst); chain_b().await }
+}
+
+#[rustfmt::skip]
+async fn chain_b() {
+    { LINE_B.store(line!() as usize, Ordering::SeqCst); chain_c().await }
+}
+
+#[rustfmt::skip]
+async fn chain_c() {
+    { LINE_C.store(line!() as usize, Ordering::SeqCst); tokio::time::sleep(Duration::from_secs(600)).await }
+}
+
+#[rustfmt::skip]
+async fn receiver(mut rx: tokio::sync::mpsc::Receiver<u32>) {
+    { LINE_RECV.store(line!() as usize, Ordering::SeqCst); black_box(rx.recv().await); }
+}
+
+#[rustfmt::skip]
+async fn branch_x() {
+    { LINE_X.store(line!() as usize, Ordering::SeqCst); tokio::time::sleep(Duration::from_secs(600)).await }
+}
+
+#[rustfmt::skip]
+async fn joiner() {
+    { LINE_JOIN.store(line!() as usize, Ordering::SeqCst); tokio::join!(branch_x(), chain_c()); }
+}
+
+#[rustfmt::skip]
+async fn selecter(mut rx: tokio::sync::mpsc::Receiver<u32>) {
+    { LINE_SELECT.store(line!() as usize, Ordering::SeqCst); tokio::select! { _ = tokio::time::sleep(Duration::from_secs(600)) => {}, _ = rx.recv() => {} } }
+}
+
+/// Blocks its worker until released (without yielding).
+async fn blocking_until_released() {
+    while !RELEASE.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Spins on its worker until released (without yielding).
+async fn spinning_until_released() {
+    while !RELEASE.load(Ordering::SeqCst) {
+        black_box(());
+    }
+}
+
+/// 200 tasks in known states, traced through `tasks::spawn`: 50 a→b→c chains asleep, 50 in
+/// `mpsc::recv`, 49 in `join!`, 49 in `select!`, one blocking its worker in
+/// `std::thread::sleep` and one spinning on the other: both workers stuck. The dump lists all
+/// of them, each idle one's chain with the lines of its `.await`s, the two stuck ones as
+/// running with their worker's stack.
+#[test]
+fn the_task_dump_lists_every_task_and_where_each_waits() {
+    selftrace::init().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut senders = Vec::new();
+    let mut handles = Vec::new();
+    rt.block_on(async {
+        for _ in 0..50 {
+            handles.push(selftrace::tasks::spawn(chain_a()));
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            senders.push(tx);
+            handles.push(selftrace::tasks::spawn(receiver(rx)));
+        }
+        for _ in 0..49 {
+            handles.push(selftrace::tasks::spawn(joiner()));
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            senders.push(tx);
+            handles.push(selftrace::tasks::spawn(selecter(rx)));
+        }
+        // Every idle task has reached its await.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    });
+    handles.push(rt.spawn(selftrace::tasks::traced(blocking_until_released())));
+    handles.push(rt.spawn(selftrace::tasks::traced(spinning_until_released())));
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let mut text = Vec::new();
+    let summary = selftrace::tasks::dump_to(&mut text).unwrap();
+    let took = started.elapsed();
+    // Again, with the DWARF parsed and the layouts cached (what a second SIGQUIT costs).
+    let started = Instant::now();
+    let again = selftrace::tasks::dump_to(std::io::sink()).unwrap();
+    let took_again = started.elapsed();
+    RELEASE.store(true, Ordering::SeqCst);
+    let text = String::from_utf8(text).unwrap();
+    println!(
+        "{text}\ndump of {} tasks in {took:?} (first), {took_again:?} (again: {again:?})",
+        summary.tasks
+    );
+    assert_eq!(summary.tasks, 200, "{text}");
+    assert_eq!(summary.running, 2, "{text}");
+    assert_eq!(summary.idle, 198, "{text}");
+    let tasks: Vec<&str> = text.split("\ntask ").skip(1).collect();
+    assert_eq!(tasks.len(), 200);
+    let here = file!();
+    let line = |l: &AtomicUsize| format!("{here}:{}", l.load(Ordering::SeqCst));
+    let chain = [
+        format!(" #0 tasks::chain_a Suspend0 at {}", line(&LINE_A)),
+        format!(" #1 tasks::chain_b Suspend0 at {}", line(&LINE_B)),
+        format!(" #2 tasks::chain_c Suspend0 at {}", line(&LINE_C)),
+        " #3 tokio::time::sleep::Sleep".to_string(),
+    ];
+    let count = |pred: &dyn Fn(&str) -> bool| tasks.iter().filter(|t| pred(t)).count();
+    assert_eq!(
+        count(&|t| chain
+            .iter()
+            .all(|l| t.lines().any(|x| x.ends_with(l.as_str()) || x == l))),
+        50,
+        "{text}"
+    );
+    assert_eq!(
+        count(&|t| t.contains(&format!(
+            " #0 tasks::receiver Suspend0 at {}",
+            line(&LINE_RECV)
+        )) && t.contains("recv")),
+        50,
+        "{text}"
+    );
+    // join!: its `.await` is the macro's (its line is tokio's), in the async fn whose line
+    // (the one before the `join!`) is given; both branches, each to its leaf.
+    let fn_line = |l: &AtomicUsize| format!("{here}:{}", l.load(Ordering::SeqCst) - 1);
+    let in_fn = |l: &AtomicUsize| format!("(a macro's .await, in the async fn at {})", fn_line(l));
+    assert_eq!(
+        count(&|t| t.contains(" #0 tasks::joiner Suspend0 at ")
+            && t.contains("/src/macros/join.rs:")
+            && t.contains(&in_fn(&LINE_JOIN))
+            && t.contains(&format!("tasks::branch_x Suspend0 at {}", line(&LINE_X)))
+            && t.contains(&format!("tasks::chain_c Suspend0 at {}", line(&LINE_C)))),
+        49,
+        "{text}"
+    );
+    assert_eq!(
+        count(&|t| t.contains(" #0 tasks::selecter Suspend0 at ")
+            && t.contains(&in_fn(&LINE_SELECT))
+            && t.contains(" #1 tokio::time::sleep::Sleep")
+            && t.contains(" #1 tokio::sync::mpsc::bounded::{impl#0}::recv Suspend0")),
+        49,
+        "{text}"
+    );
+    // The two that hold their workers: running, with the worker's stack.
+    let running: Vec<&&str> = tasks
+        .iter()
+        .filter(|t| t.contains(", running on thread"))
+        .collect();
+    assert_eq!(running.len(), 2, "{text}");
+    assert!(
+        running
+            .iter()
+            .any(|t| t.contains("tasks::blocking_until_released")),
+        "{text}"
+    );
+    assert!(
+        running
+            .iter()
+            .any(|t| t.contains("tasks::spinning_until_released")),
+        "{text}"
+    );
+    drop(senders);
+    rt.shutdown_timeout(Duration::from_secs(5));
+}

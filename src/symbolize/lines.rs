@@ -325,6 +325,36 @@ fn with_context<R>(obj: &'static ObjectSymbols, f: impl FnOnce(Result<&Loaded, N
     }
 }
 
+/// The DWARF of the code at runtime address `addr` (normal context): `f` gets the unit that
+/// holds it and its link-time address; `None` when the address is in no indexed object, or its
+/// object has no usable DWARF (the reason is then in `Err`). The object's DWARF context is
+/// loaded on first use and kept (as for file:line); its lock is held while `f` runs, so `f`
+/// must not symbolize.
+#[cfg_attr(not(all(feature = "tokio", feature = "threads")), allow(dead_code))]
+pub(crate) fn with_unit_at<R>(
+    addr: usize,
+    f: impl FnOnce(gimli::UnitRef<'_, Reader>, u64) -> R,
+) -> Result<R, NoLine> {
+    use addr2line::LookupContinuation as _;
+    let sym = super::lookup_frame(addr, FrameKind::Exact, Mode::All).ok_or(NoLine::NoDebugInfo)?;
+    let (obj, bias) = super::object_for(addr, &sym).ok_or(NoLine::NoDebugInfo)?;
+    let svma = addr.wrapping_sub(bias) as u64;
+    with_context(obj, |ctx| {
+        let loaded = ctx?;
+        let mut lookup = loaded.ctx.find_dwarf_and_unit(svma);
+        loop {
+            match lookup {
+                addr2line::LookupResult::Output(Some(unit)) => return Ok(f(unit, svma)),
+                addr2line::LookupResult::Output(None) => return Err(NoLine::NoDebugInfo),
+                addr2line::LookupResult::Load { load, continuation } => {
+                    let dwo = loaded.dwos.iter().find(|(id, _)| *id == load.dwo_id);
+                    lookup = continuation.resume(dwo.map(|(_, d)| d.clone()));
+                }
+            }
+        }
+    })
+}
+
 /// One function at a frame: the physical function, or one inlined into it.
 ///
 /// Resolved once per address and cached (frames share it through an `Arc`); a DWARF raw name

@@ -52,8 +52,13 @@
 use crate::error::Error;
 use core::time::Duration;
 
+mod dump;
+mod layout;
 #[cfg(feature = "tracing")]
 mod spans;
+#[cfg(feature = "tokio")]
+pub use dump::spawn;
+pub use dump::{dump_to, traced, TaskSummary, Traced};
 #[cfg(feature = "tracing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub use spans::SpanLayer;

@@ -1,0 +1,293 @@
+//! The task dump: every task spawned through [`spawn`] (or wrapped in [`traced`]), idle or
+//! running, with where it waits.
+//!
+//! ```text
+//! ------------[ selftrace: tasks ]------------
+//! 3 tasks: 2 idle, 1 running
+//!
+//! task 12 spawned at src/main.rs:40:5, idle (polled 3 times)
+//!  #0 svc::handle Suspend1 at src/main.rs:31
+//!  #1 svc::fetch Suspend0 at src/main.rs:52
+//!  #2 tokio::time::sleep::Sleep
+//!
+//! task 13 spawned at src/main.rs:41:5, running on thread "tokio-rt-worker" tid 4245
+//! Call Trace:
+//!  ...
+//! ---[ end of tasks ]---
+//! ```
+//!
+//! An idle task's chain is read from its future's memory with the layouts in the program's
+//! DWARF ([`super::layout`]), without waiting for the task: a task that never yields is shown
+//! as running, with its worker's stack. Normal context.
+
+use super::layout::{await_chain, Awaiting};
+use crate::fork::ForkMutex;
+use core::future::Future;
+use core::pin::Pin;
+use core::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use core::task::{Context, Poll};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::panic::Location;
+use std::sync::Arc;
+
+/// What the dump knows of one task.
+struct Entry {
+    /// Where it was spawned (wrapped).
+    spawned_at: &'static Location<'static>,
+    /// Its future's `poll` (`<F as Future>::poll`), whose DWARF gives the future's type.
+    poll: usize,
+    /// Its future's address (boxed: it never moves).
+    root: AtomicUsize,
+    /// Polls begun and ended: odd while it is being polled.
+    polls: AtomicU64,
+    /// The thread polling it (0: none).
+    tid: AtomicI32,
+    /// tokio's task id (+ 1; 0: not known yet).
+    task_id: AtomicU64,
+}
+
+/// The traced tasks by spawn order.
+static TASKS: ForkMutex<BTreeMap<u64, Arc<Entry>>> = ForkMutex::new(BTreeMap::new());
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// A future traced for the task dump: [`traced`] makes one.
+#[must_use = "futures do nothing unless polled"]
+pub struct Traced<F> {
+    key: u64,
+    entry: Arc<Entry>,
+    /// Boxed: its address, which the dump reads it at, is known from the start and never
+    /// changes.
+    future: Pin<Box<F>>,
+}
+
+impl<F> std::fmt::Debug for Traced<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Traced")
+            .field("spawned_at", &self.entry.spawned_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `future`, listed in the task dump ([`dump_to`]) while it exists, with the caller's
+/// location as its spawn location: for a task spawned another way than [`spawn`]
+/// (`tokio::spawn(selftrace::tasks::traced(fut))`, another runtime). Costs an allocation and a
+/// lock when made and dropped (the future is boxed), and per poll two relaxed stores, an
+/// atomic add and a thread-local read.
+#[track_caller]
+pub fn traced<F: Future>(future: F) -> Traced<F> {
+    let future = Box::pin(future);
+    let entry = Arc::new(Entry {
+        spawned_at: Location::caller(),
+        poll: poll_address::<F>(),
+        root: AtomicUsize::new(&*future as *const F as usize),
+        polls: AtomicU64::new(0),
+        tid: AtomicI32::new(0),
+        task_id: AtomicU64::new(0),
+    });
+    let key = NEXT.fetch_add(1, Ordering::Relaxed);
+    TASKS
+        .lock_or_reset(BTreeMap::new)
+        .insert(key, entry.clone());
+    Traced { key, entry, future }
+}
+
+/// The address of `<F as Future>::poll`.
+fn poll_address<F: Future>() -> usize {
+    let f: fn(Pin<&mut F>, &mut Context<'_>) -> Poll<F::Output> = <F as Future>::poll;
+    f as usize
+}
+
+/// `tokio::spawn` of `future`, traced for the task dump ([`traced`]).
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+#[track_caller]
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(traced(future))
+}
+
+impl<F> Drop for Traced<F> {
+    fn drop(&mut self) {
+        TASKS.lock_or_reset(BTreeMap::new).remove(&self.key);
+    }
+}
+
+/// Marks the end of a poll, also when the poll panics.
+struct Polling<'a>(&'a Entry);
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        self.0.tid.store(0, Ordering::Relaxed);
+        self.0.polls.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl<F: Future> Future for Traced<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let e = &*this.entry;
+        if e.task_id.load(Ordering::Relaxed) == 0 {
+            e.task_id
+                .store(current_task_id().map_or(0, |t| t + 1), Ordering::Relaxed);
+        }
+        e.polls.fetch_add(1, Ordering::Acquire);
+        e.tid.store(crate::fork::cached_tid(), Ordering::Relaxed);
+        let _polling = Polling(e);
+        this.future.as_mut().poll(cx)
+    }
+}
+
+fn current_task_id() -> Option<u64> {
+    #[cfg(feature = "tokio")]
+    {
+        tokio::task::try_id().and_then(|id| super::spans::task_id_u64(&id))
+    }
+    #[cfg(not(feature = "tokio"))]
+    {
+        None
+    }
+}
+
+/// What [`dump_to`] saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TaskSummary {
+    /// Tasks listed.
+    pub tasks: usize,
+    /// Idle tasks whose chain of awaits was read.
+    pub idle: usize,
+    /// Tasks being polled (shown with their worker's stack).
+    pub running: usize,
+    /// Tasks not polled yet.
+    pub not_started: usize,
+    /// Idle tasks whose chain could not be read (the reason is in the dump).
+    pub no_chain: usize,
+}
+
+/// Writes every traced task (see the module docs) to `out`. Normal context: reads DWARF (the
+/// first dump parses the program's), captures the stacks of the threads polling tasks.
+///
+/// # Errors
+/// Those of `out`.
+pub fn dump_to(mut out: impl std::io::Write) -> std::io::Result<TaskSummary> {
+    let tasks: Vec<(u64, Arc<Entry>)> = TASKS
+        .lock_or_reset(BTreeMap::new)
+        .iter()
+        .map(|(k, e)| (*k, e.clone()))
+        .collect();
+    let mut summary = TaskSummary {
+        tasks: tasks.len(),
+        ..TaskSummary::default()
+    };
+    let mut body = String::new();
+    for (_, e) in &tasks {
+        let _ = writeln!(body);
+        write_task(&mut body, e, &mut summary);
+    }
+    let mut text = String::new();
+    text.push_str("------------[ selftrace: tasks ]------------\n");
+    let _ = writeln!(
+        text,
+        "{} tasks: {} idle, {} running, {} not polled yet",
+        summary.tasks,
+        summary.idle + summary.no_chain,
+        summary.running,
+        summary.not_started
+    );
+    text.push_str(&body);
+    text.push_str("---[ end of tasks ]---\n");
+    out.write_all(text.as_bytes())?;
+    Ok(summary)
+}
+
+/// Deepest chain listed per task.
+const MAX_CHAIN: usize = 64;
+
+fn write_task(out: &mut String, e: &Entry, summary: &mut TaskSummary) {
+    let _ = write!(out, "task");
+    if let Some(id) = e.task_id.load(Ordering::Relaxed).checked_sub(1) {
+        let _ = write!(out, " {id}");
+    }
+    let at = e.spawned_at;
+    let _ = write!(
+        out,
+        " spawned at {}:{}:{}",
+        at.file(),
+        at.line(),
+        at.column()
+    );
+    let before = e.polls.load(Ordering::Acquire);
+    if before == 0 {
+        summary.not_started += 1;
+        let _ = writeln!(out, ", not polled yet");
+        return;
+    }
+    if before % 2 == 1 {
+        running(out, e, summary);
+        return;
+    }
+    let chain = await_chain(e.poll, e.root.load(Ordering::Relaxed), MAX_CHAIN);
+    // Polled meanwhile: what was read may be half of one state and half of another.
+    if e.polls.load(Ordering::Acquire) != before {
+        running(out, e, summary);
+        return;
+    }
+    let _ = writeln!(out, ", idle (polled {} times)", before / 2);
+    match chain {
+        Ok(chain) => {
+            summary.idle += 1;
+            for a in &chain {
+                write_awaiting(out, a);
+            }
+        }
+        Err(why) => {
+            summary.no_chain += 1;
+            let _ = writeln!(out, " no chain of awaits: {why}");
+        }
+    }
+}
+
+/// ` #N name state at file:line`: N is the depth (0: the task's future), so the branches of a
+/// `join!` or `select!` each start again at the depth below it.
+fn write_awaiting(out: &mut String, a: &Awaiting) {
+    let _ = write!(out, " #{} {}", a.depth, a.name);
+    if !a.state.is_empty() {
+        let _ = write!(out, " {}", a.state);
+    }
+    if let Some((file, line)) = &a.at {
+        let _ = write!(out, " at {file}:{line}");
+    }
+    if let Some((file, line)) = &a.in_fn_at {
+        let _ = write!(out, " (a macro's .await, in the async fn at {file}:{line})");
+    }
+    out.push('\n');
+}
+
+/// A task being polled: its worker's stack.
+fn running(out: &mut String, e: &Entry, summary: &mut TaskSummary) {
+    summary.running += 1;
+    let tid = e.tid.load(Ordering::Relaxed);
+    let name = crate::threads::info(tid).map(|i| i.name().to_string());
+    let _ = writeln!(
+        out,
+        ", running on thread \"{}\" tid {tid}",
+        name.as_deref().unwrap_or("?")
+    );
+    let mut frames = vec![0usize; 256];
+    match crate::threads::capture(tid, &mut frames, std::time::Duration::from_secs(1)) {
+        Ok(walk) => {
+            frames.truncate(walk.frames);
+            let bt = crate::symbolize::Backtrace::from_walk(&frames, &walk);
+            let _ = write!(out, "Call Trace:\n{bt}");
+        }
+        Err(err) => {
+            let _ = writeln!(out, " no stack ({err})");
+        }
+    }
+}
