@@ -189,6 +189,22 @@ fn flame_graph_route_and_errors() {
         assert!(titles.iter().any(|t| t.starts_with(f)), "{f} in {titles:?}");
     }
 
+    // The text routes: every thread's stack (the workload's threads by name) and the task
+    // dump (this server traces none).
+    let (status, body) = get(&server.addr, "/debug/pprof/threads");
+    assert_eq!(status, 200);
+    let threads = String::from_utf8(body).unwrap();
+    assert!(
+        threads.starts_with("------------[ selftrace: all threads ]")
+            && threads.contains("thread \"pprof-http\" tid ")
+            && threads.contains("---[ end of all threads ]---"),
+        "{threads}"
+    );
+    let (status, body) = get(&server.addr, "/debug/pprof/tasks");
+    assert_eq!(status, 200);
+    let tasks = String::from_utf8(body).unwrap();
+    assert!(tasks.contains("\n0 tasks: "), "{tasks}");
+
     let (status, body) = get(&server.addr, "/debug/pprof/profile?seconds=0");
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     let (status, _) = get(&server.addr, "/nothing/here");

@@ -128,8 +128,9 @@ fn service() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         });
-        // In two spans, entered at each poll (as #[instrument] does); the task says its id.
-        tokio::spawn(
+        // In two spans, entered at each poll (as #[instrument] does); the task says its id;
+        // traced, so that the report says which task the worker polls.
+        selftrace::tasks::spawn(
             async {
                 eprintln!("blocking task id {}", tokio::task::id());
                 blocking_in_async().await
@@ -317,6 +318,10 @@ fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_dea
     assert_eq!(
         blocked.lines().nth(thread_line + 1),
         Some(format!(" in span: request > handler (task {id})").as_str()),
+        "{e}"
+    );
+    assert!(
+        blocked.contains(&format!("\npolling task {id} spawned at {}:", file!())),
         "{e}"
     );
 

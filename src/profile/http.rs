@@ -6,6 +6,9 @@
 //!   gzipped `profile.proto` that `go tool pprof` fetches.
 //! * `GET /debug/pprof/flamegraph?...`: the same as an SVG flame graph (with the
 //!   `flamegraph` feature; `501` without it).
+//! * `GET /debug/pprof/threads`: every thread's stack, as text ([`crate::threads::dump_all_to`]).
+//! * `GET /debug/pprof/tasks`: every traced async task and where it waits, as text
+//!   ([`crate::tasks::dump_to`]; Go's `/debug/pprof/goroutine?debug=2`).
 //! * `GET /debug/pprof/`: a short index.
 //!
 //! One profile at a time (the profiler is per process): a request while one is being taken
@@ -141,8 +144,18 @@ fn begin(method: &str, target: &str) -> Result<Taking, Box<Response>> {
             "/debug/pprof" | "/debug/pprof/" => return Err(Box::new(Response::text(
                 200,
                 "/debug/pprof/profile?seconds=N[&hz=H][&mode=cpu|wall]: gzipped profile.proto\n\
-                 /debug/pprof/flamegraph?seconds=N[&hz=H][&mode=cpu|wall]: SVG flame graph\n",
+                 /debug/pprof/flamegraph?seconds=N[&hz=H][&mode=cpu|wall]: SVG flame graph\n\
+                 /debug/pprof/threads: every thread's stack\n\
+                 /debug/pprof/tasks: every traced async task and where it waits\n",
             ))),
+            "/debug/pprof/threads" => {
+                return Err(Box::new(text_of(|w| {
+                    crate::threads::dump_all_to(w).map(drop)
+                })))
+            }
+            "/debug/pprof/tasks" => {
+                return Err(Box::new(text_of(|w| crate::tasks::dump_to(w).map(drop))))
+            }
             _ => return Err(Box::new(Response::text(404, "not found\n"))),
         };
     if svg && !cfg!(feature = "flamegraph") {
@@ -164,6 +177,21 @@ fn begin(method: &str, target: &str) -> Result<Taking, Box<Response>> {
         seconds: q.seconds,
         svg,
     })
+}
+
+/// A text answer written by `write`, or a 500 saying what failed.
+fn text_of(write: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> Response {
+    let mut body = Vec::new();
+    match write(&mut body) {
+        Ok(()) => Response {
+            status: 200,
+            content_type: "text/plain; charset=utf-8",
+            body,
+            profile: None,
+            stats: None,
+        },
+        Err(e) => Response::text(500, &format!("{e}\n")),
+    }
 }
 
 /// Stops the profiler and encodes the answer.

@@ -85,11 +85,27 @@ pub fn traced<F: Future>(future: F) -> Traced<F> {
         tid: AtomicI32::new(0),
         task_id: AtomicU64::new(0),
     });
+    let _ = crate::watchdog::TASK_OF_THREAD.set(task_of_thread);
     let key = NEXT.fetch_add(1, Ordering::Relaxed);
     TASKS
         .lock_or_reset(BTreeMap::new)
         .insert(key, entry.clone());
     Traced { key, entry, future }
+}
+
+/// `task 17 spawned at src/main.rs:40:5`: the traced task thread `tid` is polling, if any.
+fn task_of_thread(tid: i32) -> Option<String> {
+    let tasks = TASKS.lock_or_reset(BTreeMap::new);
+    let e = tasks
+        .values()
+        .find(|e| tid > 0 && e.tid.load(Ordering::Relaxed) == tid)?;
+    let mut s = String::from("task");
+    if let Some(id) = e.task_id.load(Ordering::Relaxed).checked_sub(1) {
+        let _ = write!(s, " {id}");
+    }
+    let at = e.spawned_at;
+    let _ = write!(s, " spawned at {}:{}:{}", at.file(), at.line(), at.column());
+    Some(s)
 }
 
 /// The address of `<F as Future>::poll`.

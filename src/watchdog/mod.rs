@@ -184,6 +184,11 @@ static REGISTRY: ForkMutex<Vec<Arc<Slot>>> = ForkMutex::new(Vec::new());
 static ACTION: ForkMutex<Option<Action>> = ForkMutex::new(None);
 /// The process whose monitor thread runs (its pid), or 0: a forked child starts its own.
 static MONITOR: AtomicI32 = AtomicI32::new(0);
+/// Says which traced task thread `tid` is polling (set by [`crate::tasks`] when it traces its
+/// first task): a worker's report names it.
+pub(crate) static TASK_OF_THREAD: std::sync::OnceLock<fn(i32) -> Option<String>> =
+    std::sync::OnceLock::new();
+
 /// The directory of [`Builder::minidump`] (-1: none).
 static MINIDUMP_DIR: AtomicI32 = AtomicI32::new(-1);
 static MINIDUMP_PATH: ForkMutex<Option<std::path::PathBuf>> = ForkMutex::new(None);
@@ -749,6 +754,9 @@ fn report(s: &Stall) {
                      the worker never runs out of work\n",
                     secs(s.stalled_for)
                 ));
+            }
+            if let Some(task) = TASK_OF_THREAD.get().and_then(|f| f(s.tid)) {
+                text.push_str(&format!("polling {task}\n"));
             }
         }
     }
