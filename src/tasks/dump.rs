@@ -70,7 +70,7 @@ impl<F> std::fmt::Debug for Traced<F> {
 }
 
 /// `future`, listed in the task dump ([`dump_to`]) while it exists, with the caller's
-/// location as its spawn location: for a task spawned another way than [`spawn`]
+/// location as its spawn location: for a task spawned another way than `tasks::spawn`
 /// (`tokio::spawn(selftrace::tasks::traced(fut))`, another runtime). Costs an allocation and a
 /// lock when made and dropped (the future is boxed), and per poll two relaxed stores, an
 /// atomic add and a thread-local read.

@@ -1,7 +1,18 @@
-//! Async runtimes: their worker threads watched by the [`crate::watchdog`] without `pet()`.
+//! Async runtimes: their workers watched without `pet()`, each thread's tracing spans in every
+//! report, and a dump of the tasks and where each waits.
+//!
+//! * **Workers** (`configure`, feature `tokio`): below.
+//! * **Spans** (`SpanLayer`, feature `tracing`): each thread's current spans and tokio task
+//!   id under its line in thread dumps, crash reports, watchdog reports and minidumps.
+//! * **Tasks** (`spawn` with the `tokio` feature, [`traced`], [`dump_to`]): every traced
+//!   task, an idle one's chain of `.await`s read from its memory with the coroutine layouts in
+//!   the program's DWARF (see `layout.rs`), a running one's worker stack. Normal context (the dump parses DWARF); not
+//!   in signal handlers (the dump signal and crash reports list threads, with their spans).
+//!
+//! # Workers
 //!
 //! A worker thread of an executor is busy from the moment it unparks until it parks again
-//! (it ran out of work), and idle while parked. [`configure`] sets a `tokio::runtime::Builder`'s
+//! (it ran out of work), and idle while parked. `configure` sets a `tokio::runtime::Builder`'s
 //! stable hooks (`on_thread_park`, `on_thread_unpark`, `on_thread_stop`; no `tokio_unstable`)
 //! so that the watchdog knows which: a worker busy for longer than its timeout is reported
 //! with its stack (the blocking call: `std::thread::sleep`, a futex, a `read`, or the user
@@ -47,7 +58,8 @@
 //!
 //! For a deadline of one task, whichever thread runs it: [`crate::watchdog::watch_task`].
 //!
-//! Size: about 120 lines, most of them docs: one idea (the runtime's hooks).
+//! Size: about 150 lines, most of them docs: the runtime's hooks; the span layer, the task
+//! dump and the layouts it reads are files of their own.
 
 use crate::error::Error;
 use core::time::Duration;
@@ -81,10 +93,10 @@ pub fn configure(
     Ok(set_hooks(builder))
 }
 
-/// [`configure`], with `timeout` (1 ms to 24 hours) for the workers' watches.
+/// `configure`, with `timeout` (1 ms to 24 hours) for the workers' watches.
 ///
 /// # Errors
-/// [`Error::InvalidInput`] for a timeout out of range; those of [`configure`].
+/// [`Error::InvalidInput`] for a timeout out of range; those of `configure`.
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub fn configure_with_timeout(
@@ -113,7 +125,7 @@ fn is_multi_thread_worker() -> bool {
 
 /// Prepares the watches of workers whose hooks call [`on_thread_park`] and
 /// [`on_thread_unpark`]: installs the stack-request handler of [`crate::threads`], starts the
-/// watchdog and sets the workers' timeout (`None`: the watchdog's default). [`configure`] does
+/// watchdog and sets the workers' timeout (`None`: the watchdog's default). `configure` does
 /// this itself. Normal context.
 ///
 /// # Errors
