@@ -607,7 +607,8 @@ async fn spinning_until_released() {
 /// `mpsc::recv`, 49 in `join!`, 49 in `select!`, one blocking its worker in
 /// `std::thread::sleep` and one spinning on the other: both workers stuck. The dump lists all
 /// of them, each idle one's chain with the lines of its `.await`s, the two stuck ones as
-/// running with their worker's stack.
+/// running with their worker's stack, which equals gdb's (`thread apply all bt`, attached
+/// meanwhile) from the task's function outward.
 #[test]
 fn the_task_dump_lists_every_task_and_where_each_waits() {
     selftrace::init().unwrap();
@@ -645,6 +646,8 @@ fn the_task_dump_lists_every_task_and_where_each_waits() {
     let started = Instant::now();
     let again = selftrace::tasks::dump_to(std::io::sink()).unwrap();
     let took_again = started.elapsed();
+    // gdb's view of the same stuck workers (attached to this process meanwhile).
+    let gdb = gdb_backtraces();
     RELEASE.store(true, Ordering::SeqCst);
     let text = String::from_utf8(text).unwrap();
     println!(
@@ -719,6 +722,100 @@ fn the_task_dump_lists_every_task_and_where_each_waits() {
             .any(|t| t.contains("tasks::spinning_until_released")),
         "{text}"
     );
+    // Each worker's stack as gdb's `thread apply all bt` has it: the return addresses from the
+    // task's own function outward (the frames below it move: one of them spins).
+    match gdb {
+        Err(why) => {
+            assert!(
+                std::env::var_os("SELFTRACE_REQUIRE_TRACEFS").is_none()
+                    || !cfg!(target_arch = "x86_64"),
+                "gdb: {why}"
+            );
+            println!("not compared with gdb: {why}");
+        }
+        Ok(gdb) => {
+            for f in ["blocking_until_released", "spinning_until_released"] {
+                let t = running.iter().find(|t| t.contains(f)).unwrap();
+                let tid: i32 = t
+                    .split("running on thread tid ")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|r| r.parse().ok())
+                    .unwrap();
+                let ours: Vec<usize> = t
+                    .lines()
+                    .skip_while(|l| !l.contains(f))
+                    .filter_map(|l| l.split(" : ").next()?.split(" 0x").nth(1))
+                    .map(|a| usize::from_str_radix(a, 16).unwrap())
+                    .collect();
+                let theirs = gdb
+                    .get(&tid)
+                    .unwrap_or_else(|| panic!("no thread {tid} in gdb's output"));
+                let from = theirs
+                    .iter()
+                    .position(|(_, n)| n.contains(f))
+                    .unwrap_or_else(|| panic!("{f} not in gdb's bt of {tid}: {theirs:?}"));
+                let theirs: Vec<usize> = theirs[from..].iter().map(|(a, _)| *a).collect();
+                let n = ours.len().min(theirs.len());
+                assert!(n >= 8, "ours {ours:x?}\ngdb's {theirs:x?}");
+                assert_eq!(ours[..n], theirs[..n], "{f}: ours against gdb's\n{t}");
+                println!("{f}: {n} frames equal to gdb's");
+            }
+        }
+    }
     drop(senders);
     rt.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// `gdb -batch -p PID -ex 'thread apply all bt'` on this process: each thread's frames (pc,
+/// function) by thread id, inlined frames (which repeat their caller's pc) folded.
+fn gdb_backtraces() -> Result<std::collections::HashMap<i32, Vec<(usize, String)>>, String> {
+    if !cfg!(target_arch = "x86_64") {
+        return Err("under qemu-user, gdb cannot attach to the emulated process".into());
+    }
+    let out = std::process::Command::new("gdb")
+        .args(["-nx", "-batch", "-p"])
+        .arg(std::process::id().to_string())
+        .args(["-ex", "set pagination off", "-ex", "thread apply all bt"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("gdb (Debian package gdb): {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut threads = std::collections::HashMap::new();
+    let mut current: Option<(i32, Vec<(usize, String)>)> = None;
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("Thread ") {
+            if let Some((tid, frames)) = current.take() {
+                threads.insert(tid, frames);
+            }
+            let tid = rest.split("(LWP ").nth(1).and_then(|r| r.split(')').next());
+            if let Some(tid) = tid.and_then(|t| t.parse().ok()) {
+                current = Some((tid, Vec::new()));
+            }
+        } else if let (Some(rest), Some((_, frames))) = (l.strip_prefix('#'), current.as_mut()) {
+            // `#3  0x000055d0c0a3d1f0 in name (...) at file:line`, or without `0x… in` for
+            // frame 0 and for inlined frames.
+            let rest = rest.split_once(' ').map_or("", |(_, r)| r.trim_start());
+            if let Some(a) = rest.strip_prefix("0x") {
+                let (addr, name) = a.split_once(" in ").unwrap_or((a, ""));
+                if let Ok(addr) = usize::from_str_radix(addr.trim(), 16) {
+                    frames.push((addr, name.to_string()));
+                }
+            } else if let Some((_, last)) = frames.last_mut() {
+                // An inlined frame: its name joins the physical frame before it.
+                last.push(' ');
+                last.push_str(rest.split(" (").next().unwrap_or(""));
+            }
+        }
+    }
+    if let Some((tid, frames)) = current {
+        threads.insert(tid, frames);
+    }
+    if threads.is_empty() {
+        return Err(format!(
+            "gdb listed no thread:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(threads)
 }

@@ -285,25 +285,33 @@ fn write_awaiting(out: &mut String, a: &Awaiting) {
     out.push('\n');
 }
 
-/// A task being polled: its worker's stack.
+/// A task being polled: its worker's line and stack, as thread dumps and watchdog reports
+/// write them (addresses, names, file:line, the objects).
 fn running(out: &mut String, e: &Entry, summary: &mut TaskSummary) {
     summary.running += 1;
     let tid = e.tid.load(Ordering::Relaxed);
-    let name = crate::threads::info(tid).map(|i| i.name().to_string());
-    let _ = writeln!(
-        out,
-        ", running on thread \"{}\" tid {tid}",
-        name.as_deref().unwrap_or("?")
-    );
+    let _ = writeln!(out, ", running on thread tid {tid}");
+    let info = crate::threads::info(tid);
     let mut frames = vec![0usize; 256];
-    match crate::threads::capture(tid, &mut frames, std::time::Duration::from_secs(1)) {
-        Ok(walk) => {
-            frames.truncate(walk.frames);
-            let bt = crate::symbolize::Backtrace::from_walk(&frames, &walk);
-            let _ = write!(out, "Call Trace:\n{bt}");
-        }
-        Err(err) => {
-            let _ = writeln!(out, " no stack ({err})");
+    let walk = crate::threads::capture(tid, &mut frames, std::time::Duration::from_secs(1));
+    let stack = walk.map(|w| (&frames[..w.frames], w.end, w.frame_kinds()));
+    // Written by the report writer (to an fd) into an anonymous file, then copied.
+    let text = crate::sys::memfd_create(c"selftrace-task")
+        .ok()
+        .and_then(|fd| {
+            use std::io::{Read, Seek};
+            use std::os::fd::AsRawFd;
+            crate::threads::write_thread(fd.as_raw_fd(), tid, info.as_ref(), stack);
+            let mut f = std::fs::File::from(fd);
+            let mut text = String::new();
+            f.rewind().ok()?;
+            f.read_to_string(&mut text).ok()?;
+            Some(text)
+        });
+    match text {
+        Some(t) => out.push_str(&t),
+        None => {
+            let _ = writeln!(out, " no stack (no anonymous file to write it in)");
         }
     }
 }
