@@ -551,6 +551,9 @@ static LINE_RECV: AtomicUsize = AtomicUsize::new(0);
 static LINE_JOIN: AtomicUsize = AtomicUsize::new(0);
 static LINE_SELECT: AtomicUsize = AtomicUsize::new(0);
 static LINE_X: AtomicUsize = AtomicUsize::new(0);
+/// Held by the tests that trace tasks in this process (the dump lists every traced task).
+static TRACING_TASKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Set to let the blocking tasks end.
 static RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -611,6 +614,7 @@ async fn spinning_until_released() {
 /// meanwhile) from the task's function outward.
 #[test]
 fn the_task_dump_lists_every_task_and_where_each_waits() {
+    let _alone = TRACING_TASKS.lock().unwrap_or_else(|e| e.into_inner());
     selftrace::init().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -773,14 +777,22 @@ fn gdb_backtraces() -> Result<std::collections::HashMap<i32, Vec<(usize, String)
     if !cfg!(target_arch = "x86_64") {
         return Err("under qemu-user, gdb cannot attach to the emulated process".into());
     }
+    // Its output into a file, not a pipe: gdb stops every thread of this process, the one
+    // that would read a pipe too, and a full pipe would stop gdb.
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tasks-gdb-{}.txt", std::process::id()));
+    let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let out = std::process::Command::new("gdb")
         .args(["-nx", "-batch", "-p"])
         .arg(std::process::id().to_string())
         .args(["-ex", "set pagination off", "-ex", "thread apply all bt"])
         .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().map_err(|e| e.to_string())?)
+        .stderr(file)
         .output()
         .map_err(|e| format!("gdb (Debian package gdb): {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let _ = std::fs::remove_file(&path);
     let mut threads = std::collections::HashMap::new();
     let mut current: Option<(i32, Vec<(usize, String)>)> = None;
     for l in text.lines() {
@@ -812,10 +824,66 @@ fn gdb_backtraces() -> Result<std::collections::HashMap<i32, Vec<(usize, String)
         threads.insert(tid, frames);
     }
     if threads.is_empty() {
-        return Err(format!(
-            "gdb listed no thread:\n{text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(format!("gdb listed no thread ({}):\n{text}", out.status));
     }
     Ok(threads)
+}
+
+/// The dump signal, with `tasks::dump_on_signal`: the all-thread dump, then the task dump,
+/// written to the dump signal's fd (here a pipe).
+#[test]
+fn the_dump_signal_also_dumps_the_tasks() {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let _alone = TRACING_TASKS.lock().unwrap_or_else(|e| e.into_inner());
+    selftrace::init().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let task = {
+        let _in = rt.enter();
+        selftrace::tasks::spawn(chain_a())
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fds = [0i32; 2];
+    // SAFETY: room for the two fds.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both fds were just made and are owned here.
+    let (mut read, write) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    selftrace::threads::install_dump_signal_to(libc::SIGQUIT, write).unwrap();
+    selftrace::tasks::dump_on_signal().unwrap();
+    // SAFETY: a signal to this process, whose handler was just installed.
+    assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGQUIT) }, 0);
+    let mut text = Vec::new();
+    let mut buf = [0u8; 65536];
+    while !String::from_utf8_lossy(&text).contains("---[ end of tasks ]---") {
+        let n = read.read(&mut buf).unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&text));
+        text.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8(text).unwrap();
+    let threads = text
+        .find("---[ end of all threads ]---")
+        .expect("the thread dump");
+    let tasks = text
+        .find("------------[ selftrace: tasks ]")
+        .expect("the task dump");
+    assert!(threads < tasks, "{text}");
+    assert!(
+        text.contains(&format!(
+            " #0 tasks::chain_a Suspend0 at {}:{}",
+            file!(),
+            LINE_A.load(Ordering::SeqCst)
+        )),
+        "{text}"
+    );
+    task.abort();
+    rt.shutdown_timeout(Duration::from_secs(5));
 }

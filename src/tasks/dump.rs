@@ -315,3 +315,54 @@ fn running(out: &mut String, e: &Entry, summary: &mut TaskSummary) {
         }
     }
 }
+
+/// After each all-thread dump of the dump signal ([`crate::threads::install_dump_signal`]),
+/// writes the task dump to the same fd, from a thread of its own (named `task-dump`; the dump
+/// reads DWARF, which a signal handler cannot). Normal context; once per process (later calls
+/// do nothing).
+///
+/// # Errors
+/// [`crate::Error::Sys`] when the pipe or the thread cannot be made.
+pub fn dump_on_signal() -> Result<(), crate::Error> {
+    static STARTED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    if *started {
+        return Ok(());
+    }
+    let [read, write] = crate::sys::pipe_cloexec()?;
+    let spawned = std::thread::Builder::new()
+        .name("task-dump".into())
+        .spawn(move || {
+            let mut byte = [0u8; 1];
+            while matches!(crate::sys::read(read, &mut byte), Ok(1)) {
+                let _ = dump_to(FdWriter(crate::threads::dump_signal_fd()));
+            }
+        });
+    match spawned {
+        Ok(_) => {
+            crate::threads::AFTER_DUMP.store(write, Ordering::Relaxed);
+            *started = true;
+            Ok(())
+        }
+        Err(e) => {
+            crate::sys::close(read);
+            crate::sys::close(write);
+            Err(crate::Error::from_io("pthread_create", &e))
+        }
+    }
+}
+
+/// Writes to a raw fd that someone else keeps open.
+struct FdWriter(i32);
+
+impl std::io::Write for FdWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        crate::sys::write_all(self.0, buf)
+            .map(|()| buf.len())
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EIO)))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -70,7 +70,7 @@ mod layout;
 mod spans;
 #[cfg(feature = "tokio")]
 pub use dump::spawn;
-pub use dump::{dump_to, traced, TaskSummary, Traced};
+pub use dump::{dump_on_signal, dump_to, traced, TaskSummary, Traced};
 #[cfg(feature = "tracing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub use spans::SpanLayer;

@@ -519,7 +519,21 @@ extern "C" fn on_dump_signal(sig: i32, info: *mut libc::siginfo_t, uc: *mut libc
         DUMP_FD.load(Ordering::Relaxed),
         TIMEOUT_NS.load(Ordering::Relaxed),
     );
+    // What must be written in normal context (the task dump): a thread waits for this byte.
+    let notify = AFTER_DUMP.load(Ordering::Relaxed);
+    if notify >= 0 {
+        let _ = sys::write_all(notify, &[1]);
+    }
     sys::signal::call_previous(sig, info, uc);
+}
+
+/// The write end of a pipe that the dump signal's handler writes a byte into after each
+/// dump (-1: none): the task dump's thread ([`crate::tasks::dump_on_signal`]) waits on it.
+pub(crate) static AFTER_DUMP: AtomicI32 = AtomicI32::new(-1);
+
+/// The fd the dump signal writes to (stderr unless [`install_dump_signal_to`] gave another).
+pub(crate) fn dump_signal_fd() -> i32 {
+    DUMP_FD.load(Ordering::Relaxed)
 }
 
 /// For the crash report: every thread but `skip` (the crashing one), with the shared objects
