@@ -726,8 +726,8 @@ fn the_task_dump_lists_every_task_and_where_each_waits() {
             .any(|t| t.contains("tasks::spinning_until_released")),
         "{text}"
     );
-    // Each worker's stack as gdb's `thread apply all bt` has it: the return addresses from the
-    // task's own function outward (the frames below it move: one of them spins).
+    // Each worker's stack as gdb's `thread apply all bt` has it: the return addresses of the
+    // callers of the task's own function (the frames from there in move: one of them spins).
     match gdb {
         Err(why) => {
             assert!(
@@ -749,6 +749,7 @@ fn the_task_dump_lists_every_task_and_where_each_waits() {
                 let ours: Vec<usize> = t
                     .lines()
                     .skip_while(|l| !l.contains(f))
+                    .skip(1)
                     .filter_map(|l| l.split(" : ").next()?.split(" 0x").nth(1))
                     .map(|a| usize::from_str_radix(a, 16).unwrap())
                     .collect();
@@ -759,7 +760,7 @@ fn the_task_dump_lists_every_task_and_where_each_waits() {
                     .iter()
                     .position(|(_, n)| n.contains(f))
                     .unwrap_or_else(|| panic!("{f} not in gdb's bt of {tid}: {theirs:?}"));
-                let theirs: Vec<usize> = theirs[from..].iter().map(|(a, _)| *a).collect();
+                let theirs: Vec<usize> = theirs[from + 1..].iter().map(|(a, _)| *a).collect();
                 let n = ours.len().min(theirs.len());
                 assert!(n >= 8, "ours {ours:x?}\ngdb's {theirs:x?}");
                 assert_eq!(ours[..n], theirs[..n], "{f}: ours against gdb's\n{t}");
@@ -771,8 +772,9 @@ fn the_task_dump_lists_every_task_and_where_each_waits() {
     rt.shutdown_timeout(Duration::from_secs(5));
 }
 
-/// `gdb -batch -p PID -ex 'thread apply all bt'` on this process: each thread's frames (pc,
-/// function) by thread id, inlined frames (which repeat their caller's pc) folded.
+/// `gdb -batch -p PID -ex 'thread apply all bt'` on this process: each thread's physical
+/// frames (pc, 0 for frame 0; the function names, with those of the frames gdb shows inlined
+/// into it), by thread id.
 fn gdb_backtraces() -> Result<std::collections::HashMap<i32, Vec<(usize, String)>>, String> {
     if !cfg!(target_arch = "x86_64") {
         return Err("under qemu-user, gdb cannot attach to the emulated process".into());
@@ -795,28 +797,33 @@ fn gdb_backtraces() -> Result<std::collections::HashMap<i32, Vec<(usize, String)
     let _ = std::fs::remove_file(&path);
     let mut threads = std::collections::HashMap::new();
     let mut current: Option<(i32, Vec<(usize, String)>)> = None;
+    let mut inlined = String::new();
     for l in text.lines() {
         if let Some(rest) = l.strip_prefix("Thread ") {
             if let Some((tid, frames)) = current.take() {
                 threads.insert(tid, frames);
             }
+            inlined.clear();
             let tid = rest.split("(LWP ").nth(1).and_then(|r| r.split(')').next());
             if let Some(tid) = tid.and_then(|t| t.parse().ok()) {
                 current = Some((tid, Vec::new()));
             }
         } else if let (Some(rest), Some((_, frames))) = (l.strip_prefix('#'), current.as_mut()) {
-            // `#3  0x000055d0c0a3d1f0 in name (...) at file:line`, or without `0x… in` for
-            // frame 0 and for inlined frames.
-            let rest = rest.split_once(' ').map_or("", |(_, r)| r.trim_start());
+            // `#3  0x000055d0c0a3d1f0 in name (...) at file:line`; without `0x… in` for frame
+            // 0 and for a frame inlined into the next physical one.
+            let (number, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+            let rest = rest.trim_start();
             if let Some(a) = rest.strip_prefix("0x") {
                 let (addr, name) = a.split_once(" in ").unwrap_or((a, ""));
                 if let Ok(addr) = usize::from_str_radix(addr.trim(), 16) {
-                    frames.push((addr, name.to_string()));
+                    frames.push((addr, format!("{inlined}{name}")));
+                    inlined.clear();
                 }
-            } else if let Some((_, last)) = frames.last_mut() {
-                // An inlined frame: its name joins the physical frame before it.
-                last.push(' ');
-                last.push_str(rest.split(" (").next().unwrap_or(""));
+            } else if number == "0" && inlined.is_empty() && frames.is_empty() {
+                frames.push((0, rest.to_string()));
+            } else {
+                inlined.push_str(rest.split(" (").next().unwrap_or(""));
+                inlined.push(' ');
             }
         }
     }
