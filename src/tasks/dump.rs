@@ -323,7 +323,7 @@ fn running(out: &mut String, e: &Entry, summary: &mut TaskSummary) {
 ///
 /// # Errors
 /// [`crate::Error::Sys`] when the pipe or the thread cannot be made.
-pub fn dump_on_signal() -> Result<(), crate::Error> {
+pub fn dump_on_signal() -> Result<(), crate::error::Error> {
     static STARTED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
     if *started {
@@ -347,7 +347,7 @@ pub fn dump_on_signal() -> Result<(), crate::Error> {
         Err(e) => {
             crate::sys::close(read);
             crate::sys::close(write);
-            Err(crate::Error::from_io("pthread_create", &e))
+            Err(crate::error::Error::from_io("pthread_create", &e))
         }
     }
 }
