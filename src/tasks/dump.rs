@@ -162,7 +162,7 @@ impl<F: Future> Future for Traced<F> {
 fn current_task_id() -> Option<u64> {
     #[cfg(feature = "tokio")]
     {
-        tokio::task::try_id().and_then(|id| super::spans::task_id_u64(&id))
+        tokio::task::try_id().and_then(|id| super::task_id_u64(&id))
     }
     #[cfg(not(feature = "tokio"))]
     {

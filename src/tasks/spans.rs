@@ -42,40 +42,11 @@ impl SpanLayer {
 fn task_id() -> Option<u64> {
     #[cfg(feature = "tokio")]
     {
-        tokio::task::try_id().and_then(|id| task_id_u64(&id))
+        tokio::task::try_id().and_then(|id| super::task_id_u64(&id))
     }
     #[cfg(not(feature = "tokio"))]
     {
         None
-    }
-}
-
-/// tokio's task id as the number its `Display` prints: `Id` hashes as that one `u64` (a
-/// `NonZeroU64` inside); anything else hashed is not trusted (`None`).
-#[cfg(feature = "tokio")]
-pub(crate) fn task_id_u64(id: &tokio::task::Id) -> Option<u64> {
-    use core::hash::{Hash, Hasher};
-    /// Keeps the one `u64` hashed; any other write spoils it.
-    struct One(Option<u64>, bool);
-    impl Hasher for One {
-        fn finish(&self) -> u64 {
-            0
-        }
-        fn write(&mut self, _: &[u8]) {
-            self.1 = true;
-        }
-        fn write_u64(&mut self, v: u64) {
-            if self.0.replace(v).is_some() {
-                self.1 = true;
-            }
-        }
-    }
-    let mut h = One(None, false);
-    id.hash(&mut h);
-    if h.1 {
-        None
-    } else {
-        h.0
     }
 }
 
@@ -120,7 +91,7 @@ mod tests {
             let (printed, read) = rt.block_on(async {
                 tokio::spawn(async {
                     let id = tokio::task::id();
-                    (id.to_string(), super::task_id_u64(&id))
+                    (id.to_string(), crate::tasks::task_id_u64(&id))
                 })
                 .await
                 .unwrap()
