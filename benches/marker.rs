@@ -12,33 +12,13 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use criterion::{Bencher, Criterion};
+use criterion::Criterion;
 use selftrace::trace;
 use selftrace::tracefs::Instance;
 
-/// This thread's CPU time (user + system). Measuring it instead of wall time keeps the
-/// other processes of a busy machine out of the numbers; the syscalls under test are still
-/// counted (their kernel time is this thread's system time).
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// Runs `f` `iters` times and reports the thread CPU time it took.
-fn cpu<R>(b: &mut Bencher<'_>, mut f: impl FnMut() -> R) {
-    b.iter_custom(|iters| {
-        let t0 = thread_cpu_time();
-        for _ in 0..iters {
-            black_box(f());
-        }
-        thread_cpu_time() - t0
-    })
-}
+#[path = "cpu_time.rs"]
+mod cpu_time;
+use cpu_time::{cpu, thread_cpu_time};
 
 fn disabled(c: &mut Criterion) {
     let mut g = c.benchmark_group("disabled");

@@ -21,29 +21,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use criterion::{Bencher, Criterion, Throughput};
+use criterion::{Criterion, Throughput};
 
-/// This thread's CPU time (user + system).
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// Runs `f` `iters` times and reports the thread CPU time it took.
-fn cpu<R>(b: &mut Bencher<'_>, mut f: impl FnMut() -> R) {
-    b.iter_custom(|iters| {
-        let t0 = thread_cpu_time();
-        for _ in 0..iters {
-            black_box(f());
-        }
-        thread_cpu_time() - t0
-    })
-}
+#[path = "cpu_time.rs"]
+mod cpu_time;
+use cpu_time::{cpu, thread_cpu_time};
 
 /// Polls per future.
 const POLLS: u32 = 64;

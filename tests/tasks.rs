@@ -11,6 +11,9 @@
 #![cfg(all(feature = "tokio", feature = "trace", feature = "tracing"))]
 
 mod child_support;
+#[path = "support/frames.rs"]
+mod frames;
+use frames::frame_names;
 #[path = "support/counting.rs"]
 mod counting;
 #[path = "support/target.rs"]
@@ -248,17 +251,6 @@ fn phases(stderr: &str) -> Vec<(&str, &str)> {
     out
 }
 
-/// The function names in the frames of the reports in `text`.
-fn report_frames(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter(|l| l.starts_with(" #"))
-        .map(|l| {
-            let n = l.split(" : ").nth(1).unwrap_or("");
-            n.split('+').next().unwrap_or("")
-        })
-        .collect()
-}
-
 #[test]
 fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_deadline() {
     let mut cmd = child_support::test_child();
@@ -293,7 +285,7 @@ fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_dea
         "{e}"
     );
     assert!(blocked.contains("the worker has not parked for "), "{e}");
-    let frames = report_frames(blocked);
+    let frames = frame_names(blocked);
     assert!(frames[0].contains("nanosleep"), "{e}");
     // std::thread::sleep (std::thread::functions::sleep in newer std).
     assert!(
@@ -335,7 +327,7 @@ fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_dea
         "{e}"
     );
     assert!(
-        report_frames(spin)
+        frame_names(spin)
             .iter()
             .any(|f| f.starts_with("tasks::spinning_in_async")),
         "{e}"
@@ -366,7 +358,7 @@ fn workers_busy_past_their_timeout_are_reported_idle_ones_never_and_tasks_by_dea
         .find(|r| r.contains("async task hog on "))
         .unwrap_or_else(|| panic!("no report of the hog task:\n{e}"));
     assert!(
-        report_frames(hog)
+        frame_names(hog)
             .iter()
             .any(|f| f.starts_with("tasks::hog_blocks")),
         "{e}"

@@ -12,6 +12,9 @@ mod spinner;
 mod target;
 
 mod child_support;
+#[path = "support/frames.rs"]
+mod frames;
+use frames::frame_names;
 
 use selftrace::threads;
 use std::hint::black_box;
@@ -1455,18 +1458,6 @@ fn block<'a>(text: &'a str, name: &str) -> &'a str {
         .or_else(|| rest.find("\nObjects:"))
         .unwrap_or(rest.len());
     &rest[..end]
-}
-
-/// The function names of a block's frames, in order.
-fn frame_names(block: &str) -> Vec<&str> {
-    block
-        .lines()
-        .filter(|l| l.starts_with(" #"))
-        .map(|l| {
-            let name = l.split(" : ").nth(1).unwrap_or("");
-            name.split('+').next().unwrap_or("")
-        })
-        .collect()
 }
 
 #[test]

@@ -5,6 +5,9 @@
 #![cfg(all(feature = "threads", feature = "trace", feature = "tracefs"))]
 
 mod child_support;
+#[path = "support/frames.rs"]
+mod frames;
+use frames::frame_names;
 #[path = "support/target.rs"]
 mod target;
 
@@ -290,11 +293,7 @@ fn report_frames(stderr: &str) -> Vec<&str> {
         .lines()
         .skip_while(|l| !l.starts_with("------------[ selftrace: watchdog ]"))
         .take_while(|l| !l.starts_with("---[ end of watchdog report ]---"))
-        .filter(|l| l.starts_with(" #"))
-        .map(|l| {
-            let n = l.split(" : ").nth(1).unwrap_or("");
-            n.split('+').next().unwrap_or("")
-        })
+        .flat_map(frame_names)
         .collect()
 }
 
