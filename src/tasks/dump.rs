@@ -24,7 +24,7 @@ use super::layout::{await_chain, Awaiting};
 use crate::fork::ForkMutex;
 use core::future::Future;
 use core::pin::Pin;
-use core::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use core::task::{Context, Poll};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -45,6 +45,8 @@ struct Entry {
     tid: AtomicI32,
     /// tokio's task id (+ 1; 0: not known yet).
     task_id: AtomicU64,
+    /// Set when the task's future is about to be freed: a chain read meanwhile is discarded.
+    gone: AtomicBool,
 }
 
 /// The traced tasks by spawn order.
@@ -84,6 +86,7 @@ pub fn traced<F: Future>(future: F) -> Traced<F> {
         polls: AtomicU64::new(0),
         tid: AtomicI32::new(0),
         task_id: AtomicU64::new(0),
+        gone: AtomicBool::new(false),
     });
     let _ = crate::watchdog::TASK_OF_THREAD.set(task_of_thread);
     let key = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -128,6 +131,9 @@ where
 
 impl<F> Drop for Traced<F> {
     fn drop(&mut self) {
+        // Before the future is freed (the fields drop after this): a dump reading it now
+        // sees this afterwards and discards what it read.
+        self.entry.gone.store(true, Ordering::SeqCst);
         TASKS.lock_or_reset(BTreeMap::new).remove(&self.key);
     }
 }
@@ -184,6 +190,8 @@ pub struct TaskSummary {
     pub not_started: usize,
     /// Idle tasks whose chain could not be read (the reason is in the dump).
     pub no_chain: usize,
+    /// Tasks that finished while the dump read them (listed as such, without a chain).
+    pub finished: usize,
 }
 
 /// Writes every traced task (see the module docs) to `out`. Normal context: reads DWARF (the
@@ -208,7 +216,7 @@ pub fn dump_to(mut out: impl std::io::Write) -> std::io::Result<TaskSummary> {
     }
     let mut text = String::new();
     text.push_str("------------[ selftrace: tasks ]------------\n");
-    let _ = writeln!(
+    let _ = write!(
         text,
         "{} tasks: {} idle, {} running, {} not polled yet",
         summary.tasks,
@@ -216,6 +224,10 @@ pub fn dump_to(mut out: impl std::io::Write) -> std::io::Result<TaskSummary> {
         summary.running,
         summary.not_started
     );
+    if summary.finished > 0 {
+        let _ = write!(text, ", {} finished while read", summary.finished);
+    }
+    text.push('\n');
     text.push_str(&body);
     text.push_str("---[ end of tasks ]---\n");
     out.write_all(text.as_bytes())?;
@@ -249,6 +261,12 @@ fn write_task(out: &mut String, e: &Entry, summary: &mut TaskSummary) {
         return;
     }
     let chain = await_chain(e.poll, e.root.load(Ordering::Relaxed), MAX_CHAIN);
+    core::sync::atomic::fence(Ordering::SeqCst);
+    if e.gone.load(Ordering::SeqCst) {
+        summary.finished += 1;
+        let _ = writeln!(out, ", finished while it was read");
+        return;
+    }
     // Polled meanwhile: what was read may be half of one state and half of another.
     if e.polls.load(Ordering::Acquire) != before {
         running(out, e, summary);
