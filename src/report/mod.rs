@@ -366,7 +366,10 @@ pub(crate) fn thread_header(
 /// [`spans`]); no line when it is in none.
 pub(crate) fn spans_line(out: Out, tid: i32) {
     if spans::in_span(tid) {
-        out.line(|w| spans::write_spans(w, tid));
+        out.line(|w| {
+            w.push_bytes(b" in span: ");
+            spans::write_span_names(w, tid);
+        });
     }
 }
 

@@ -14,7 +14,7 @@
 //! that finds every record taken keeps none and is counted ([`threads_without_record`]).
 //!
 //! # Async-signal safety
-//! Reading ([`write_spans`]) is async-signal-safe; so are [`enter`] and [`exit`] (they may
+//! Reading ([`write_span_names`]) is async-signal-safe; so are [`enter`] and [`exit`] (they may
 //! run in a handler that interrupted the same thread's [`enter`]: the reader then sees the
 //! record being written and says so).
 #![allow(unsafe_code)]
@@ -299,12 +299,7 @@ struct Snapshot {
 /// Reads thread `tid`'s record: `None` if it has none; `Some(None)` if it was being written
 /// at each of a few tries (the thread was interrupted inside an enter or exit).
 fn snapshot(tid: i32) -> Option<Option<Snapshot>> {
-    if tid <= 0 {
-        return None;
-    }
-    let r = RECORDS
-        .iter()
-        .find(|r| r.tid.load(Ordering::Acquire) == tid)?;
+    let r = record_of(tid)?;
     for _ in 0..4 {
         let s1 = r.seq.load(Ordering::Acquire);
         let depth = r.depth.load(Ordering::Relaxed);
@@ -332,22 +327,19 @@ fn snapshot(tid: i32) -> Option<Option<Snapshot>> {
 
 /// Whether thread `tid` has a record and is in a span (or is changing it). Async-signal-safe.
 pub(crate) fn in_span(tid: i32) -> bool {
-    tid > 0
-        && RECORDS
-            .iter()
-            .find(|r| r.tid.load(Ordering::Acquire) == tid)
-            .is_some_and(|r| {
-                r.depth.load(Ordering::Relaxed) > 0 || r.seq.load(Ordering::Relaxed) % 2 == 1
-            })
+    record_of(tid).is_some_and(|r| {
+        r.depth.load(Ordering::Relaxed) > 0 || r.seq.load(Ordering::Relaxed) % 2 == 1
+    })
 }
 
-/// Appends ` in span: outer > inner (task 17)` for thread `tid`, nothing if it is in no span
-/// (or has no record). Async-signal-safe.
-pub(crate) fn write_spans(w: &mut FixedBuf<'_>, tid: i32) {
-    if in_span(tid) {
-        w.push_bytes(b" in span: ");
-        write_span_names(w, tid);
+/// Thread `tid`'s record, if it has one.
+fn record_of(tid: i32) -> Option<&'static Record> {
+    if tid <= 0 {
+        return None;
     }
+    RECORDS
+        .iter()
+        .find(|r| r.tid.load(Ordering::Acquire) == tid)
 }
 
 /// Appends `outer > inner (task 17)` for thread `tid` (`(being entered or exited)` when its
@@ -408,11 +400,15 @@ mod tests {
 
     const NAMES: [&str; 10] = ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9"];
 
-    /// What a thread line says of the calling thread's spans.
+    /// What a thread line says of the calling thread's spans (`report::spans_line`).
     fn printed() -> String {
         let mut buf = [0u8; 512];
         let mut w = FixedBuf::new(&mut buf);
-        write_spans(&mut w, crate::sys::gettid());
+        let tid = crate::sys::gettid();
+        if in_span(tid) {
+            w.push_bytes(b" in span: ");
+            write_span_names(&mut w, tid);
+        }
         String::from_utf8(w.as_bytes().to_vec()).unwrap()
     }
 

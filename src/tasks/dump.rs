@@ -313,23 +313,13 @@ fn running(out: &mut String, e: &Entry, summary: &mut TaskSummary) {
     let mut frames = vec![0usize; 256];
     let walk = crate::threads::capture(tid, &mut frames, std::time::Duration::from_secs(1));
     let stack = walk.map(|w| (&frames[..w.frames], w.end, w.frame_kinds()));
-    // Written by the report writer (to an fd) into an anonymous file, then copied.
-    let text = crate::sys::memfd_create(c"selftrace-task")
-        .ok()
-        .and_then(|fd| {
-            use std::io::{Read, Seek};
-            use std::os::fd::AsRawFd;
-            crate::threads::write_thread(fd.as_raw_fd(), tid, info.as_ref(), stack);
-            let mut f = std::fs::File::from(fd);
-            let mut text = String::new();
-            f.rewind().ok()?;
-            f.read_to_string(&mut text).ok()?;
-            Some(text)
-        });
+    let text = crate::threads::through_anonymous_file(|fd| {
+        crate::threads::write_thread(fd, tid, info.as_ref(), stack)
+    });
     match text {
-        Some(t) => out.push_str(&t),
-        None => {
-            let _ = writeln!(out, " no stack (no anonymous file to write it in)");
+        Ok(((), t)) => out.push_str(&String::from_utf8_lossy(&t)),
+        Err(e) => {
+            let _ = writeln!(out, " no stack (no anonymous file to write it in: {e})");
         }
     }
 }

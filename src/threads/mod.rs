@@ -421,16 +421,25 @@ pub fn dump_all_with_timeout(fd: impl AsFd, timeout: Duration) -> DumpSummary {
 /// Those of `memfd_create` (no anonymous file: a kernel before 3.17, a seccomp filter), of
 /// reading it back, and of `out`.
 pub fn dump_all_to(mut out: impl std::io::Write) -> std::io::Result<DumpSummary> {
+    let (summary, text) = through_anonymous_file(dump_all_raw)?;
+    out.write_all(&text)?;
+    Ok(summary)
+}
+
+/// What `write` writes to an fd, as bytes: the report writers write to fds; this gives them
+/// an anonymous in-memory file (`memfd_create`) and reads it back. Normal context.
+pub(crate) fn through_anonymous_file<R>(
+    write: impl FnOnce(i32) -> R,
+) -> std::io::Result<(R, Vec<u8>)> {
     use std::io::{Read, Seek};
-    let fd = sys::memfd_create(c"selftrace-dump")
+    let fd = sys::memfd_create(c"selftrace-report")
         .map_err(|e| std::io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EIO)))?;
+    let r = write(fd.as_raw_fd());
     let mut file = std::fs::File::from(fd);
-    let summary = dump_all(&file);
     file.rewind()?;
     let mut text = Vec::new();
     file.read_to_end(&mut text)?;
-    out.write_all(&text)?;
-    Ok(summary)
+    Ok((r, text))
 }
 
 /// [`dump_all`] to a raw fd (the watchdog's and the crash handler's configured fds).
